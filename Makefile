@@ -1,0 +1,23 @@
+# The two commands a newcomer needs (README.md):
+#   make demo   - set everything up, then run the end-to-end demo on the shipped model
+#   make test   - set everything up, then run the whole test suite
+# Heavier targets:
+#   make model  - rebuild models/kws-dscnn-s from scratch (corpus, training, int8, bundle)
+#   make bench  - run every benchmark and write bench/results/*.json
+PY := .venv/bin/python
+
+.PHONY: setup demo test model bench
+setup:
+	@bash scripts/bootstrap.sh
+
+demo: setup
+	$(PY) -m edge.cli demo
+
+test: setup
+	@bash scripts/run_tests.sh
+
+model: setup
+	$(PY) -m edge.cli model --out models/kws-dscnn-s
+
+bench: setup
+	$(PY) -m edge.cli bench

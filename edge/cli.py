@@ -1,0 +1,96 @@
+"""The ``edgelearn`` console command.
+
+Each subcommand lives in its own module, named in ``COMMANDS`` and imported
+only when that subcommand runs, so ``edgelearn device detect`` on a Raspberry
+Pi never imports TensorFlow and a missing optional package is one clear line.
+
+A command module provides ``add_arguments(parser)`` and ``run(args) -> int``.
+
+    $ edgelearn bundle verify models/kws-dscnn-s
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from edge.errors import EdgelearnError
+
+# name -> (module, one-line help). Add new commands here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("edge.demo", "end-to-end demo on the shipped model"),
+    "data": ("host.data.cli", "build the synthetic keyword corpus or check your own"),
+    "train": ("host.train", "train the DS-CNN keyword encoder (needs the host extra)"),
+    "quantize": ("host.quantize", "int8 TFLite and ONNX from a trained model"),
+    "bundle": ("host.bundle", "sign, verify and inspect model bundles"),
+    "model": ("host.recipe", "rebuild the shipped model from scratch (data, train, quantize, bundle)"),
+    "spot": ("edge.spot", "classify WAV clips with a bundle"),
+    "bench": ("bench.runner", "run benchmarks and print their JSON results"),
+}
+
+# Optional packages and the extra that provides them, for a friendly message.
+_EXTRA_FOR = {
+    "tensorflow": "host", "tf2onnx": "host", "onnx": "host", "librosa": "host",
+    "scipy": "host", "matplotlib": "host", "tflite_micro": "host",
+    "starlette": "serve", "uvicorn": "serve", "httpx": "serve",
+    "onnxruntime": "serve", "ai_edge_litert": "device runtime",
+    "serial": "dev", "mpremote": "dev", "hypothesis": "dev",
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    width = max(len(n) for n in COMMANDS)
+    epilog = "commands:\n" + "\n".join(
+        f"  {name.ljust(width)}  {hlp}" for name, (_, hlp) in COMMANDS.items()
+    )
+    p = argparse.ArgumentParser(
+        prog="edgelearn",
+        description="Keyword spotting that learns on the edge.",
+        epilog=epilog + "\n\nRun `edgelearn COMMAND --help` for a command's options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("command", choices=sorted(COMMANDS), metavar="COMMAND")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        top.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        top.error(f"unknown command {name!r}")
+    module_name, hlp = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        extra = _EXTRA_FOR.get(missing)
+        if extra is None:
+            raise
+        print(
+            f"edgelearn {name}: needs the Python package {missing!r}, which is not installed; "
+            f"install it with `pip install 'edgelearn[{extra}]'`" if extra != "device runtime"
+            else f"edgelearn {name}: needs {missing!r}; `pip install ai-edge-litert` (or choose "
+            "another backend with --backend)",
+            file=sys.stderr,
+        )
+        return 2
+    parser = argparse.ArgumentParser(prog=f"edgelearn {name}", description=hlp)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except EdgelearnError as e:
+        print(f"edgelearn {name}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"edgelearn {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

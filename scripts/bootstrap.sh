@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up everything edgelearn needs on a fresh Debian/Ubuntu machine or a Raspberry Pi:
+# the speech synthesizers (Debian packages) and a virtualenv in .venv with the
+# project and its extras. Idempotent: a second run only checks.
+#   usage: scripts/bootstrap.sh [EXTRAS]      (default: host,serve,dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-host,serve,dev}"
+
+apt_pkgs=(espeak-ng festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts flite sox)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bootstrap: installing Debian packages: ${missing[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+py="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv with $($py --version)"
+  "$py" -m venv .venv
+fi
+stamp=.venv/.edgelearn-installed
+want="$(cat pyproject.toml | sha256sum | cut -c1-16)-$extras"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing edgelearn[$extras] into .venv (first time takes a few minutes)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[$extras]"
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,433 @@
+"""Load and verify a signed model bundle (a directory, or a .zip of one).
+
+A bundle is ``manifest.json`` plus the files it lists by SHA-256 and size,
+authenticated by ``manifest.sig`` (Ed25519, Linux devices) or ``manifest.mac``
+(HMAC-SHA256 with a provisioned device key, MCUs). The format, key files and
+the verification order are specified in docs/bundle-format.md; this module is
+the one implementation of the checks, used by devices, the host CLI and the
+serving shim alike.
+
+    >>> from edge.bundle import load_bundle
+    >>> b = load_bundle("models/kws-dscnn-s", trusted_keys="keys/edgelearn.pub")
+    >>> b.model_id, b.version, b.labels
+    >>> model = b.path(b.partition("encoder")["file"])
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+import shutil
+import stat
+import tempfile
+import warnings
+import weakref
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from edge.errors import BundleError
+
+FORMAT = "edgelearn-bundle"
+FORMAT_VERSION = 1
+MANIFEST, SIGNATURE, MAC = "manifest.json", "manifest.sig", "manifest.mac"
+META_FILES = (MANIFEST, SIGNATURE, MAC)
+PUBLIC_TAG, PRIVATE_TAG = "edgelearn-ed25519-public", "edgelearn-ed25519-private"
+SIG_TAG, MAC_TAG, HMAC_KEY_TAG = "edgelearn-ed25519-signature", "edgelearn-hmac-sha256", "edgelearn-hmac-key"
+# The signed message binds the key id and a domain label, so a signature made
+# for some other purpose with the same key can never pass as a bundle signature.
+SIG_DOMAIN = b"edgelearn-bundle-manifest-v1\n"
+PARTITION_FORMATS = ("tflite", "onnx", "mpy-blob")
+PLACEMENTS = ("cpu", "npu", "cloud", "mcu")
+MAX_MANIFEST_BYTES = 1 << 20
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_REBUILD = "re-download the bundle or rebuild it with `edgelearn bundle sign`"
+
+
+def key_id(raw_public: bytes) -> str:
+    """First 16 hex chars of SHA-256 over the raw 32-byte public key."""
+    return hashlib.sha256(raw_public).hexdigest()[:16]
+
+
+def _parse_key_line(text: str, tag: str, where: str) -> bytes:
+    fields = text.strip().split(None, 2)
+    if len(fields) < 2 or fields[0] != tag:
+        raise BundleError(f"{where}: not an edgelearn key (expected a line `{tag} <base64> [comment]`)",
+                          fix="create keys with `edgelearn bundle keygen --out DIR`")
+    try:
+        raw = base64.b64decode(fields[1], validate=True)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise BundleError(f"{where}: key is not 32 bytes of base64", fix="the key file is damaged; copy it again")
+    return raw
+
+
+def load_public_keys(spec) -> dict:
+    """Trusted keys as {key_id: Ed25519PublicKey} from a key, a .pub file, a directory of them or a list."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if spec is None:
+        return {}
+    items = spec if isinstance(spec, (list, tuple, set)) else [spec]
+    keys: dict = {}
+    for item in items:
+        if isinstance(item, Ed25519PublicKey):
+            from cryptography.hazmat.primitives import serialization as ser
+            raw = item.public_bytes(ser.Encoding.Raw, ser.PublicFormat.Raw)
+            keys[key_id(raw)] = item
+            continue
+        if isinstance(item, str) and item.startswith(PUBLIC_TAG + " "):
+            raw = _parse_key_line(item, PUBLIC_TAG, "public key")
+        else:
+            p = Path(item)
+            if p.is_dir():
+                keys.update(load_public_keys(sorted(p.glob("*.pub"))))
+                continue
+            if not p.is_file():
+                raise BundleError(f"{p}: trusted key file not found", fix="pass --pubkey with a .pub file or a directory of them")
+            text = p.read_text(errors="replace")
+            if text.startswith(PRIVATE_TAG):
+                raise BundleError(f"{p}: is a private key", fix="give devices only the .pub file")
+            raw = _parse_key_line(text, PUBLIC_TAG, str(p))
+        keys[key_id(raw)] = Ed25519PublicKey.from_public_bytes(raw)
+    return keys
+
+
+def load_hmac_key(spec) -> bytes:
+    """A provisioned device key: raw bytes, or a file holding `edgelearn-hmac-key <hex> [comment]`."""
+    if isinstance(spec, (bytes, bytearray)):
+        key = bytes(spec)
+    else:
+        p = Path(spec)
+        if not p.is_file():
+            raise BundleError(f"{p}: device key file not found", fix="provision the device key first")
+        fields = p.read_text(errors="replace").split(None, 2)
+        if len(fields) < 2 or fields[0] != HMAC_KEY_TAG:
+            raise BundleError(f"{p}: not a device key (expected `{HMAC_KEY_TAG} <hex> [comment]`)",
+                              fix="create one with `edgelearn bundle keygen --device --out DIR`")
+        try:
+            key = bytes.fromhex(fields[1])
+        except ValueError:
+            key = b""
+    if len(key) < 16:
+        raise BundleError("device key is shorter than 16 bytes", fix="provision a 32-byte random key")
+    return key
+
+
+def hmac_key_id(key: bytes) -> str:
+    # Domain-separated so the id never equals a prefix of an HMAC the key made.
+    return hashlib.sha256(b"edgelearn-hmac-key-id\n" + key).hexdigest()[:16]
+
+
+def mac_text(manifest_bytes: bytes, key: bytes) -> str:
+    """The one-line manifest.mac body: HMAC-SHA256 over the exact manifest.json bytes."""
+    mac = hmac.new(key, manifest_bytes, hashlib.sha256).hexdigest()
+    return f"{MAC_TAG} {hmac_key_id(key)} {mac}\n"
+
+
+def check_name(name: str, where: str = "manifest.json") -> str:
+    """Reject names that could escape the bundle directory (zip-slip, absolute paths, `..`)."""
+    bad = (not isinstance(name, str) or not name or name.startswith("/") or "\\" in name or "\x00" in name
+           or re.match(r"^[A-Za-z]:", name) is not None or len(name) > 255)
+    parts = PurePosixPath(name).parts if not bad else ()
+    if bad or any(p in ("", ".", "..") for p in parts) or name != "/".join(parts):
+        raise BundleError(f"{where}: unsafe file name {name!r} (absolute, `..`, backslash or empty part)",
+                          fix="bundles may only name plain relative paths inside the bundle; rebuild it")
+    return name
+
+
+@dataclass
+class Bundle:
+    """A verified bundle. ``root`` holds the files (a temp copy for a .zip)."""
+
+    root: Path
+    manifest: dict
+    source: Path
+    key_id: str | None = None
+    authenticated_by: str = "ed25519"
+    _cleanup: object = field(default=None, repr=False)
+
+    model_id = property(lambda self: self.manifest["model_id"])
+    version = property(lambda self: self.manifest["version"])
+    labels = property(lambda self: list(self.manifest["labels"]))
+    partitions = property(lambda self: list(self.manifest["partitions"]))
+    frontend = property(lambda self: self.manifest.get("frontend", {}))
+
+    def path(self, name: str) -> Path:
+        if name not in self.manifest["files"]:
+            raise BundleError(f"{name}: not a file of bundle {self.model_id} v{self.version}",
+                              fix=f"use one of {sorted(self.manifest['files'])}")
+        return self.root / name
+
+    def partition(self, name: str) -> dict:
+        for part in self.manifest["partitions"]:
+            if part["name"] == name:
+                return dict(part)
+        raise BundleError(f"bundle {self.model_id} v{self.version} has no partition {name!r}",
+                          fix=f"use one of {[p['name'] for p in self.manifest['partitions']]}")
+
+
+class _DirSource:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def names(self) -> list:
+        out = []
+        for p in sorted(self.root.rglob("*")):
+            rel = p.relative_to(self.root).as_posix()
+            if p.is_symlink():
+                raise BundleError(f"{rel}: is a symbolic link", fix="bundles hold regular files only; rebuild it")
+            if p.is_file():
+                out.append(rel)
+            elif not p.is_dir():
+                raise BundleError(f"{rel}: is not a regular file", fix="remove it or rebuild the bundle")
+        return out
+
+    def size(self, name):
+        return (self.root / name).stat().st_size
+
+    def open(self, name):
+        return open(self.root / name, "rb")
+
+
+class _ZipSource:
+    def __init__(self, zf: zipfile.ZipFile, zpath: Path):
+        self.zf, self.infos, prefix = zf, {}, ""
+        entries = [i for i in zf.infolist() if not i.is_dir()]
+        for info in entries:
+            check_name(info.filename, f"{zpath.name}")
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise BundleError(f"{zpath.name}: {info.filename} is a symbolic link", fix="rebuild the zip with `edgelearn bundle zip`")
+        names = [i.filename for i in entries]
+        if MANIFEST not in names:
+            # Accept `zip -r b.zip b/`: everything under one top-level directory.
+            tops = {n.split("/", 1)[0] for n in names}
+            if len(tops) == 1 and f"{next(iter(tops))}/{MANIFEST}" in names:
+                prefix = next(iter(tops)) + "/"
+        for info in entries:
+            rel = info.filename[len(prefix):]
+            if rel in self.infos:
+                raise BundleError(f"{zpath.name}: {rel} appears twice", fix="rebuild the zip with `edgelearn bundle zip`")
+            self.infos[rel] = info
+
+    def names(self):
+        return sorted(self.infos)
+
+    def size(self, name):
+        return self.infos[name].file_size
+
+    def open(self, name):
+        return self.zf.open(self.infos[name])
+
+
+def _read_small(src, name: str) -> bytes:
+    if src.size(name) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{name}: larger than {MAX_MANIFEST_BYTES} bytes", fix=_REBUILD)
+    with src.open(name) as f:
+        return f.read(MAX_MANIFEST_BYTES + 1)
+
+
+def _authenticate(src, names, raw: bytes, trusted, device_key, allow_unsigned):
+    """Returns (key_id, how). Checks the signature over the exact manifest bytes."""
+    if device_key is not None:
+        key = load_hmac_key(device_key)
+        if MAC not in names:
+            raise BundleError(f"{MAC}: missing, so this device cannot authenticate the manifest",
+                              fix="add one with `edgelearn bundle sign --device-key KEY`")
+        fields = _read_small(src, MAC).decode("ascii", "replace").split()
+        want = mac_text(raw, key).split()
+        if len(fields) != 3 or fields[0] != MAC_TAG:
+            raise BundleError(f"{MAC}: not `{MAC_TAG} <key id> <hex>`", fix=_REBUILD)
+        if fields[1] != want[1]:
+            raise BundleError(f"{MAC}: made for device key {fields[1]}, this device's key is {want[1]}",
+                              fix="re-authenticate the bundle with this device's key")
+        if not hmac.compare_digest(fields[2], want[2]):
+            raise BundleError(f"{MAC}: HMAC does not match manifest.json (manifest changed after authentication)", fix=_REBUILD)
+        return want[1], "hmac-sha256"
+    if SIGNATURE not in names:
+        if allow_unsigned:
+            warnings.warn("loading an UNSIGNED bundle (allow_unsigned=True): its origin is not verified", stacklevel=3)
+            return None, "unsigned"
+        raise BundleError(f"{SIGNATURE}: missing, the bundle is unsigned",
+                          fix="sign it with `edgelearn bundle sign DIR --key KEY` (or pass allow_unsigned=True for local experiments)")
+    keys = load_public_keys(trusted)
+    if not keys:
+        raise BundleError("no trusted public keys given, so the signature cannot be checked",
+                          fix="pass trusted_keys= (or --pubkey) with the signer's .pub file")
+    fields = _read_small(src, SIGNATURE).decode("ascii", "replace").split()
+    if len(fields) != 3 or fields[0] != SIG_TAG:
+        raise BundleError(f"{SIGNATURE}: not `{SIG_TAG} <key id> <base64>`", fix=_REBUILD)
+    kid = fields[1]
+    if kid not in keys:
+        raise BundleError(f"{SIGNATURE}: signed by key {kid}, which is not among the trusted keys {sorted(keys)}",
+                          fix="pass the signer's public key, or re-sign the bundle with a trusted key")
+    from cryptography.exceptions import InvalidSignature
+    try:
+        keys[kid].verify(base64.b64decode(fields[2], validate=True), SIG_DOMAIN + kid.encode() + b"\n" + raw)
+    except (InvalidSignature, ValueError):
+        raise BundleError(f"{SIGNATURE}: signature does not match manifest.json (manifest changed after signing)",
+                          fix=_REBUILD) from None
+    return kid, "ed25519"
+
+
+def validate_manifest(m) -> dict:
+    """Schema checks on a parsed manifest (format, version, ids, partitions, file table)."""
+    def bad(problem, fix="rebuild the bundle with `edgelearn bundle` tools"):
+        raise BundleError(f"{MANIFEST}: {problem}", fix=fix)
+
+    if not isinstance(m, dict):
+        bad("top level is not a JSON object")
+    if m.get("format") != FORMAT:
+        bad(f"format is {m.get('format')!r}, expected {FORMAT!r}", fix="this is not an edgelearn bundle")
+    fv = m.get("format_version")
+    if type(fv) is not int:
+        bad(f"format_version {fv!r} is not an integer")
+    if fv < FORMAT_VERSION:
+        bad(f"format version {fv} is older than the supported version {FORMAT_VERSION}",
+            fix="rebuild the bundle with the current edgelearn tools")
+    if fv > FORMAT_VERSION:
+        bad(f"format version {fv} is newer than this runtime supports ({FORMAT_VERSION})", fix="upgrade edgelearn on the device")
+    if not isinstance(m.get("model_id"), str) or not _MODEL_ID.match(m["model_id"]):
+        bad(f"model_id {m.get('model_id')!r} must be 1-64 letters, digits, '.', '_' or '-'")
+    if type(m.get("version")) is not int or m["version"] < 0:
+        bad(f"version {m.get('version')!r} must be a non-negative integer")
+    if not isinstance(m.get("labels"), list) or not all(isinstance(x, str) for x in m["labels"]):
+        bad("labels must be a list of strings")
+    files = m.get("files")
+    if not isinstance(files, dict):
+        bad("files must be an object {name: {sha256, bytes}}")
+    for name, info in files.items():
+        check_name(name)
+        if name in META_FILES:
+            bad(f"files lists {name}, which is never part of the file table")
+        if (not isinstance(info, dict) or not re.fullmatch(r"[0-9a-f]{64}", str(info.get("sha256")))
+                or type(info.get("bytes")) is not int or info["bytes"] < 0):
+            bad(f"files[{name!r}] needs a lowercase hex sha256 and an integer bytes")
+    parts = m.get("partitions")
+    if not isinstance(parts, list):
+        bad("partitions must be a list")
+    seen = set()
+    for p in parts:
+        if not isinstance(p, dict) or not isinstance(p.get("name"), str) or p["name"] in seen:
+            bad("each partition needs a unique string name")
+        seen.add(p["name"])
+        if p.get("file") not in files:
+            bad(f"partition {p['name']!r} names file {p.get('file')!r}, which is not in files")
+        if p.get("format") not in PARTITION_FORMATS:
+            bad(f"partition {p['name']!r} format {p.get('format')!r} is not one of {PARTITION_FORMATS}")
+        if p.get("placement") not in PLACEMENTS:
+            bad(f"partition {p['name']!r} placement {p.get('placement')!r} is not one of {PLACEMENTS}")
+    if not isinstance(m.get("frontend", {}), dict):
+        bad("frontend must be an object")
+    return m
+
+
+def _hash_stream(f, out=None, limit=None) -> tuple:
+    h, n = hashlib.sha256(), 0
+    while chunk := f.read(1 << 20):
+        n += len(chunk)
+        if limit is not None and n > limit:
+            break  # a zip entry larger than the manifest claims: stop before filling the disk
+        h.update(chunk)
+        if out is not None:
+            out.write(chunk)
+    return h.hexdigest(), n
+
+
+def _verify(src, label: str, trusted, device_key, allow_unsigned, extract_to: Path | None,
+            authenticate: bool = True):
+    names = src.names()
+    if MANIFEST not in names:
+        raise BundleError(f"{label}: no {MANIFEST}", fix="point at a bundle directory or .zip built by `edgelearn bundle`")
+    raw = _read_small(src, MANIFEST)
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise BundleError(f"{MANIFEST}: not valid JSON ({e})", fix=_REBUILD) from None
+    kid, how = (_authenticate(src, names, raw, trusted, device_key, allow_unsigned) if authenticate
+                else (None, "not checked"))
+    validate_manifest(manifest)
+    listed = manifest["files"]
+    for name in sorted(listed):
+        if name not in names:
+            raise BundleError(f"{name}: listed in {MANIFEST} but missing from the bundle", fix=_REBUILD)
+    for name in names:
+        if name not in listed and name not in META_FILES:
+            raise BundleError(f"{name}: in the bundle but not listed in {MANIFEST} (added after signing)",
+                              fix="remove the file or rebuild the bundle")
+    for name in sorted(listed):
+        want = listed[name]
+        if src.size(name) != want["bytes"]:
+            raise BundleError(f"{name}: {src.size(name)} bytes, manifest says {want['bytes']} (truncated or changed)", fix=_REBUILD)
+        out = None
+        if extract_to is not None:
+            (extract_to / name).parent.mkdir(parents=True, exist_ok=True)
+            out = open(extract_to / name, "wb")
+        try:
+            with src.open(name) as f:
+                digest, n = _hash_stream(f, out, limit=want["bytes"])
+        finally:
+            if out is not None:
+                out.close()
+        if n != want["bytes"] or digest != want["sha256"]:
+            raise BundleError(f"{name}: SHA-256 mismatch (bundle changed after signing)", fix=_REBUILD)
+    if extract_to is not None:
+        for meta in META_FILES:
+            if meta in names:
+                (extract_to / meta).write_bytes(_read_small(src, meta))
+    return manifest, kid, how
+
+
+def check_contents(path) -> dict:
+    """Every check except who signed it (for signing and inspecting on the host); returns the manifest."""
+    path = Path(path)
+    if path.is_dir():
+        return _verify(_DirSource(path), path.name, None, None, False, None, authenticate=False)[0]
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return _verify(_ZipSource(zf, path), path.name, None, None, False, None, authenticate=False)[0]
+    except (zipfile.BadZipFile, OSError) as e:
+        raise BundleError(f"{path}: not a bundle directory or readable zip ({e})", fix="check the path") from None
+
+
+def load_bundle(path, trusted_keys=None, *, allow_unsigned: bool = False, device_key=None,
+                extract_to=None) -> Bundle:
+    """Verify a bundle directory or .zip and return it; any failure is one BundleError.
+
+    ``trusted_keys``: Ed25519 public keys (key line, .pub file, directory, or a list).
+    ``device_key``: authenticate with ``manifest.mac`` (the MCU scheme) instead.
+    A .zip is verified while it is extracted into ``extract_to`` (a new directory)
+    or, by default, a temp directory removed when the Bundle is garbage-collected.
+    """
+    path = Path(path)
+    if path.is_dir():
+        manifest, kid, how = _verify(_DirSource(path), path.name, trusted_keys, device_key, allow_unsigned, None)
+        return Bundle(path, manifest, path, kid, how)
+    if not path.is_file():
+        raise BundleError(f"{path}: no such bundle", fix="give a bundle directory or .zip")
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise BundleError(f"{path.name}: not a readable zip ({e})", fix="re-download the bundle") from None
+    own_tmp = extract_to is None
+    dest = Path(tempfile.mkdtemp(prefix="edgelearn-bundle-")) if own_tmp else Path(extract_to)
+    if not own_tmp:
+        dest.mkdir(parents=True, exist_ok=False)
+    try:
+        with zf:
+            manifest, kid, how = _verify(_ZipSource(zf, path), path.name, trusted_keys, device_key,
+                                         allow_unsigned, dest)
+    except zipfile.BadZipFile as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise BundleError(f"{path.name}: damaged zip ({e})", fix="re-download the bundle") from None
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    bundle = Bundle(dest, manifest, path, kid, how)
+    if own_tmp:
+        bundle._cleanup = weakref.finalize(bundle, shutil.rmtree, str(dest), True)
+    return bundle

@@ -1,0 +1,261 @@
+"""Build, sign, authenticate and package model bundles; the ``edgelearn bundle`` command.
+
+    >>> from host.bundle import build_bundle
+    >>> build_bundle("out/kws", {"encoder_int8.tflite": Path("enc.tflite")},
+    ...              {"model_id": "kws-dscnn-s", "version": 3, "labels": ["yes", "no"],
+    ...               "partitions": [{"name": "encoder", "file": "encoder_int8.tflite", "format": "tflite",
+    ...                               "placement": "cpu", "precision": "int8"}]},
+    ...              private_key_path="keys/release.key")
+
+    $ edgelearn bundle keygen --out keys
+    $ edgelearn bundle verify out/kws --pubkey keys/edgelearn.pub
+    $ edgelearn bundle inspect out/kws --json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from edge import bundle as eb
+from edge.errors import BundleError
+from edge.store import atomic_write, fsync_dir
+from host import keys as hk
+
+_DEFAULTS = {"frontend": {}, "target": None, "partitions": [], "trainable": {}, "quantization": {}, "extra": {}}
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    """The canonical serialisation: sorted keys, 2-space indent, UTF-8, trailing newline."""
+    try:
+        return (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()
+    except (TypeError, ValueError) as e:
+        raise BundleError(f"manifest is not plain JSON ({e})", fix="use str/int/float/list/dict values, no NaN") from None
+
+
+def _file_entry(path: Path) -> dict:
+    with open(path, "rb") as f:
+        digest, n = eb._hash_stream(f)
+    return {"sha256": digest, "bytes": n}
+
+
+def _check_inputs(files: dict) -> dict:
+    out = {}
+    for name, src in files.items():
+        eb.check_name(name, "build_bundle files")
+        if name in eb.META_FILES:
+            raise BundleError(f"{name}: reserved for the bundle's own metadata", fix="rename the file")
+        src = Path(src)
+        if not src.is_file():
+            raise BundleError(f"{src}: not found (for bundle file {name})", fix="produce the file first")
+        if hk.is_private_key_file(src):
+            raise BundleError(f"{src}: is a private or device key", fix="never put secret keys into a bundle")
+        out[name] = src
+    return out
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    # Linux has no portable atomic directory swap from Python; the old bundle is
+    # kept under a side name until the new one is in place, then removed.
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        os.rename(out, old / "b")
+    os.rename(tmp, out)
+    fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build_bundle(out_dir, files: dict, manifest: dict, private_key_path) -> Path:
+    """Copy files in, fill format/created/files, write manifest.json + manifest.sig; replace out_dir atomically."""
+    out = Path(out_dir)
+    files = _check_inputs(files)
+    m = {**_DEFAULTS, **dict(manifest)}
+    m.update(format=eb.FORMAT, format_version=eb.FORMAT_VERSION)
+    m.setdefault("created_utc", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    m["files"] = {name: _file_entry(src) for name, src in files.items()}
+    eb.validate_manifest(m)
+    _, kid = hk.load_private_key(private_key_path)  # fail before touching the disk
+    if out.exists() and not (out / eb.MANIFEST).is_file() and (not out.is_dir() or any(out.iterdir())):
+        raise BundleError(f"{out}: exists and is not a bundle", fix="choose an empty or new --out directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.building-"))
+    try:
+        for name, src in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp / name)
+            if _file_entry(tmp / name) != m["files"][name]:
+                raise BundleError(f"{src}: changed while it was being copied", fix="build the bundle again")
+        raw = manifest_bytes(m)
+        atomic_write(tmp / eb.MANIFEST, raw)
+        atomic_write(tmp / eb.SIGNATURE, hk.sign_manifest_bytes(raw, private_key_path).encode())
+        eb.check_contents(tmp)
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def refresh_files(bundle_dir) -> dict:
+    """Recompute the file table from the directory (after an intentional edit); rewrites manifest.json."""
+    d = Path(bundle_dir)
+    try:
+        m = json.loads((d / eb.MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise BundleError(f"{d / eb.MANIFEST}: cannot be read ({e})", fix="rebuild the bundle") from None
+    names = [n for n in eb._DirSource(d).names() if n not in eb.META_FILES]
+    _check_inputs({n: d / n for n in names})
+    m["files"] = {n: _file_entry(d / n) for n in names}
+    eb.validate_manifest(m)
+    atomic_write(d / eb.MANIFEST, manifest_bytes(m))
+    return m
+
+
+def sign_bundle(bundle_dir, private_key_path, *, refresh: bool = False) -> str:
+    """(Re)write manifest.sig for the manifest as it is; returns the key id. Checks the files first."""
+    d = Path(bundle_dir)
+    if not d.is_dir():
+        raise BundleError(f"{d}: not a bundle directory", fix="unzip it first; only directories are signed")
+    hk.load_private_key(private_key_path)
+    if refresh:
+        refresh_files(d)
+    eb.check_contents(d)
+    sig = hk.sign_manifest_bytes((d / eb.MANIFEST).read_bytes(), private_key_path)
+    atomic_write(d / eb.SIGNATURE, sig.encode())
+    return sig.split()[1]
+
+
+def add_device_mac(bundle_dir, device_key) -> str:
+    """Write manifest.mac (HMAC-SHA256 of manifest.json with the device key); returns the device key id."""
+    d = Path(bundle_dir)
+    key = eb.load_hmac_key(device_key)
+    eb.check_contents(d)
+    text = eb.mac_text((d / eb.MANIFEST).read_bytes(), key)
+    atomic_write(d / eb.MAC, text.encode())
+    return text.split()[1]
+
+
+def zip_bundle(bundle_dir, out_zip) -> Path:
+    """A deterministic .zip of a verified bundle directory (files at the root, fixed timestamps)."""
+    d, out = Path(bundle_dir), Path(out_zip)
+    m = eb.check_contents(d)
+    names = sorted(m["files"]) + [n for n in eb.META_FILES if (d / n).is_file()]
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
+            for n in names:
+                info = zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0))
+                info.external_attr = 0o644 << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with open(d / n, "rb") as src, zf.open(info, "w") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def summary(path, pubkey=None) -> dict:
+    """What `inspect` prints: verified contents, and the signer when a public key is given."""
+    if pubkey:
+        b = eb.load_bundle(path, trusted_keys=pubkey)
+        m, signer = b.manifest, {"key_id": b.key_id, "verified": True}
+    else:
+        m = eb.check_contents(path)
+        signer = {"key_id": _sig_key_id(Path(path)), "verified": False}
+    parts = [{k: p.get(k) for k in ("name", "file", "format", "placement", "precision")}
+             | {"bytes": m["files"][p["file"]]["bytes"]} for p in m["partitions"]]
+    return {"model_id": m["model_id"], "version": m["version"], "created_utc": m.get("created_utc"),
+            "labels": m["labels"], "target": m.get("target"), "signature": signer, "partitions": parts,
+            "files": len(m["files"]), "total_bytes": sum(f["bytes"] for f in m["files"].values()),
+            "manifest": m}
+
+
+def _sig_key_id(path: Path):
+    try:
+        if path.is_dir():
+            return (path / eb.SIGNATURE).read_text().split()[1]
+        with zipfile.ZipFile(path) as zf:
+            src = eb._ZipSource(zf, path)
+            with src.open(eb.SIGNATURE) as f:
+                return f.read(4096).decode().split()[1]
+    except (OSError, KeyError, IndexError, UnicodeDecodeError):
+        return None
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = sub.add_parser("keygen", help="write a new Ed25519 key pair (or --device: an HMAC device key)")
+    p.add_argument("--out", required=True, help="directory for NAME.key (mode 0600) and NAME.pub")
+    p.add_argument("--name", default=None, help="file stem (default: edgelearn, or device with --device)")
+    p.add_argument("--device", action="store_true", help="make a provisioned MCU device key NAME.hmac instead")
+    p = sub.add_parser("sign", help="sign a bundle directory's manifest")
+    p.add_argument("bundle")
+    p.add_argument("--key", help="Ed25519 private key file")
+    p.add_argument("--device-key", help="also (or only) write manifest.mac with this HMAC device key")
+    p.add_argument("--refresh", action="store_true", help="recompute the file table from the directory first")
+    p = sub.add_parser("verify", help="verify signature, digests, sizes and names")
+    p.add_argument("bundle")
+    p.add_argument("--pubkey", help="trusted public key file or directory of .pub files")
+    p.add_argument("--device-key", help="authenticate with manifest.mac and this device key instead")
+    p.add_argument("--allow-unsigned", action="store_true", help="accept an unsigned bundle (with a warning)")
+    p = sub.add_parser("inspect", help="print the manifest summary")
+    p.add_argument("bundle")
+    p.add_argument("--pubkey", help="also verify the signature with this key")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("zip", help="package a verified bundle directory as one .zip")
+    p.add_argument("bundle")
+    p.add_argument("--out", required=True, help="the .zip to write")
+
+
+def run(args) -> int:
+    if args.action == "keygen":
+        if args.device:
+            print(f"wrote {hk.generate_device_key(args.out, name=args.name or 'device')} (mode 0600)")
+        else:
+            priv, pub = hk.generate_keypair(args.out, name=args.name or "edgelearn")
+            print(f"wrote {priv} (private, mode 0600: keep it off devices and out of git)\nwrote {pub} (give this to devices)")
+    elif args.action == "sign":
+        if not args.key and not args.device_key:
+            raise BundleError("nothing to sign with", fix="pass --key PRIVATE_KEY and/or --device-key DEVICE_KEY")
+        if args.key:
+            print(f"signed {args.bundle} with key {sign_bundle(args.bundle, args.key, refresh=args.refresh)}")
+        if args.device_key:
+            print(f"wrote {eb.MAC} for device key {add_device_mac(args.bundle, args.device_key)}")
+    elif args.action == "verify":
+        if not (args.pubkey or args.device_key or args.allow_unsigned):
+            raise BundleError("no key to verify with", fix="pass --pubkey KEY.pub (or --device-key for the MCU scheme)")
+        key = Path(args.device_key) if args.device_key else None
+        b = eb.load_bundle(args.bundle, trusted_keys=args.pubkey, device_key=key, allow_unsigned=args.allow_unsigned)
+        print(f"OK {b.model_id} v{b.version}: {len(b.manifest['files'])} files verified, "
+              f"{b.authenticated_by} key {b.key_id}")
+    elif args.action == "inspect":
+        s = summary(args.bundle, args.pubkey)
+        if args.json:
+            print(json.dumps(s, indent=2, sort_keys=True))
+        else:
+            _print_summary(s)
+    elif args.action == "zip":
+        print(f"wrote {zip_bundle(args.bundle, args.out)}")
+    return 0
+
+
+def _print_summary(s: dict) -> None:
+    sig = s["signature"]
+    state = "verified" if sig["verified"] else "NOT verified (pass --pubkey)"
+    print(f"model    {s['model_id']}  version {s['version']}  created {s['created_utc']}")
+    print(f"labels   {', '.join(s['labels'])}")
+    print(f"target   {s['target'] if not isinstance(s['target'], dict) else s['target'].get('name', s['target'])}")
+    print(f"signed   key {sig['key_id'] or '(unsigned)'}  {state if sig['key_id'] else ''}")
+    print(f"{'partition':<16}{'file':<28}{'format':<10}{'placement':<11}{'precision':<11}{'bytes':>10}")
+    for p in s["partitions"]:
+        print(f"{p['name']:<16}{p['file']:<28}{p['format']:<10}{p['placement']:<11}{str(p['precision'] or '-'):<11}{p['bytes']:>10}")
+    print(f"total    {s['files']} files, {s['total_bytes']} bytes")

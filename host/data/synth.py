@@ -1,0 +1,208 @@
+"""Speech synthesis with the engines Debian ships: espeak-ng, Festival and Flite.
+
+A :class:`Voice` names one synthetic speaker. ``render(voice, texts)`` returns
+16 kHz int16 utterances, trimmed of leading/trailing silence, each from a
+speaking rate and pitch drawn per render. Festival runs one process per voice
+for a whole batch (its start-up dominates otherwise); espeak-ng and Flite run
+one short process per utterance on a small thread pool.
+
+    >>> v = Voice("espeak", "en-us+f3")
+    >>> [pcm] = render(v, ["yes"], rng=np.random.default_rng(0))
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tempfile
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edge.errors import EdgelearnError
+
+SR = 16000
+MAX_SAMPLES = SR  # every utterance must fit the 1 s window
+
+ESPEAK_ACCENTS = ["en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp",
+                  "en-gb-x-gbcwmd", "en-029", "en-us-nyc"]
+# Six variants per accent, rotated so that no two accents share the same set.
+ESPEAK_VARIANTS = ["m1", "f1", "m3", "f2", "m5", "f3", "m2", "f4", "m4", "f5", "m6",
+                   "klatt", "m7", "klatt2", "iven", "klatt3", "steph", "linda", "john",
+                   "Andy", "Annie", "adam", "belinda", "david", "max", "robert"]
+FESTIVAL_VOICES = ["kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts"]
+# Flite's awb and rms are speakers neither other engine has (its kal and slt are
+# the same people as Festival's): they are the never-trained-on synthesizer.
+FLITE_VOICES = ["awb", "rms"]
+
+PACKAGES = {"espeak": "espeak-ng", "festival": "festival festvox-kallpc16k festvox-kdlpc16k "
+            "festvox-us-slt-hts", "flite": "flite"}
+BINARIES = {"espeak": "espeak-ng", "festival": "festival", "flite": "flite"}
+
+
+@dataclass(frozen=True)
+class Voice:
+    synth: str  # espeak | festival | flite
+    name: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.synth}:{self.name}"
+
+
+def espeak_voices() -> list[Voice]:
+    out = []
+    for i, accent in enumerate(ESPEAK_ACCENTS):
+        for j in range(6):
+            variant = ESPEAK_VARIANTS[(i * 3 + j) % len(ESPEAK_VARIANTS)]
+            out.append(Voice("espeak", f"{accent}+{variant}"))
+    return out
+
+
+def all_voices() -> list[Voice]:
+    return (espeak_voices() + [Voice("festival", v) for v in FESTIVAL_VOICES]
+            + [Voice("flite", v) for v in FLITE_VOICES])
+
+
+def check_installed(synths) -> None:
+    missing = [s for s in sorted(set(synths)) if shutil.which(BINARIES[s]) is None]
+    if missing:
+        pkgs = " ".join(PACKAGES[s] for s in missing)
+        raise EdgelearnError(f"speech synthesizer(s) not installed: {', '.join(missing)}",
+                             fix=f"`sudo apt-get install {pkgs}` (or run scripts/bootstrap.sh)")
+
+
+def parse_wav_bytes(data: bytes) -> tuple[np.ndarray, int]:
+    """Parse a PCM16 WAV from bytes, tolerating a streaming header (espeak-ng --stdout)."""
+    if data[:4] != b"RIFF":
+        raise ValueError("synthesizer did not return a WAV")
+    pos, rate, channels = 12, None, 1
+    while pos + 8 <= len(data):
+        cid, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
+        if cid == b"fmt ":
+            channels = int.from_bytes(data[pos + 10:pos + 12], "little")
+            rate = int.from_bytes(data[pos + 12:pos + 16], "little")
+        if cid == b"data":
+            body = data[pos + 8:]
+            body = body[: min(size, len(body)) // 2 * 2]
+            pcm = np.frombuffer(body, dtype="<i2").astype(np.int16)
+            if channels > 1:
+                pcm = pcm.reshape(-1, channels)[:, 0].copy()
+            return pcm, int(rate or SR)
+        pos += 8 + size + (size & 1)
+    raise ValueError("WAV without a data chunk")
+
+
+def resample(pcm: np.ndarray, rate: int, target: int = SR) -> np.ndarray:
+    if rate == target:
+        return pcm.astype(np.float32)
+    from math import gcd
+
+    from scipy.signal import resample_poly
+
+    g = gcd(rate, target)
+    return resample_poly(pcm.astype(np.float32), target // g, rate // g).astype(np.float32)
+
+
+def trim(x: np.ndarray, rel_db: float = -40.0, pad: int = 480) -> np.ndarray:
+    """Cut leading/trailing silence: keep from the first to the last 10 ms block above rel_db."""
+    if x.size == 0:
+        return x
+    block = 160
+    n = x.size // block
+    if n == 0:
+        return x
+    e = (x[: n * block].reshape(n, block).astype(np.float64) ** 2).mean(axis=1)
+    thresh = e.max() * 10 ** (rel_db / 10)
+    idx = np.nonzero(e > thresh)[0]
+    if idx.size == 0:
+        return x[:0]
+    a, b = max(0, idx[0] * block - pad), min(x.size, (idx[-1] + 1) * block + pad)
+    return x[a:b]
+
+
+def fit_length(x: np.ndarray, max_samples: int = MAX_SAMPLES - 800) -> np.ndarray:
+    """Utterances longer than ~0.95 s are sped up to fit the 1 s window."""
+    if x.size <= max_samples:
+        return x
+    from scipy.signal import resample
+
+    return resample(x, max_samples).astype(np.float32)
+
+
+def finish(pcm: np.ndarray, rate: int) -> np.ndarray:
+    x = fit_length(trim(resample(pcm, rate)))
+    peak = float(np.abs(x).max()) if x.size else 0.0
+    if peak < 1.0:
+        raise ValueError("synthesizer produced silence")
+    x = x * (0.5 * 32767.0 / peak)  # fixed peak level; gain varies later in augmentation
+    return np.round(x).astype(np.int16)
+
+
+def _run(cmd: list[str], timeout: float = 60.0) -> bytes:
+    res = subprocess.run(cmd, capture_output=True, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed: {res.stderr.decode(errors='replace')[:200]}")
+    return res.stdout
+
+
+def _espeak(voice: Voice, text: str, rate: float, pitch: float) -> np.ndarray:
+    out = _run(["espeak-ng", "-v", voice.name, "-s", str(int(175 * rate)),
+                "-p", str(int(50 * pitch)), "--stdout", text])
+    return finish(*parse_wav_bytes(out))
+
+
+def _flite(voice: Voice, text: str, rate: float, pitch: float) -> np.ndarray:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "out.wav"
+        _run(["flite", "-voice", voice.name, "-t", text, "-o", str(path),
+              "--setf", f"duration_stretch={1.0 / rate:.3f}",
+              "--setf", f"int_f0_target_mean={int(110 * pitch)}"])
+        return finish(*parse_wav_bytes(path.read_bytes()))
+
+
+def _festival_batch(voice: Voice, jobs: list[tuple[str, float, float]]) -> list[np.ndarray]:
+    """One Festival process renders every (text, rate, pitch) job for this voice."""
+    with tempfile.TemporaryDirectory() as d:
+        lines = [f"(voice_{voice.name})"]
+        for i, (text, rate, _pitch) in enumerate(jobs):
+            safe = text.replace('"', "")
+            lines.append(f"(Parameter.set 'Duration_Stretch {1.0 / rate:.3f})")
+            lines.append(f'(utt.save.wave (utt.synth (Utterance Text "{safe}")) "{d}/{i}.wav" \'riff)')
+        script = Path(d) / "batch.scm"
+        script.write_text("\n".join(lines) + "\n")
+        _run(["festival", "-b", str(script)], timeout=60 + 5 * len(jobs))
+        out = []
+        for i, (_text, _rate, pitch) in enumerate(jobs):
+            pcm, sr = parse_wav_bytes((Path(d) / f"{i}.wav").read_bytes())
+            # Festival's diphone/HTS voices have no portable pitch knob: shift by
+            # relabelling the sample rate (pitch and formants move together, like
+            # a different vocal tract), which is what the pitch draw asks for.
+            out.append(finish(pcm, int(sr * pitch)))
+        return out
+
+
+def render(voice: Voice, jobs: list[tuple[str, float, float]]) -> list[np.ndarray]:
+    """Render ``(text, rate, pitch)`` jobs (rate, pitch are multipliers around 1.0)."""
+    if voice.synth == "festival":
+        return _festival_batch(voice, jobs)
+    fn = _espeak if voice.synth == "espeak" else _flite
+    return [fn(voice, t, r, p) for t, r, p in jobs]
+
+
+def read_wav_file(path) -> tuple[np.ndarray, int]:
+    with wave.open(str(path), "rb") as w:
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").copy(), w.getframerate()
+
+
+def pcm_to_wav_bytes(pcm: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SR)
+        w.writeframes(pcm.astype("<i2").tobytes())
+    return buf.getvalue()

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("host.recipe", "rebuild the shipped model from scratch (data, train, quantize, bundle)"),
     "spot": ("edge.spot", "classify WAV clips with a bundle"),
     "bench": ("bench.runner", "run benchmarks and print their JSON results"),
+    "serve": ("host.serve.cli", "serve a bundle over the Open Inference Protocol (needs the serve extra)"),
 }
 
 # Optional packages and the extra that provides them, for a friendly message.

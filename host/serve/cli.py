@@ -1,0 +1,92 @@
+"""``edgelearn serve``: serve a signed bundle over the Open Inference Protocol.
+
+    $ edgelearn serve --bundle models/kws-dscnn-s --pubkey keys/edgelearn.pub --port 8000
+    $ curl localhost:8000/v2/models/kws-dscnn-s
+
+``BackgroundServer`` runs the same thing on a thread with an ephemeral loopback
+port, for tests and benchmarks:
+
+    >>> with BackgroundServer(server, bundle="b") as url:
+    ...     httpx.get(url + "/v2/health/ready")
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--bundle", required=True, help="bundle directory or .zip to serve")
+    parser.add_argument("--pubkey", action="append", default=None,
+                        help="trusted Ed25519 public key(s) (.pub file or directory); repeatable")
+    parser.add_argument("--allow-unsigned", action="store_true", help="serve an unsigned bundle (local experiments)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--replicas", type=int, default=2, help="worker processes per model version")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-queue-delay-ms", type=float, default=0.0)
+    parser.add_argument("--max-queue", type=int, default=128, help="queued requests per version before 503")
+    parser.add_argument("--tenant-rate", type=float, default=1000.0, help="requests/s per tenant (X-Tenant)")
+    parser.add_argument("--tenant-burst", type=float, default=2000.0)
+    parser.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    parser.add_argument("--rollout-dir", default=None,
+                        help="directory from which POST /v2/repository/models/M/load may take new bundles")
+    parser.add_argument("--fault-injection", action="store_true",
+                        help="enable POST /v2/debug/.../fault (benchmarks only; never in production)")
+
+
+def build(args):
+    from host.serve.app import Server
+    from host.serve.config import ServeConfig
+
+    cfg = ServeConfig(replicas=args.replicas, max_batch_size=args.max_batch_size,
+                      max_queue_delay=args.max_queue_delay_ms / 1000.0, max_queue=args.max_queue,
+                      tenant_rate=args.tenant_rate, tenant_burst=args.tenant_burst,
+                      max_body_bytes=args.max_body_bytes, fault_injection=args.fault_injection)
+    return Server(cfg, trusted_keys=args.pubkey, allow_unsigned=args.allow_unsigned, rollout_dir=args.rollout_dir)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from edge.bundle import load_bundle
+
+    # Verify before binding the port, so a bad bundle is one clear line, not a traceback.
+    load_bundle(args.bundle, trusted_keys=args.pubkey, allow_unsigned=args.allow_unsigned)
+    server = build(args)
+    uvicorn.run(server.app(bundle=args.bundle), host=args.host, port=args.port, log_level="warning",
+                access_log=False)
+    return 0
+
+
+class BackgroundServer:
+    """uvicorn on a daemon thread, bound to 127.0.0.1 on a free port."""
+
+    def __init__(self, server, bundle=None, host: str = "127.0.0.1"):
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, 0))
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.server = server
+        config = uvicorn.Config(server.app(bundle=bundle), log_level="warning", access_log=False,
+                                lifespan="on")
+        self.uv = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.uv.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while not self.uv.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the serving shim did not start (see the log above)")
+            time.sleep(0.02)
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.uv.should_exit = True
+        self.thread.join(60)
+        self.sock.close()

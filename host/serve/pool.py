@@ -1,0 +1,377 @@
+"""One model version on N replica processes: bounded queue, dynamic batching,
+power-of-two-choices routing, a circuit breaker per replica, deep health checks.
+
+    >>> mv = ModelVersion("kws", "3", "model.onnx", spec, ServeConfig(), Metrics())
+    >>> await mv.start()                       # spawn, warm up, record the golden answer
+    >>> outputs = await mv.infer({"features": x}, rows=1, tenant="acme")
+    >>> await mv.stop()                        # drains in-flight work first
+
+``infer`` raises ``Overloaded`` (-> 503 + Retry-After) when the queue is at its
+bound, and ``ReplicaError`` when no replica could answer after a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from host.serve.config import ServeConfig
+from host.serve.metrics import Metrics
+from host.serve.policy import CircuitBreaker, Outcomes, power_of_two
+from host.serve.protocol import DTYPES, ModelSpec
+from host.serve.replica import Replica, ReplicaError
+
+
+class Overloaded(Exception):
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class _Item:
+    inputs: dict
+    rows: int
+    future: asyncio.Future
+    enqueued: float
+    attempts: int = 0
+    exclude: set = field(default_factory=set)
+
+
+@dataclass
+class _Batch:
+    slot: "Slot"
+    items: list
+    rows: int
+    sent: float
+    timer: asyncio.TimerHandle | None = None
+
+
+class Slot:
+    """A replica plus its breaker and health, as the router sees it."""
+
+    def __init__(self, replica: Replica, breaker: CircuitBreaker):
+        self.replica, self.breaker = replica, breaker
+        self.healthy = False      # passed its last deep check
+        self.restarting = False
+        self.last_check = ""      # why it last failed, for /v2/models/... and logs
+
+    index = property(lambda self: self.replica.index)
+    routable_health = property(lambda self: self.healthy and self.replica.alive and not self.restarting)
+
+
+def known_input(spec: ModelSpec, rows: int = 2) -> dict[str, np.ndarray]:
+    """A fixed, seeded input for warm-up and deep checks (same every run)."""
+    rng = np.random.default_rng(20261107)
+    out = {}
+    for t in spec.inputs:
+        shape = [rows if d == -1 and i == 0 else (1 if d == -1 else d) for i, d in enumerate(t.shape)]
+        out[t.name] = rng.standard_normal(shape).astype(DTYPES[t.datatype])
+    return out
+
+
+def check_output(outs: dict[str, np.ndarray], score_output: str | None, golden: dict | None) -> str:
+    """Empty string if the answer is plausible, else why not."""
+    for k, v in outs.items():
+        if v.dtype.kind == "f" and not np.isfinite(v).all():
+            return f"output {k} has NaN/Inf"
+    if score_output is not None and score_output in outs:
+        s = outs[score_output].astype(np.float64)
+        probs = s if (s.min() >= 0 and np.allclose(s.sum(-1), 1, atol=1e-3)) else np.exp(
+            s - s.max(-1, keepdims=True))
+        probs = probs / probs.sum(-1, keepdims=True)
+        entropy = float(-(probs * np.log(np.clip(probs, 1e-12, 1))).sum(-1).mean())
+        # A flat distribution on a fixed random input means the weights are gone
+        # (zeroed, or a constant output): the model answers but knows nothing.
+        if s.shape[-1] > 1 and entropy > 0.999 * math.log(s.shape[-1]):
+            return f"output {score_output} is uniform (entropy {entropy:.3f} nats = log {s.shape[-1]})"
+    if golden is not None:
+        for k, ref in golden.items():
+            if k in outs and ref.dtype.kind == "f" and not np.allclose(outs[k], ref, rtol=1e-3, atol=1e-3):
+                return f"output {k} differs from this version's reference answer (max |diff| " \
+                       f"{float(np.abs(outs[k] - ref).max()):.3g})"
+    return ""
+
+
+class ModelVersion:
+    def __init__(self, name: str, version: str, model_path: str, spec: ModelSpec, config: ServeConfig,
+                 metrics: Metrics, score_output: str | None = None, clock=time.monotonic,
+                 seed: int | None = None):
+        self.name, self.version, self.model_path, self.spec = name, version, model_path, spec
+        self.cfg, self.metrics, self.score_output, self._clock = config, metrics, score_output, clock
+        self._rng = random.Random(seed)
+        self.slots: list[Slot] = []
+        self._queue: deque[_Item] = deque()
+        self._batches: dict[int, _Batch] = {}
+        self._direct_waiters: dict[int, asyncio.Future] = {}
+        self._seq = 0
+        self._wake: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.golden: dict | None = None
+        self.outcomes = Outcomes(clock)
+        self.ready = False
+        self.stopping = False
+        self._batch_seconds = 0.005  # running estimate, for Retry-After
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _new_slot(self, i: int) -> Slot:
+        c = self.cfg
+        br = CircuitBreaker(self._clock, c.breaker_window, c.breaker_min_calls, c.breaker_failure_rate,
+                            c.breaker_slow_call, c.breaker_open, c.breaker_probes)
+        return Slot(Replica(self.model_path, i, self._on_answer), br)
+
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self.slots = [self._new_slot(i) for i in range(self.cfg.replicas)]
+        try:
+            await asyncio.gather(*(s.replica.start() for s in self.slots))
+            probe = known_input(self.spec)
+            first = await self.direct(self.slots[0], probe)
+            why = check_output(first, self.score_output, None)
+            if why:
+                raise ReplicaError(f"{self.name} v{self.version} fails its warm-up check: {why}")
+            self.golden = first
+            for s in self.slots:
+                await self._deep_check(s)
+            if not any(s.healthy for s in self.slots):
+                raise ReplicaError(f"{self.name} v{self.version}: no replica passed the warm-up check "
+                                   f"({self.slots[0].last_check})")
+        except BaseException:
+            for s in self.slots:
+                s.replica.kill()
+            raise
+        self._tasks = [asyncio.create_task(self._dispatch_loop()), asyncio.create_task(self._health_loop())]
+        self.ready = True
+
+    async def stop(self, drain_timeout: float = 30.0) -> None:
+        """Stop taking work, finish what is queued and in flight, then stop the workers."""
+        self.stopping = True
+        self.ready = False
+        deadline = self._clock() + drain_timeout
+        while (self._queue or self._batches) and self._clock() < deadline:
+            self._wake.set()
+            await asyncio.sleep(0.01)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for item in self._queue:
+            if not item.future.done():
+                item.future.set_exception(ReplicaError(f"{self.name} v{self.version} was stopped"))
+        await asyncio.gather(*(s.replica.stop() for s in self.slots))
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def inflight(self) -> int:
+        return len(self._queue) + sum(len(b.items) for b in self._batches.values())
+
+    # -- admission ---------------------------------------------------------------------------
+    async def infer(self, inputs: dict, rows: int) -> dict[str, np.ndarray]:
+        if self.stopping:
+            raise ReplicaError(f"{self.name} v{self.version} is shutting down")
+        if len(self._queue) >= self.cfg.max_queue:
+            live = max(1, sum(s.routable_health for s in self.slots))
+            wait = self._batch_seconds * (len(self._queue) / self.cfg.max_batch_size + 1) / live
+            raise Overloaded(f"{self.name} v{self.version}: queue is full ({self.cfg.max_queue} requests)", wait)
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append(_Item(inputs, rows, fut, self._clock()))
+        self._wake.set()
+        return await fut
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def _routable(self) -> list[int]:
+        cap = self.cfg.max_inflight_per_replica
+        return [i for i, s in enumerate(self.slots)
+                if s.routable_health and len(s.replica.inflight) < cap and s.breaker.would_allow()]
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if not any(s.replica.alive and not s.restarting for s in self.slots) and not any(
+                    s.restarting for s in self.slots):
+                self._fail_queue("no replica is running")
+                continue
+            cands = self._routable()
+            if not cands:
+                self._wake.clear()
+                # Re-check periodically too: an open breaker turns half-open by time alone.
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 0.05)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            if self.cfg.max_queue_delay > 0:
+                rows = sum(it.rows for it in self._queue)
+                wait = self._queue[0].enqueued + self.cfg.max_queue_delay - self._clock()
+                if rows < self.cfg.max_batch_size and wait > 0:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+            i = power_of_two(cands, lambda j: self.slots[j].replica.outstanding_rows, self._rng)
+            slot = self.slots[i]
+            if not slot.breaker.allow():
+                continue
+            items = self._take_batch(i)
+            if not items:
+                # Every queued item already failed on this replica; let another take it.
+                self._wake.clear()
+                await asyncio.sleep(0.001)
+                continue
+            self._send(slot, items)
+            await asyncio.sleep(0)  # let answers and new requests in between batches
+
+    def _take_batch(self, index: int) -> list[_Item]:
+        taken, kept, rows = [], deque(), 0
+        while self._queue:
+            it = self._queue.popleft()
+            if index in it.exclude or rows + it.rows > self.cfg.max_batch_size:
+                kept.append(it)
+                if rows + it.rows > self.cfg.max_batch_size and index not in it.exclude:
+                    break
+                continue
+            if it.future.done():  # the client went away
+                continue
+            taken.append(it)
+            rows += it.rows
+        kept.extend(self._queue)
+        self._queue = kept
+        return taken
+
+    def _send(self, slot: Slot, items: list[_Item]) -> None:
+        names = [t.name for t in self.spec.inputs]
+        inputs = {n: items[0].inputs[n] if len(items) == 1 else np.concatenate([it.inputs[n] for it in items])
+                  for n in names}
+        rows = sum(it.rows for it in items)
+        self._seq += 1
+        seq = self._seq
+        batch = _Batch(slot, items, rows, self._clock())
+        self._batches[seq] = batch
+        slot.replica.outstanding_rows += rows
+        batch.timer = asyncio.get_running_loop().call_later(self.cfg.batch_timeout, self._timed_out, seq)
+        self.metrics.batch_size.labels(self.name, self.version, str(slot.index)).observe(rows)
+        try:
+            slot.replica.send(seq, inputs)
+        except ReplicaError as e:
+            if seq in self._batches:
+                self._finish(seq, e, 0.0)
+
+    def _timed_out(self, seq: int) -> None:
+        batch = self._batches.get(seq)
+        if batch is not None and batch.slot.replica.abandon(seq):
+            self._finish(seq, ReplicaError(f"replica {batch.slot.index} did not answer within "
+                                           f"{self.cfg.batch_timeout:g} s"), self.cfg.batch_timeout)
+
+    def _on_answer(self, replica: Replica, seq: int, payload, seconds: float) -> None:
+        if seq in self._batches:
+            self._finish(seq, payload, seconds)
+        elif seq in self._direct_waiters:
+            fut = self._direct_waiters.pop(seq)
+            if not fut.done():
+                (fut.set_exception if isinstance(payload, Exception) else fut.set_result)(payload)
+
+    def _finish(self, seq: int, payload, compute_seconds: float) -> None:
+        batch = self._batches.pop(seq)
+        if batch.timer is not None:
+            batch.timer.cancel()
+        slot = batch.slot
+        slot.replica.outstanding_rows -= batch.rows
+        latency = self._clock() - batch.sent
+        ok = not isinstance(payload, Exception)
+        slot.breaker.record(ok, latency)
+        rid = str(slot.index)
+        self.metrics.replica_batches.labels(self.name, self.version, rid, "ok" if ok else "error").inc()
+        self.metrics.replica_seconds.labels(self.name, self.version, rid).observe(latency)
+        if ok:
+            self._batch_seconds = 0.9 * self._batch_seconds + 0.1 * latency
+            start = 0
+            for it in batch.items:
+                if not it.future.done():
+                    it.future.set_result({k: v[start:start + it.rows] for k, v in payload.items()})
+                start += it.rows
+        else:
+            retry = []
+            for it in batch.items:
+                it.attempts += 1
+                it.exclude.add(slot.index)
+                others = any(s.routable_health and s.index not in it.exclude for s in self.slots)
+                if it.attempts < self.cfg.max_attempts and others and not it.future.done():
+                    retry.append(it)
+                elif not it.future.done():
+                    it.future.set_exception(ReplicaError(str(payload)))
+            self._queue.extendleft(reversed(retry))
+            if not slot.replica.alive and not slot.restarting and self.cfg.restart_failed and not self.stopping:
+                slot.healthy, slot.last_check = False, str(payload)
+                asyncio.get_running_loop().create_task(self._restart(slot))
+        self._wake.set()
+
+    def _fail_queue(self, why: str) -> None:
+        while self._queue:
+            it = self._queue.popleft()
+            if not it.future.done():
+                it.future.set_exception(ReplicaError(f"{self.name} v{self.version}: {why}"))
+
+    # -- health ------------------------------------------------------------------------------
+    async def direct(self, slot: Slot, inputs: dict, timeout: float | None = None) -> dict:
+        """Run ``inputs`` on one replica, outside the queue and the breaker (health checks)."""
+        self._seq += 1
+        seq = self._seq
+        fut = asyncio.get_running_loop().create_future()
+        self._direct_waiters[seq] = fut
+        try:
+            slot.replica.send(seq, inputs)
+            return await asyncio.wait_for(fut, timeout or self.cfg.batch_timeout)
+        except asyncio.TimeoutError:
+            slot.replica.abandon(seq)
+            raise ReplicaError(f"replica {slot.index} did not answer the health check within "
+                               f"{timeout or self.cfg.batch_timeout:g} s") from None
+        finally:
+            self._direct_waiters.pop(seq, None)
+
+    async def _deep_check(self, slot: Slot) -> bool:
+        try:
+            outs = await self.direct(slot, known_input(self.spec))
+            why = check_output(outs, self.score_output, self.golden)
+        except ReplicaError as e:
+            why = str(e)
+        slot.healthy, slot.last_check = not why, why
+        return not why
+
+    async def _restart(self, slot: Slot) -> None:
+        slot.restarting = True
+        try:
+            slot.replica.kill()
+            fresh = Replica(self.model_path, slot.index, self._on_answer)
+            await fresh.start()
+            slot.replica = fresh
+            slot.breaker = self._new_slot(slot.index).breaker
+            await self._deep_check(slot)
+        except (ReplicaError, asyncio.TimeoutError) as e:
+            slot.healthy, slot.last_check = False, f"restart failed: {e}"
+        finally:
+            slot.restarting = False
+            self._wake.set()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_interval)
+            for slot in list(self.slots):
+                if slot.restarting:
+                    continue
+                ok = slot.replica.alive and await self._deep_check(slot)
+                if not ok and not slot.replica.alive:
+                    slot.healthy, slot.last_check = False, slot.last_check or "worker process exited"
+                if not ok and self.cfg.restart_failed and not self.stopping:
+                    asyncio.create_task(self._restart(slot))

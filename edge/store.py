@@ -57,6 +57,30 @@ def atomic_write(path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def smoke_check_models(bundle, backend: str = "auto", placements=("cpu",)) -> None:
+    """The default smoke check: load each runnable partition and run one inference on zeros.
+
+    Raises if a model does not load, does not run, or returns NaN/inf, so a
+    bundle that verifies but cannot run on this device is never switched to.
+    """
+    import numpy as np
+
+    from edge.backends import load
+
+    ran = 0
+    for part in bundle.partitions:
+        if part["placement"] not in placements or part["format"] not in ("tflite", "onnx"):
+            continue
+        model = load(bundle.path(part["file"]), backend=backend if part["format"] == "tflite" else "auto")
+        zeros = [np.zeros([d if d > 0 else 1 for d in t.shape], t.dtype) for t in model.inputs]
+        for out in model.run(*zeros):
+            if not np.all(np.isfinite(out)):
+                raise ValueError(f"partition {part['name']!r} returned NaN or inf on zero input")
+        ran += 1
+    if ran == 0:
+        raise ValueError(f"no partition with placement {'/'.join(placements)} to run")
+
+
 class BundleStore:
     """Installed bundles of one device, with a current and a previous version."""
 

@@ -93,6 +93,30 @@ def test_refusals_change_nothing(make):
     assert store.install(make(5, model_id="other"), allow_model_change=True).model_id == "other"
 
 
+def test_default_smoke_check_runs_the_model(make, tmp_path):
+    tflm = pytest.importorskip("tflite_micro", reason="uses the sine model shipped in the tflite-micro package")
+    sine = Path(tflm.__file__).parent / "python" / "tflite_micro" / "sine_float.tflite"
+    if not sine.is_file():
+        pytest.skip("tflite-micro no longer ships sine_float.tflite")
+    from edge.store import smoke_check_models
+
+    def bundle_with(model_bytes, version):
+        (tmp_path / "m.tflite").write_bytes(model_bytes)
+        manifest = {"model_id": "sine", "version": version, "labels": [],
+                    "partitions": [{"name": "m", "file": "m.tflite", "format": "tflite", "placement": "cpu"}]}
+        return build_bundle(tmp_path / f"sine-{version}", {"m.tflite": tmp_path / "m.tflite"}, manifest,
+                            make.tmp / "keys" / "edgelearn.key")
+
+    store = BundleStore(make.tmp / "state", trusted_keys=make.pub)
+    assert store.install(bundle_with(sine.read_bytes(), 1), smoke_check=smoke_check_models).version == 1
+    # Signed and intact, but not a runnable model: the smoke check keeps v1.
+    with pytest.raises(BundleError, match=r"sine v2: smoke check failed \(EdgelearnError: m.tflite: litert cannot load"):
+        store.install(bundle_with(b"TFL3" + bytes(200), 2), smoke_check=smoke_check_models)
+    assert store.current().version == 1
+    with pytest.raises(BundleError, match="no partition with placement npu to run"):
+        store.install(make(9, model_id="sine", name="nomodel"), smoke_check=lambda b: smoke_check_models(b, placements=("npu",)))
+
+
 def test_current_detects_on_disk_corruption(make):
     store = BundleStore(make.tmp / "state", trusted_keys=make.pub)
     store.install(make(1))

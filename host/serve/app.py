@@ -53,7 +53,8 @@ class Server:
         self.rollout_dir = Path(rollout_dir) if rollout_dir else None
         self.clock = clock
         self.metrics = Metrics()
-        self.quotas = TenantQuotas(self.cfg.tenant_rate, self.cfg.tenant_burst, clock)
+        self.quotas = TenantQuotas(self.cfg.tenant_rate, self.cfg.tenant_burst, clock,
+                                   overrides=self.cfg.tenant_overrides)
         self.models: dict[str, ServedModel] = {}
         self.bundles: dict[str, object] = {}   # model_id -> ServedBundle of the stable version
         self._tenant_labels: set[str] = set()
@@ -114,7 +115,8 @@ class Server:
         ok, wait = self.quotas.take(tenant)
         if not ok:
             self.metrics.rejections.labels(model, "", self._tenant_label(tenant), "quota").inc()
-            raise ProtocolError(429, f"tenant '{tenant}' is over its quota of {self.cfg.tenant_rate:g} requests/s",
+            rate = self.cfg.tenant_overrides.get(tenant, (self.cfg.tenant_rate,))[0]
+            raise ProtocolError(429, f"tenant '{tenant}' is over its quota of {rate:g} requests/s",
                                 {"Retry-After": str(max(1, math.ceil(wait)))})
 
     async def run(self, model: ServedModel, version: str | None, inputs: dict, rows: int, tenant: str):

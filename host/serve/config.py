@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edge.errors import EdgelearnError
 
@@ -25,6 +25,7 @@ class ServeConfig:
     tenant_rate: float = 1000.0        # requests/s per tenant (token refill)
     tenant_burst: float = 2000.0
     tenant_header: str = "x-tenant"
+    tenant_overrides: dict = field(default_factory=dict)  # tenant -> (rate, burst)
     max_body_bytes: int = 4 << 20
     breaker_window: int = 20
     breaker_min_calls: int = 5

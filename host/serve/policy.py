@@ -47,8 +47,8 @@ class TokenBucket:
     def take(self, n: float = 1.0) -> tuple[bool, float]:
         """Take ``n`` tokens: ``(True, 0)`` or ``(False, seconds until n tokens exist)``."""
         self._refill()
-        if self._tokens >= n:
-            self._tokens -= n
+        if self._tokens >= n - 1e-9:  # float refill must not deny a token that is due
+            self._tokens = max(0.0, self._tokens - n)
             return True, 0.0
         return False, (n - self._tokens) / self.rate
 

@@ -1,0 +1,171 @@
+"""Serving policies driven by a fake clock: token buckets, breakers, routing, canaries."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from host.serve.policy import (ADVANCE, CLOSED, HALF_OPEN, HOLD, OPEN, PROMOTE, ROLLBACK, CanaryPolicy,
+                               CircuitBreaker, OutcomeSummary, Outcomes, TenantQuotas, TokenBucket,
+                               power_of_two)
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+    def advance(self, s):
+        self.t += s
+
+
+@pytest.fixture()
+def clock():
+    return FakeClock()
+
+
+def test_token_bucket_burst_then_rate(clock):
+    b = TokenBucket(rate=10, burst=3, clock=clock)
+    assert [b.take()[0] for _ in range(3)] == [True, True, True]
+    ok, wait = b.take()
+    assert not ok and wait == pytest.approx(0.1)
+    clock.advance(0.05)
+    ok, wait = b.take()
+    assert not ok and wait == pytest.approx(0.05)
+    clock.advance(0.05)
+    assert b.take() == (True, 0.0)
+    clock.advance(100)
+    assert b.tokens == pytest.approx(3)  # never more than the burst
+
+
+def test_token_bucket_rejects_bad_parameters(clock):
+    with pytest.raises(ValueError, match="rate > 0"):
+        TokenBucket(0, 1, clock)
+    with pytest.raises(ValueError, match="burst >= 1"):
+        TokenBucket(1, 0.5, clock)
+
+
+def test_tenant_quotas_are_independent_and_bounded(clock):
+    q = TenantQuotas(rate=1, burst=2, clock=clock, max_tenants=3, overrides={"vip": (100, 100)})
+    assert q.take("a")[0] and q.take("a")[0] and not q.take("a")[0]
+    assert q.take("b")[0]  # a's exhaustion does not touch b
+    assert all(q.take("vip")[0] for _ in range(50))
+    for i in range(10):
+        q.take(f"spam{i}")
+    assert len(q) == 3  # made-up tenant names cannot grow memory
+
+
+def test_breaker_opens_on_failure_rate_and_recovers_through_probes(clock):
+    br = CircuitBreaker(clock, window=10, min_calls=4, failure_rate=0.5, slow_call_seconds=1.0,
+                        open_seconds=2.0, probes=2)
+    for ok in (True, False, True):
+        assert br.allow()
+        br.record(ok)
+    assert br.state == CLOSED  # 3 calls < min_calls
+    br.record(False)
+    assert br.state == OPEN  # 2 failures of 4 = 50 %
+    assert not br.allow() and not br.would_allow()
+    clock.advance(1.99)
+    assert br.state == OPEN
+    clock.advance(0.02)
+    assert br.state == HALF_OPEN
+    assert br.allow() and br.allow()
+    assert not br.allow()  # only two probes at a time
+    br.record(True)
+    assert br.state == HALF_OPEN
+    br.record(True)
+    assert br.state == CLOSED
+    assert [s for _, s in br.transitions] == [OPEN, HALF_OPEN, CLOSED]
+
+
+def test_breaker_failed_probe_reopens_and_slow_calls_count(clock):
+    br = CircuitBreaker(clock, window=5, min_calls=3, failure_rate=0.6, slow_call_seconds=0.2,
+                        open_seconds=1.0, probes=1)
+    for _ in range(3):
+        br.record(True, latency=0.7)  # correct but slow
+    assert br.state == OPEN
+    clock.advance(1.0)
+    assert br.allow()
+    br.record(False)
+    assert br.state == OPEN
+    br.record(True)  # a late answer while open changes nothing
+    assert br.state == OPEN
+    clock.advance(1.0)
+    assert br.allow()
+    br.record(True, latency=0.01)
+    assert br.state == CLOSED
+
+
+def test_breaker_window_forgets_old_failures(clock):
+    br = CircuitBreaker(clock, window=4, min_calls=4, failure_rate=0.75)
+    for ok in (False, False, True, True, True, True):
+        br.record(ok)
+    assert br.state == CLOSED
+
+
+def test_power_of_two_prefers_less_loaded_and_spreads():
+    rng = random.Random(1)
+    load = {0: 5, 1: 0, 2: 9}
+    picks = Counter(power_of_two([0, 1, 2], load.__getitem__, rng) for _ in range(3000))
+    assert picks[2] == 0  # the most loaded never wins a pair
+    assert picks[1] > picks[0] > 0  # 1 wins both its pairs, 0 wins only against 2
+    assert power_of_two([7], load.get, rng) == 7
+    with pytest.raises(ValueError):
+        power_of_two([], load.get, rng)
+
+
+def test_outcomes_window_error_rate_and_p99(clock):
+    o = Outcomes(clock, horizon=10)
+    for i in range(100):
+        o.add(True, (i + 1) / 1000)
+    o.add(False, 5.0)
+    s = o.summary()
+    assert s.count == 101 and s.error_rate == pytest.approx(1 / 101)
+    assert s.p99 == pytest.approx(0.099)  # errors do not enter the latency percentile
+    clock.advance(5)
+    o.add(True, 1.0)
+    assert o.summary(since=clock() - 1).count == 1
+    clock.advance(20)
+    s = o.summary()
+    assert s.count == 0 and math.isnan(s.p99)
+
+
+def _sum(n, err=0.0, p99=0.01):
+    return OutcomeSummary(n, err, p99)
+
+
+def test_canary_walks_the_steps_then_promotes(clock):
+    c = CanaryPolicy(clock, min_requests=10, min_step_seconds=5)
+    seen = []
+    for _ in range(4):
+        seen.append(c.weight)
+        assert c.decide(_sum(100), _sum(9)) == HOLD        # too few requests
+        assert c.decide(_sum(100), _sum(10)) == HOLD       # too early
+        clock.advance(5)
+        d = c.decide(_sum(100), _sum(10))
+        if d == ADVANCE:
+            c.advance()
+    assert seen == [0.01, 0.10, 0.50, 1.0]
+    assert d == PROMOTE
+
+
+def test_canary_rolls_back_on_errors_and_on_p99(clock):
+    c = CanaryPolicy(clock, min_requests=10, max_error_rate_increase=0.02, p99_factor=1.5, p99_slack=0.001)
+    assert c.decide(_sum(100, err=0.01), _sum(4, err=1.0)) == HOLD  # 4 < rollback_min_requests
+    assert c.decide(_sum(100, err=0.01), _sum(5, err=0.2)) == ROLLBACK
+    assert "error rate 20.0%" in c.reason
+    c2 = CanaryPolicy(clock, min_requests=10, p99_factor=1.5, p99_slack=0.001)
+    assert c2.decide(_sum(100, p99=0.010), _sum(10, p99=0.0159)) != ROLLBACK
+    assert c2.decide(_sum(100, p99=0.010), _sum(10, p99=0.0161)) == ROLLBACK
+    assert "p99 16.1 ms" in c2.reason
+
+
+def test_canary_rejects_bad_steps(clock):
+    for steps in [(), (0.5, 0.1, 1.0), (0.1, 0.5), (0.0, 1.0)]:
+        with pytest.raises(ValueError, match="canary steps"):
+            CanaryPolicy(clock, steps=steps)

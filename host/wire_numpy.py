@@ -124,7 +124,8 @@ def encode_update(header, tensors, key, codec=INT8, topk=None, only=None, seed=N
         if len(shape) > MAX_NDIM or not all(_u32(d) for d in shape):
             raise EncodeError("tensor %r: shape %r is not up to %d non-negative u32 dims"
                               % (name, shape, MAX_NDIM))
-        v = np.asarray(values, dtype=np.float32).reshape(-1)
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, rejected below
+            v = np.asarray(values, dtype=np.float32).reshape(-1)
         n = int(np.prod(shape, dtype=np.int64))
         total += n
         if total > MAX_ELEMENTS:

@@ -209,13 +209,18 @@ def _read_options(s, op, name: str) -> dict:
     if opts is None:
         return {}
     table = {"CONV_2D": s.Conv2DOptions, "DEPTHWISE_CONV_2D": s.DepthwiseConv2DOptions,
-             "AVERAGE_POOL_2D": s.Pool2DOptions, "MAX_POOL_2D": s.Pool2DOptions}
+             "AVERAGE_POOL_2D": s.Pool2DOptions, "MAX_POOL_2D": s.Pool2DOptions,
+             "FULLY_CONNECTED": s.FullyConnectedOptions}
     cls = table.get(name)
     if cls is None:
         return {}
     o = cls()
     o.Init(opts.Bytes, opts.Pos)
-    p = {"stride": (o.StrideH(), o.StrideW()), "padding": "SAME" if o.Padding() == 0 else "VALID"}
+    act = {0: None, 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6", 4: "TANH"}.get(o.FusedActivationFunction(), "OTHER")
+    if name == "FULLY_CONNECTED":
+        return {"activation": act}
+    p = {"stride": (o.StrideH(), o.StrideW()), "padding": "SAME" if o.Padding() == 0 else "VALID",
+         "activation": act}
     if name in POOL_OPS:
         p["kernel"] = (o.FilterHeight(), o.FilterWidth())
     if name == "DEPTHWISE_CONV_2D":

@@ -414,9 +414,12 @@ def load_bundle(path, trusted_keys=None, *, allow_unsigned: bool = False, device
     except (zipfile.BadZipFile, OSError) as e:
         raise BundleError(f"{path.name}: not a readable zip ({e})", fix="re-download the bundle") from None
     own_tmp = extract_to is None
+    if not own_tmp and Path(extract_to).exists():
+        zf.close()
+        raise BundleError(f"{extract_to}: already exists", fix="extract_to must name a new directory")
     dest = Path(tempfile.mkdtemp(prefix="edgelearn-bundle-")) if own_tmp else Path(extract_to)
     if not own_tmp:
-        dest.mkdir(parents=True, exist_ok=False)
+        dest.mkdir(parents=True)
     try:
         with zf:
             manifest, kid, how = _verify(_ZipSource(zf, path), path.name, trusted_keys, device_key,

@@ -115,6 +115,8 @@ def refresh_files(bundle_dir) -> dict:
     m["files"] = {n: _file_entry(d / n) for n in names}
     eb.validate_manifest(m)
     atomic_write(d / eb.MANIFEST, manifest_bytes(m))
+    # A device MAC authenticated the old manifest bytes; a stale one would only ever fail.
+    (d / eb.MAC).unlink(missing_ok=True)
     return m
 
 

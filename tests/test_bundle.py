@@ -312,3 +312,54 @@ def test_cli(env):
     r = cli("sign", env.bundle, "--key", env.tmp / "clikeys" / "edgelearn.key")
     assert r.returncode == 0
     assert cli("verify", env.bundle, "--pubkey", env.tmp / "clikeys").returncode == 0
+
+
+def test_cli_device_key_flow(env):
+    r = cli("keygen", "--device", "--out", env.tmp / "dev", "--name", "esp32-01")
+    key = env.tmp / "dev" / "esp32-01.hmac"
+    assert r.returncode == 0 and stat.S_IMODE(key.stat().st_mode) == 0o600, r.stderr
+    assert cli("sign", env.bundle, "--device-key", key).returncode == 0
+    r = cli("verify", env.bundle, "--device-key", key)
+    assert r.returncode == 0 and "hmac-sha256" in r.stdout, r.stderr
+    r = cli("verify", env.bundle)
+    assert r.returncode == 2 and "no key to verify with" in r.stderr
+    r = cli("sign", env.bundle)
+    assert r.returncode == 2 and "nothing to sign with" in r.stderr
+    # Re-signing with a refreshed file table invalidates the MAC, so it is removed rather than left stale.
+    hb.sign_bundle(env.bundle, env.priv, refresh=True)
+    assert not (env.bundle / MAC).exists()
+
+
+def test_zip_duplicate_entries_and_existing_extract_target(env):
+    z = env.tmp / "dup.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        for f in sorted(env.bundle.rglob("*")):
+            if f.is_file():
+                zf.write(f, f.relative_to(env.bundle).as_posix())
+        with pytest.warns(UserWarning, match="Duplicate name"):
+            zf.writestr("enc.tflite", b"shadow copy")
+    refused(z, r"enc.tflite appears twice", env.tmp, trusted_keys=env.pub)
+    good = hb.zip_bundle(env.bundle, env.tmp / "good.zip")
+    refused(good, r"already exists", env.tmp, trusted_keys=env.pub, extract_to=env.src)
+    b = load_bundle(good, trusted_keys=env.pub, extract_to=env.tmp / "unz")
+    assert b.root == env.tmp / "unz" and load_bundle(b.root, trusted_keys=env.pub).version == 2
+
+
+def test_oversized_zip_entry_stops_at_declared_size(env):
+    # An entry whose data is larger than the manifest says is refused without extracting all of it.
+    big = env.tmp / "big"
+    big.mkdir()
+    m = json.loads((env.bundle / MANIFEST).read_text())
+    (big / "enc.tflite").write_bytes(b"\0" * (4 << 20))
+    for n in m["files"]:
+        if n != "enc.tflite":
+            (big / n).parent.mkdir(parents=True, exist_ok=True)
+            (big / n).write_bytes((env.bundle / n).read_bytes())
+    (big / MANIFEST).write_bytes((env.bundle / MANIFEST).read_bytes())
+    (big / SIGNATURE).write_bytes((env.bundle / SIGNATURE).read_bytes())
+    z = env.tmp / "bomb.zip"
+    with zipfile.ZipFile(z, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in sorted(big.rglob("*")):
+            if f.is_file():
+                zf.write(f, f.relative_to(big).as_posix())
+    refused(z, r"enc.tflite: 4194304 bytes, manifest says 3000", env.tmp, trusted_keys=env.pub)

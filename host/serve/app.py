@@ -238,7 +238,7 @@ class Server:
             Route("/metrics", self.metrics_endpoint),
         ]
         if self.cfg.fault_injection:
-            routes.append(Route(vv + "/replicas/{index:int}/fault".replace("/v2/models", "/v2/debug/models"),
+            routes.append(Route("/v2/debug/models/{model}/versions/{version}/replicas/{index:int}/fault",
                                 wrap(self.fault), methods=["POST"]))
 
         @contextlib.asynccontextmanager

@@ -165,6 +165,13 @@ class ModelVersion:
                 item.future.set_exception(ReplicaError(f"{self.name} v{self.version} was stopped"))
         await asyncio.gather(*(s.replica.stop() for s in self.slots))
 
+    def status(self) -> dict:
+        return {"version": self.version, "ready": self.ready, "queue_depth": len(self._queue),
+                "replicas": [{"index": s.index, "pid": s.replica.pid, "alive": s.replica.alive,
+                              "healthy": s.healthy, "restarting": s.restarting, "breaker": s.breaker.state,
+                              "outstanding_rows": s.replica.outstanding_rows, "last_check": s.last_check}
+                             for s in self.slots]}
+
     @property
     def queue_depth(self) -> int:
         return len(self._queue)

@@ -162,7 +162,7 @@ class ServedModel:
     def status(self) -> dict:
         return {"name": self.name, "stable": self.stable, "canary": self.canary,
                 "canary_weight": self.policy.weight if self.policy else 0.0,
-                "versions": sorted(self.versions), "retired": dict(self.retired), "history": list(self.history)}
+                "versions": {v: mv.status() for v, mv in sorted(self.versions.items())}, "retired": dict(self.retired), "history": list(self.history)}
 
     async def stop(self) -> None:
         if self._watcher is not None:

@@ -132,7 +132,7 @@ class Corpus:
         idx = self.select(split, synths=synths)
         if idx.size == 0:
             raise ValueError(f"no utterances in split {split!r} for synthesizers {synths}")
-        rng = np.random.default_rng([self.seed, SPLITS.index(split), 7])
+        rng = np.random.default_rng([self.seed, SPLITS.index(split) if split in SPLITS else 9, 7])
         pool = [self.utterance(i) for i in self.select(split, kinds=("filler",))] or \
                [self.utterance(i) for i in idx]
         n_sil = max(1, int(round(len(idx) * silence_share)))

@@ -1,0 +1,1 @@
+"""Benchmarks: each ``bench/<name>.py`` has ``main()`` and writes ``bench/results/<name>.json``."""

@@ -1,0 +1,96 @@
+"""Keyword spotting with a verified bundle: audio -> normalised MFCC -> int8 encoder.
+
+``KeywordModel`` wraps one encoder partition of a bundle behind the backend
+interface (LiteRT for ``.tflite``, ONNX Runtime for ``.onnx``) and returns both
+outputs of one invocation: the 64-d embedding (for enrolment and adaptation)
+and the class probabilities (for the base keywords).
+
+    >>> from edge.bundle import load_bundle
+    >>> from edge.kws import KeywordModel
+    >>> km = KeywordModel(load_bundle("models/kws-dscnn-s", trusted_keys="models/keys"))
+    >>> label, score = km.classify(pcm)        # 1 s of 16 kHz int16
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edge import features as F
+from edge.errors import BundleError, EdgelearnError
+
+REPO_KEYS = Path(__file__).resolve().parents[1] / "models" / "keys"
+DEFAULT_BUNDLE = Path(__file__).resolve().parents[1] / "models" / "kws-dscnn-s"
+
+
+def default_trusted_keys():
+    """Keys a device trusts by default: $EDGELEARN_KEYS, /etc/edgelearn/keys, then the repo's."""
+    import os
+
+    for cand in (os.environ.get("EDGELEARN_KEYS"), "/etc/edgelearn/keys", REPO_KEYS):
+        if cand and Path(cand).exists():
+            return Path(cand)
+    raise EdgelearnError("no trusted public keys found",
+                         fix="pass --pubkey KEYFILE or set EDGELEARN_KEYS to a key directory")
+
+
+def check_frontend(frontend: dict) -> None:
+    """Refuse a bundle made for a different front end than this runtime computes."""
+    for k, v in F.PARAMS.items():
+        if k in frontend and frontend[k] != v:
+            raise BundleError(f"bundle front end has {k}={frontend[k]!r}, this runtime computes {v!r}",
+                              fix="use a bundle built for the edgelearn front end (DESIGN.md) or upgrade")
+
+
+class KeywordModel:
+    """One encoder of a bundle: (N, 49, 10) normalised features -> (embedding, probs)."""
+
+    def __init__(self, bundle, backend: str = "auto", num_threads: int = 1, precision: str = "int8"):
+        from edge.backends import load
+
+        self.bundle = bundle
+        fe = bundle.frontend
+        check_frontend(fe)
+        try:
+            self.scale = np.asarray(fe["normalize"]["scale"], np.float32)
+        except (KeyError, TypeError):
+            raise BundleError(f"bundle {bundle.model_id} has no frontend.normalize.scale",
+                              fix="rebuild it with `edgelearn model`") from None
+        self.part = self._choose_partition(bundle, backend, precision)
+        self.backend = load(bundle.path(self.part["file"]), backend=backend, num_threads=num_threads)
+        roles = {o["role"]: o["name"] for o in self.part.get("outputs", []) if "role" in o}
+        names = [o.name for o in self.backend.outputs]
+        try:
+            self._emb = names.index(roles["embedding"])
+            self._probs = names.index(roles["probs"])
+        except (KeyError, ValueError):
+            raise BundleError(f"partition {self.part['name']!r} does not name its embedding and probs "
+                              f"outputs (model outputs: {names})", fix="rebuild the bundle") from None
+        self.labels = bundle.labels
+
+    @staticmethod
+    def _choose_partition(bundle, backend: str, precision: str) -> dict:
+        fmt = "onnx" if backend == "onnxruntime" else "tflite"
+        cands = [p for p in bundle.partitions if p.get("role") == "encoder" and p["format"] == fmt]
+        if not cands:
+            raise BundleError(f"bundle {bundle.model_id} has no {fmt} encoder partition",
+                              fix="choose another --backend")
+        cands.sort(key=lambda p: p.get("precision") != precision)
+        return cands[0]
+
+    def features(self, pcm) -> np.ndarray:
+        """1 s (or (N, 16000)) of audio -> normalised (…, 49, 10) float32."""
+        return F.normalize(F.mfcc(pcm), self.scale)
+
+    def infer(self, feats: np.ndarray):
+        """(N, 49, 10) normalised features -> (embedding (N, 64), probs (N, classes)), float32."""
+        x = np.asarray(feats, np.float32).reshape(-1, F.N_FRAMES, F.N_MFCC, 1)
+        outs = self.backend.run(x)
+        return outs[self._emb], outs[self._probs]
+
+    def classify(self, pcm):
+        """1 s of audio -> (label, probability)."""
+        _, probs = self.infer(self.features(F.fit_to_window(np.asarray(pcm)))[None])
+        k = int(np.argmax(probs[0]))
+        return self.labels[k], float(probs[0, k])

@@ -1,0 +1,95 @@
+"""Render MODEL_CARD.md for a bundle from the training and quantisation metrics.
+
+    >>> text = render(manifest, train_metrics, quant_metrics, cross_synth_rows)
+"""
+
+from __future__ import annotations
+
+from datetime import date
+
+
+def _pct(v) -> str:
+    return "—" if v is None else f"{100 * v:.1f} %"
+
+
+def render(manifest: dict, train_m: dict, quant_m: dict, cross: list | None) -> str:
+    q = quant_m
+    rows = []
+    for split, desc in (("val", "espeak-ng voices held out for validation"),
+                        ("test", "held-out espeak-ng voices + one held-out Festival voice"),
+                        ("unseen", "Flite awb + rms: a synthesizer never trained on")):
+        rows.append(f"| {split} | {desc} | {_pct(q['fp32'].get(split))} | "
+                    f"{_pct(q['int8_tflite'].get(split))} | {_pct(q['int8_onnx'].get(split))} |")
+    per_synth = []
+    for split in ("test", "unseen"):
+        for k, v in sorted(train_m.get(split, {}).items()):
+            if k.startswith("acc12_"):
+                per_synth.append(f"| {split} | {k[6:]} | {_pct(v)} |")
+    cross_rows = []
+    for r in cross or []:
+        if r.get("metric") == "acc12":
+            cross_rows.append(f"| {r['name']} | {_pct(r['value'])} | {r['baseline']} | "
+                              f"{_pct(r['baseline_value'])} |")
+    b = q.get("bytes", {})
+    return f"""# Model card: {manifest['model_id']} v{manifest['version']}
+
+A DS-CNN-S keyword encoder ("Hello Edge" shape: one 10x4 stride-2 convolution,
+four depthwise-separable blocks of 64 channels, average pooling to a 64-d
+embedding, a 37-way classifier) for 1 s of 16 kHz audio, shipped as full-integer
+int8 TFLite, int8 ONNX (QDQ) and an fp32 TFLite reference.
+
+## Intended use
+Spotting the 35 Speech Commands words (12-class task: yes, no, up, down, left,
+right, on, off, stop, go, unknown, silence) on Raspberry Pi–class boards, and
+providing the embedding from which devices enrol custom keywords few-shot.
+
+## Data
+Synthetic speech only, made offline with Debian's synthesizers (`edgelearn data
+synth`): espeak-ng (8 English accents x 6 voice variants), Festival (kal, ked,
+slt HTS) and Flite (awb, rms), each utterance with a random speaking rate and
+pitch, placed at random in the 1 s window, mixed with white/pink/brown noise or
+babble at random SNR. Splits are by voice (speaker-disjoint): 34 espeak-ng
+voices and 2 Festival voices train, 6 espeak-ng voices validate, 8 espeak-ng
+voices and 1 Festival voice test, and Flite is never trained on.
+Training used {train_m.get('train_utterances', '?')} utterances with on-the-fly
+speed/pitch perturbation, gain, spectral tilt, synthetic-room reverberation,
+noise, time shift and SpecAugment ({train_m.get('epochs_run', '?')} epochs,
+{train_m.get('train_minutes', '?')} min on 2 CPU cores).
+
+## Accuracy (12-class)
+| split | voices | fp32 | int8 TFLite | int8 ONNX |
+| --- | --- | --- | --- | --- |
+{chr(10).join(rows)}
+
+Per synthesizer (fp32):
+
+| split | synthesizer | accuracy |
+| --- | --- | --- |
+{chr(10).join(per_synth)}
+
+Few-shot separability of 20 phrases never trained on (nearest prototype from 5
+clips, clips from held-out voices): {_pct(train_m.get('fewshot5_custom_phrases'))}.
+
+Leave-one-synthesizer-out (`bench/cross_synth`):
+
+| trained without | 12-class accuracy on it | reference | reference accuracy |
+| --- | --- | --- | --- |
+{chr(10).join(cross_rows) if cross_rows else '| (not measured yet: run `edgelearn bench cross_synth`) | | | |'}
+
+## Size and compute
+{train_m.get('params', '?')} parameters (before batch-norm folding), {train_m.get('macs', 0) / 1e6:.2f} M MACs
+per 1 s window. int8 TFLite {b.get('encoder_int8.tflite', 0)} bytes, int8 ONNX
+{b.get('encoder_int8.onnx', 0)} bytes, fp32 TFLite {b.get('encoder_fp32.tflite', 0)} bytes.
+Layers kept in float by the quantiser: TFLite {q['fallback'].get('tflite') or 'none'}, ONNX
+{q['fallback'].get('onnx') or 'none'}.
+
+## Known limits
+- Trained on synthetic voices only. Accuracy on human speech is not measured
+  here and will be lower; personalise on the device (few-shot enrolment,
+  adaptation) or fine-tune on real recordings (`edgelearn data` loads a folder
+  in the Speech Commands layout).
+- English only; single word commands in a 1 s window.
+- Synthetic noise and rooms; no music, TV or far-field microphone arrays.
+
+Generated {date.today().isoformat()} by `edgelearn model`.
+"""

@@ -1,0 +1,145 @@
+"""``edgelearn model``: rebuild the shipped bundle from nothing but Debian's synthesizers.
+
+Corpus -> train -> int8 TFLite + ONNX -> negative bank -> model card ->
+signed bundle. Intermediate products go to ``--work`` (default ``build/kws``);
+``--reuse`` skips steps whose outputs are already there.
+
+    $ edgelearn model --out models/kws-dscnn-s --key ~/.config/edgelearn/release.key
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+MODEL_ID = "kws-dscnn-s"
+DEFAULT_KEY = Path.home() / ".config" / "edgelearn" / "release.key"
+NEGATIVES = 1600
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--out", type=Path, default=Path("models") / MODEL_ID)
+    p.add_argument("--work", type=Path, default=Path("build") / "kws")
+    p.add_argument("--key", type=Path, default=DEFAULT_KEY,
+                   help="Ed25519 private key to sign with (created if missing)")
+    p.add_argument("--pubkey-out", type=Path, default=Path("models") / "keys",
+                   help="where the matching public key is written")
+    p.add_argument("--version", type=int, default=1, help="bundle version (monotonic)")
+    p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--reuse", action="store_true", help="reuse training/quantisation outputs in --work")
+
+
+def ensure_key(key: Path, pub_dir: Path) -> Path:
+    """Use the signing key, creating it on first use; publish its public half in pub_dir."""
+    import shutil
+
+    from host.keys import generate_keypair
+
+    if not key.exists():
+        sys.stderr.write(f"model: creating signing key {key} (keep it private; never commit it)\n")
+        generate_keypair(key.parent, name=key.stem)
+    pub = key.with_suffix(".pub")
+    pub_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(pub, pub_dir / pub.name)
+    return key
+
+
+def negative_bank(km_predict, corpus, scale, n=NEGATIVES, seed=3) -> np.ndarray:
+    """Embeddings of speech that is no custom keyword, and of noise, from training voices."""
+    from host.augment import features_for
+    from host.data import noise as N
+    from host.data.corpus import add_background
+
+    rng = np.random.default_rng(seed)
+    idx = corpus.select("train", kinds=("keyword", "filler"))
+    pick = rng.choice(idx, min(n, idx.size), replace=False)
+    pool = [corpus.utterance(i) for i in corpus.select("train", kinds=("filler",))]
+    x = np.stack([N.place(rng, corpus.utterance(i)) for i in pick] +
+                 [np.zeros(16000, np.float32)] * (len(pick) // 8))
+    x = add_background(rng, x, pool, speech_rows=len(pick))
+    emb = km_predict(features_for(np.clip(x, -32768, 32767), scale))
+    return emb.astype(np.float16)
+
+
+def tensor_io(path: Path) -> tuple[list, list]:
+    from edge.backends import load
+
+    be = load(path, num_threads=1)
+
+    def desc(t):
+        d = {"name": t.name, "shape": [int(s) for s in t.shape], "dtype": np.dtype(t.dtype).name}
+        if t.scale:
+            d.update(scale=float(t.scale), zero_point=int(t.zero_point))
+        if d["shape"] and d["shape"][-1] == 64:
+            d["role"] = "embedding"
+        elif len(d["shape"]) == 2:
+            d["role"] = "probs"
+        return d
+
+    return [desc(t) for t in be.inputs], [desc(t) for t in be.outputs]
+
+
+def build_manifest(work: Path, version: int, scale, train_m: dict, quant_m: dict, cross: dict | None) -> dict:
+    from edge import features as F
+    from host.data.words import LABELS, LABELS12
+
+    parts = []
+    for name, fname, fmt, prec in (("encoder", "encoder_int8.tflite", "tflite", "int8"),
+                                   ("encoder-onnx", "encoder_int8.onnx", "onnx", "int8"),
+                                   ("encoder-fp32", "encoder_fp32.tflite", "tflite", "float32")):
+        ins, outs = tensor_io(work / fname)
+        parts.append({"name": name, "role": "encoder", "file": fname, "format": fmt,
+                      "placement": "cpu", "precision": prec, "inputs": ins, "outputs": outs})
+    return {
+        "model_id": MODEL_ID, "version": version, "labels": LABELS,
+        "frontend": {**F.PARAMS, "normalize": {"kind": "window-mean-removal+scale",
+                                               "scale": [float(s) for s in scale]}},
+        "target": "generic",
+        "partitions": parts,
+        "trainable": {"strategy": "prototypes+bias", "tensors": ["classifier"],
+                      "embedding_dim": 64},
+        "quantization": {"scheme": "full-integer int8, per-channel weights",
+                         "calibration": "600 training-split clips", "fallback_layers": quant_m["fallback"]},
+        "extra": {"labels12": LABELS12, "negatives": {"file": "negatives.npy", "dtype": "float16"},
+                  "metrics": {"train": train_m, "quant": quant_m, "cross_synth": cross},
+                  "model_card": "MODEL_CARD.md"},
+    }
+
+
+def run(args) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from host import model_card
+    from host.bundle import build_bundle
+    from host.data.corpus import build_corpus
+    from host.quantize import quantize
+    from host.train import train
+
+    work = args.work
+    corpus = build_corpus()
+    if not (args.reuse and (work / "model.keras").exists()):
+        train(work, epochs=args.epochs, corpus=corpus)
+    if not (args.reuse and (work / "quant_metrics.json").exists()):
+        quantize(work, work, corpus=corpus)
+    scale = json.loads((work / "frontend.json").read_text())["scale"]
+    train_m = json.loads((work / "metrics.json").read_text())
+    quant_m = json.loads((work / "quant_metrics.json").read_text())
+    cross_p = Path("bench/results/cross_synth.json")
+    cross = json.loads(cross_p.read_text()) if cross_p.exists() else None
+
+    from edge.backends import load
+    enc = load(work / "encoder_int8.tflite")
+    emb_i = [i for i, t in enumerate(enc.outputs) if t.shape[-1] == 64][0]
+    np.save(work / "negatives.npy",
+            negative_bank(lambda f: enc.run(f[..., None])[emb_i], corpus, scale))
+    manifest = build_manifest(work, args.version, scale, train_m, quant_m, cross)
+    (work / "MODEL_CARD.md").write_text(model_card.render(manifest, train_m, quant_m, cross))
+    key = ensure_key(args.key, args.pubkey_out)
+    files = {n: work / n for n in ("encoder_int8.tflite", "encoder_int8.onnx", "encoder_fp32.tflite",
+                                   "negatives.npy", "MODEL_CARD.md")}
+    build_bundle(args.out, files, manifest, key)
+    print(f"model: wrote {args.out} (version {args.version}), signed with {key}")
+    return 0

@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bundle": ("host.bundle", "sign, verify and inspect model bundles"),
     "model": ("host.recipe", "rebuild the shipped model from scratch (data, train, quantize, bundle)"),
     "spot": ("edge.spot", "classify WAV clips with a bundle"),
-    "bench": ("bench.runner", "run benchmarks and print their JSON results"),
+    "bench": ("host.benchcmd", "run benchmarks and print their JSON results"),
     "serve": ("host.serve.cli", "serve a bundle over the Open Inference Protocol (needs the serve extra)"),
 }
 

@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "spot": ("edge.spot", "classify WAV clips with a bundle"),
     "bench": ("host.benchcmd", "run benchmarks and print their JSON results"),
     "serve": ("host.serve.cli", "serve a bundle over the Open Inference Protocol (needs the serve extra)"),
+    "partition": ("host.partition.cli", "plan a model for a target and write a target-specific signed bundle"),
+    "report": ("host.partition.report", "per-layer memory, MACs, placement and training plan of a model or bundle"),
 }
 
 # Optional packages and the extra that provides them, for a friendly message.

@@ -1,0 +1,123 @@
+"""``edgelearn report MODEL_OR_BUNDLE [--target NAME] [--json]``: per-layer table,
+totals, verdict, and a PNG chart of memory per layer.
+
+    $ edgelearn report models/kws-dscnn-s --target esp32
+    $ edgelearn report enc.tflite --target ethos-u55 --json > plan.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from edge.errors import EdgelearnError
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", type=Path, help=".tflite / .onnx model or a bundle (directory or .zip)")
+    p.add_argument("--target", default="esp32", help="profile name or path to your own profile .toml")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--chart", type=Path, help="where to write the PNG chart (default: next to the model)")
+    p.add_argument("--strategy", help="training strategy to budget for (default: the target's tier)")
+
+
+def resolve_model(path: Path, tmp: Path | None = None) -> Path:
+    """A model file, or the first .tflite/.onnx partition of a bundle."""
+    if path.is_file() and path.suffix.lower() in (".tflite", ".onnx"):
+        return path
+    if path.is_file() and path.suffix.lower() == ".zip":
+        if tmp is None:
+            tmp = Path(tempfile.mkdtemp(prefix="edgelearn-report-"))
+        with zipfile.ZipFile(path) as z:
+            z.extractall(tmp)
+        inner = [p for p in tmp.iterdir() if p.is_dir()]
+        path = inner[0] if len(inner) == 1 and not (tmp / "manifest.json").exists() else tmp
+    if path.is_dir():
+        mf = path / "manifest.json"
+        if not mf.is_file():
+            raise EdgelearnError(f"{path} is a directory without manifest.json", fix="pass a bundle or a model file")
+        try:
+            m = json.loads(mf.read_text())
+        except ValueError as e:
+            raise EdgelearnError(f"{mf} is not JSON ({e})", fix="rebuild the bundle") from None
+        for part in m.get("partitions", []):
+            if part.get("format") in ("tflite", "onnx") and part.get("placement") != "cloud":
+                return path / part["file"]
+        raise EdgelearnError(f"{path} has no .tflite or .onnx partition to analyse",
+                             fix="pass the model file the bundle was built from")
+    if not path.exists():
+        raise EdgelearnError(f"{path} does not exist", fix="pass a .tflite/.onnx model or a bundle")
+    raise EdgelearnError(f"{path} is neither a model (.tflite/.onnx) nor a bundle", fix="pass one of those")
+
+
+def draw_chart(plan, out: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = plan.layers
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.45), 4))
+    live = [r["live_arena_bytes"] / 1024 for r in rows]
+    w = [r["weight_bytes"] / 1024 for r in rows]
+    ax.bar(x, live, label="live activations (arena head)")
+    ax.bar(x, w, bottom=live, label="layer weights")
+    budget = plan.profile.budget_bytes / 1024
+    if budget < 4 * max(r["need_bytes"] for r in rows) / 1024:
+        ax.axhline(budget, color="red", linestyle="--", label=f"{plan.profile.name} budget")
+    ax.set_xticks(list(x), [f"{r['index']} {r['op'][:10]}" for r in rows], rotation=70, fontsize=7)
+    ax.set_ylabel("KB")
+    ax.set_title(f"{plan.graph.path.name} on {plan.profile.name}: {plan.verdict[:70]}", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def format_table(plan) -> str:
+    head = f"{'#':>3} {'op':<18} {'engine':<6} {'MACs':>10} {'weights':>9} {'act':>8} {'live':>8}  reason"
+    lines = [head, "-" * len(head)]
+    for r in plan.layers:
+        lines.append(f"{r['index']:>3} {r['op'][:18]:<18} {r['engine']:<6} {r['macs']:>10,} "
+                     f"{r['weight_bytes']:>9,} {r['activation_bytes']:>8,} {r['live_arena_bytes']:>8,}  {r['reason']}")
+    t = plan.totals
+    lines.append("-" * len(head))
+    lines.append(f"total MACs {t['macs']:,}  weights {t['weight_bytes']:,} B  arena {t['arena_bytes']:,} B "
+                 f"(head {t['arena_head_bytes']:,} + tail {t['arena_tail_bytes']:,})")
+    lines.append("training bytes: " + ", ".join(f"{k} {v:,}" for k, v in t["training_bytes"].items()))
+    if plan.split is not None:
+        s = plan.split
+        lines.append(f"split: device runs layers 0..{s.cut - 1}, uplink {s.tx_bytes:,} B, "
+                     f"{s.latency_ms:.2f} ms, {s.energy_mj:.3f} mJ")
+    lines.append(plan.verdict)
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from host.partition.graph import load_graph
+    from host.partition.plan import plan_partition
+    from host.partition.profiles import load_profile
+
+    profile = load_profile(args.target)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = resolve_model(args.model, Path(tmp))
+        plan = plan_partition(load_graph(model), profile, strategy=args.strategy)
+    chart = args.chart or args.model.with_name(f"{args.model.stem}.{profile.name}.memory.png")
+    try:
+        draw_chart(plan, chart)
+    except OSError as e:
+        print(f"edgelearn report: could not write the chart to {chart} ({e})", file=sys.stderr)
+        chart = None
+    if args.json:
+        out = plan.as_json()
+        out["chart"] = str(chart) if chart else None
+        print(json.dumps(out, indent=1))
+    else:
+        print(format_table(plan))
+        if chart:
+            print(f"chart: {chart}")
+    return 0 if plan.fits else 1

@@ -111,6 +111,8 @@ def asymmetric_params(rmin, rmax, qmin=-128, qmax=127):
     if rmin == rmax:
         return 0.0, 0
     scale = (rmax - rmin) / (qmax - qmin)
+    if f32(scale) == 0.0:  # a range below float32's smallest step quantises to all zero points
+        return 0.0, 0
     zp_from_min = qmin - rmin / scale
     zp_from_max = qmax - rmax / scale
     err_min = abs(qmin) + abs(rmin / scale)

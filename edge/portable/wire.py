@@ -213,6 +213,12 @@ def _max_abs(name, values):
     return m
 
 
+def _is_f32_array(values):
+    # MicroPython arrays have no .typecode: a 4-byte item that reads back as a float is 'f'.
+    return isinstance(values, array.array) and len(values) > 0 and isinstance(values[0], float) \
+        and len(bytes(memoryview(values)[0:1])) == 4
+
+
 def topk_index_width(n):
     """Bytes per top-k index: 2 when every index fits a u16, else 4."""
     return 2 if n <= 65536 else 4
@@ -254,7 +260,7 @@ def plan_update(header, tensors, codec=INT8, topk=None, only=None, max_len=MAX_F
         if len(values) != n:
             raise EncodeError("tensor %r has %d values but shape %r needs %d"
                               % (name, len(values), shape, n))
-        if not (isinstance(values, array.array) and values.typecode == "f"):
+        if not _is_f32_array(values):
             values = array.array("f", values)  # the wire's inputs are float32 by definition
         c = _codec_for(codec, name)
         m = _max_abs(name, values)

@@ -10,7 +10,9 @@ same ``Graph`` so the memory planner, the placement and the report never care wh
 MACs follow Arm Vela's convention (npu_performance.measure_cycle_cost) so the two
 can be compared number for number: convolutions and fully-connected layers count
 kernel_h * kernel_w * input_depth per output element, depthwise convolutions and
-pooling count kernel_h * kernel_w per output element, everything else counts 0.
+pooling count kernel_h * kernel_w per output element, a spatial MEAN counts its input elements and
+SOFTMAX twice its elements (Vela lowers them to a depthwise conv and to a
+max-pool + reduce-sum), everything else counts 0.
 
 The TFLite schema comes from ``tflite_micro`` (its bundled ``schema_py_generated``):
 the host extra installs it anyway for the arena check, it imports in ~0.1 s with
@@ -257,6 +259,12 @@ def annotate(g: Graph, layer: Layer) -> None:
     elif op in POOL_OPS:
         kh, kw = layer.params.get("kernel", (1, 1))
         layer.macs = ofm * kh * kw
+    elif op == "MEAN":
+        # Vela lowers a spatial MEAN to a depthwise conv whose kernel is the reduced area.
+        layer.macs = int(np.prod(ins[0].shape)) if ins else 0
+    elif op == "SOFTMAX":
+        # Vela's int8 softmax runs a max-pool and a reduce-sum over the logits (1 MAC each).
+        layer.macs = 2 * ofm
     # Element-wise ops and memory ops count 0 MACs, as in Vela.
 
 

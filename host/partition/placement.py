@@ -82,7 +82,7 @@ def vela_report(tflite: Path, accelerator: str = "ethos-u55-128") -> dict:
         from edge.errors import EdgelearnError
         raise EdgelearnError("Arm Vela is not installed", fix="pip install 'edgelearn[host]' (ethos-u-vela)")
     with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run([exe, str(tflite), "--accelerator-config", accelerator, "--output-dir", tmp],
+        res = subprocess.run([exe, str(tflite), "--accelerator-config", accelerator, "--output-dir", tmp, "--verbose-performance"],
                              capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
             from edge.errors import EdgelearnError

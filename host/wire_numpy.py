@@ -23,11 +23,10 @@ import numpy as np
 from edge.portable import wire_topk
 from edge.portable.quant import FLT_MAX, lfib24_state, symmetric_scale
 from edge.portable.wire import (DENSE_F32, FLAG_SUBSET, HEADER_FMT, HEADER_LEN, INT8, MAGIC,
-                                MAX_ELEMENTS, MAX_FRAME_LEN, MAX_NAME_LEN, MAX_NDIM, MAX_TENSORS,
-                                TAG_LEN, TOPK_INT8, VERSION, Tensor, Update, _codec_for, _u32,
-                                _valid_id, check_header, default_seed, encode_meta, topk_index_width)
-from edge.portable.wire_decode import (check_fresh, check_scale, parse_header, parse_meta,
-                                       parse_records, verify_tag)
+                                MAX_FRAME_LEN, MAX_TENSORS,
+                                TAG_LEN, VERSION, _codec_for, check_header,
+                                check_tensor, default_seed, encode_meta, topk_index_width)
+from edge.portable.wire_decode import check_scale, decode_frame
 from edge.portable.wire_errors import EncodeError, MalformedFrame
 
 __all__ = ["encode_update", "decode_update", "TopKEncoder", "lfib24_stream"]
@@ -113,24 +112,9 @@ def encode_update(header, tensors, key, codec=INT8, topk=None, only=None, seed=N
     hmac.new(bytes(key), b"", hashlib.sha256)  # a bad key fails before any residual changes
     plan, names, total, draws = [], set(), 0, 0
     for name, shape, values in entries:
-        nb = name.encode() if isinstance(name, str) else b""
-        if not _valid_id(nb, None, MAX_NAME_LEN):
-            raise EncodeError("tensor name %r is not 1-%d printable ASCII characters without spaces"
-                              % (name, MAX_NAME_LEN))
-        if name in names:
-            raise EncodeError("tensor %r appears twice" % name)
-        names.add(name)
-        shape = tuple(int(d) for d in shape)
-        if len(shape) > MAX_NDIM or not all(_u32(d) for d in shape):
-            raise EncodeError("tensor %r: shape %r is not up to %d non-negative u32 dims"
-                              % (name, shape, MAX_NDIM))
+        nb, shape, n, total = check_tensor(name, tuple(int(d) for d in shape), names, total)
         with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, rejected below
             v = np.asarray(values, dtype=np.float32).reshape(-1)
-        n = int(np.prod(shape, dtype=np.int64))
-        total += n
-        if total > MAX_ELEMENTS:
-            raise EncodeError("tensor %r pushes the frame past %d elements" % (name, MAX_ELEMENTS),
-                              fix="send a subset (only=) or split the update")
         if v.size != n:
             raise EncodeError("tensor %r has %d values but shape %r needs %d" % (name, v.size, shape, n))
         c = _codec_for(codec, name)
@@ -211,13 +195,6 @@ def _payload(frame: bytes, record) -> np.ndarray:
 
 
 def decode_update(frame, key, last_seq=None, round_id=None, model_version=None,
-                  max_len=MAX_FRAME_LEN) -> Update:
+                  max_len=MAX_FRAME_LEN) -> "Update":
     """``edge.portable.wire.decode_update`` with ndarray values shaped like each tensor."""
-    frame = bytes(frame)
-    hdr, off = parse_header(frame, max_len)
-    verify_tag(frame, key, hdr.device_id)
-    check_fresh(hdr, last_seq, round_id, model_version)
-    end = hdr.frame_len - TAG_LEN
-    hdr.meta, off = parse_meta(frame, off, hdr.n_meta, end)
-    records = parse_records(frame, off, hdr.n_tensors, end)
-    return Update(hdr, [Tensor(r[0], r[1], r[2], _payload(frame, r)) for r in records])
+    return decode_frame(bytes(frame), key, last_seq, round_id, model_version, max_len, _payload)

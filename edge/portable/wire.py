@@ -21,11 +21,12 @@ import struct
 import sys
 
 from edge.portable.compat import IS_MICROPYTHON, const, crc32
-from edge.portable.hmac256 import HmacSha256, compare_digest
-from edge.portable.quant import FLT_MAX, Lfib24, f32, quantize_into, symmetric_scale
-from edge.portable.wire_errors import (AuthError, EncodeError, MalformedFrame, OversizedFrame,
-                                       ReplayError, StaleModel, StaleRound, TruncatedFrame,
-                                       UnknownDevice, UnsupportedVersion)
+from edge.portable.hmac256 import HmacSha256
+from edge.portable.quant import FLT_MAX, Lfib24, quantize_into, symmetric_scale
+# the error classes are re-exported so ``from edge.portable.wire import AuthError`` works
+from edge.portable.wire_errors import (AuthError, EncodeError, MalformedFrame,  # noqa: F401
+                                       OversizedFrame, ReplayError, StaleModel, StaleRound,
+                                       TruncatedFrame, UnknownDevice, UnsupportedVersion)
 from edge.portable.wire_topk import TopKEncoder  # noqa: F401  (part of this module's API)
 
 if sys.byteorder != "little":  # every supported board (Xtensa, RISC-V, ARM, x86) is little-endian
@@ -213,6 +214,27 @@ def _max_abs(name, values):
     return m
 
 
+def check_tensor(name, shape, names, total):
+    """Check one tensor's name (unique in ``names``, which it joins) and shape; ``(name bytes, shape, n, total)``."""
+    nb = name.encode() if isinstance(name, str) else b""
+    if not _valid_id(nb, None, MAX_NAME_LEN):
+        raise EncodeError("tensor name %r is not 1-%d printable ASCII characters without spaces"
+                          % (name, MAX_NAME_LEN))
+    if name in names:
+        raise EncodeError("tensor %r appears twice" % name)
+    names.add(name)
+    shape = tuple(shape)
+    if len(shape) > MAX_NDIM or not all(_u32(d) for d in shape):
+        raise EncodeError("tensor %r: shape %r is not up to %d non-negative u32 dims"
+                          % (name, shape, MAX_NDIM))
+    n = _num_elements(shape)
+    total += n
+    if n < 0 or total > MAX_ELEMENTS:
+        raise EncodeError("tensor %r pushes the frame past %d elements" % (name, MAX_ELEMENTS),
+                          fix="send a subset (only=) or split the update")
+    return nb, shape, n, total
+
+
 def _is_f32_array(values):
     # MicroPython arrays have no .typecode: a 4-byte item that reads back as a float is 'f'.
     return isinstance(values, array.array) and len(values) > 0 and isinstance(values[0], float) \
@@ -241,22 +263,7 @@ def plan_update(header, tensors, codec=INT8, topk=None, only=None, max_len=MAX_F
     names = set()
     entries = []
     for name, shape, values in tensors:
-        nb = name.encode() if isinstance(name, str) else b""
-        if not _valid_id(nb, None, MAX_NAME_LEN):
-            raise EncodeError("tensor name %r is not 1-%d printable ASCII characters without spaces"
-                              % (name, MAX_NAME_LEN))
-        if name in names:
-            raise EncodeError("tensor %r appears twice" % name)
-        names.add(name)
-        shape = tuple(shape)
-        if len(shape) > MAX_NDIM or not all(_u32(d) for d in shape):
-            raise EncodeError("tensor %r: shape %r is not up to %d non-negative u32 dims"
-                              % (name, shape, MAX_NDIM))
-        n = _num_elements(shape)
-        total += n
-        if n < 0 or total > MAX_ELEMENTS:
-            raise EncodeError("tensor %r pushes the frame past %d elements" % (name, MAX_ELEMENTS),
-                              fix="send a subset (only=) or split the update")
+        nb, shape, n, total = check_tensor(name, shape, names, total)
         if len(values) != n:
             raise EncodeError("tensor %r has %d values but shape %r needs %d"
                               % (name, len(values), shape, n))

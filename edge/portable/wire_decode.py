@@ -22,7 +22,7 @@ from edge.portable.quant import FLT_MAX
 from edge.portable.wire import (_ID_CHARS, CODEC_NAMES, DENSE_F32, HEADER_FMT, HEADER_LEN, INT8,
                                 KNOWN_FLAGS, MAGIC, MAX_DEVICE_ID_LEN, MAX_ELEMENTS, MAX_FRAME_LEN,
                                 MAX_META, MAX_META_KEY_LEN, MAX_NAME_LEN, MAX_NDIM, MAX_TENSORS,
-                                META_FLOAT, META_INT, META_STR, MIN_FRAME_LEN, TAG_LEN, TOPK_INT8,
+                                META_FLOAT, META_INT, META_STR, MIN_FRAME_LEN, TAG_LEN,
                                 VERSION, Header, Tensor, Update, _valid_id, topk_index_width)
 from edge.portable.wire_errors import (AuthError, MalformedFrame, OversizedFrame, ReplayError,
                                        StaleModel, StaleRound, TruncatedFrame, UnknownDevice,
@@ -263,10 +263,15 @@ def decode_update(frame, key, last_seq=None, round_id=None, model_version=None,
     ``seq`` must be greater. ``round_id``/``model_version``: the current ones,
     or None to skip that check. Pure: the caller records ``seq`` once it accepts.
     """
+    return decode_frame(frame, key, last_seq, round_id, model_version, max_len, decode_payload)
+
+
+def decode_frame(frame, key, last_seq, round_id, model_version, max_len, payload):
+    """Every check in order, then ``payload(frame, record)`` for each tensor's values."""
     hdr, off = parse_header(frame, max_len)
     verify_tag(frame, key, hdr.device_id)
     check_fresh(hdr, last_seq, round_id, model_version)
     end = hdr.frame_len - TAG_LEN
     hdr.meta, off = parse_meta(frame, off, hdr.n_meta, end)
     records = parse_records(frame, off, hdr.n_tensors, end)
-    return Update(hdr, [Tensor(r[0], r[1], r[2], decode_payload(frame, r)) for r in records])
+    return Update(hdr, [Tensor(r[0], r[1], r[2], payload(frame, r)) for r in records])

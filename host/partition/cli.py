@@ -24,6 +24,7 @@ def add_arguments(p) -> None:
     p.add_argument("--version", type=int, default=1)
     p.add_argument("--labels", default="", help="comma-separated labels (default: from the input bundle)")
     p.add_argument("--objective", choices=("latency", "energy"), default="latency")
+    p.add_argument("--cut", type=int, help="force a device/cloud cut before this layer (ONNX models)")
     p.add_argument("--force", action="store_true", help="write the bundle even if the plan does not fit")
 
 
@@ -49,6 +50,12 @@ def run(args) -> int:
         files = {model.name: model}
         parts = [{"name": "encoder", "file": model.name, "format": g.format, "placement": placement,
                   "precision": "int8" if g.is_int8 else "float32", "layers": [0, len(g.layers)]}]
+        cut = args.cut if args.cut is not None else (plan.split.cut if plan.split is not None else len(g.layers))
+        if 0 < cut < len(g.layers):
+            files, parts = _cloud_split(model, g, cut, tmp, placement)
+        elif args.cut is not None:
+            raise EdgelearnError(f"--cut {args.cut} is not inside the model ({len(g.layers)} layers)",
+                                 fix=f"choose a cut between 1 and {len(g.layers) - 1}")
         if profile.runtime == "micropython":
             blob = write_blob(g, tmp / "weights.elb")
             files["weights.elb"] = blob
@@ -74,6 +81,21 @@ def run(args) -> int:
     print(plan.verdict)
     print(f"bundle: {out}")
     return 0
+
+
+def _cloud_split(model: Path, g, cut: int, tmp: Path, placement: str) -> tuple[dict, list]:
+    from host.partition.split import export_split
+
+    if g.format != "onnx":
+        raise EdgelearnError(f"the plan cuts {model.name} before layer {cut}, and the cloud half is exported "
+                             "from the ONNX model", fix="pass the .onnx model (edgelearn quantize writes it)")
+    device, cloud = export_split(model, cut, tmp / "split")
+    files = {device.name: device, cloud.name: cloud}
+    parts = [{"name": "device", "file": device.name, "format": "onnx", "placement": placement,
+              "precision": "int8", "layers": [0, cut]},
+             {"name": "cloud", "file": cloud.name, "format": "onnx", "placement": "cloud",
+              "precision": "int8", "layers": [cut, len(g.layers)]}]
+    return files, parts
 
 
 def _qparams(g, t: int) -> dict:

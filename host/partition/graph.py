@@ -98,8 +98,8 @@ class Graph:
     def is_int8(self) -> bool:
         """True when every layer computes in int8 (float I/O around QUANTIZE is allowed)."""
         for l in self.layers:
-            if l.op in ("QUANTIZE", "DEQUANTIZE", "SHAPE"):
-                continue
+            if l.op in MEMORY_OPS:
+                continue  # moving float bytes around the int8 body (e.g. ONNX's input reshape) is not compute
             for t in l.inputs + l.outputs:
                 if t >= 0 and self.tensors[t].dtype in ("float32", "float16", "float64") \
                         and not self.tensors[t].is_const:
@@ -108,7 +108,7 @@ class Graph:
 
     def first_float_layer(self) -> Layer | None:
         for l in self.layers:
-            if l.op in ("QUANTIZE", "DEQUANTIZE", "SHAPE"):
+            if l.op in MEMORY_OPS:
                 continue
             if any(t >= 0 and self.tensors[t].dtype.startswith("float") for t in l.inputs + l.outputs):
                 return l

@@ -126,7 +126,7 @@ def _verdict(g, profile, layers, need, weights, arena, train, strategy, latency_
         return (f"too slow: {latency_ms:.0f} ms per window on {profile.name}, over its "
                 f"{profile.max_latency_ms:.0f} ms budget; try {_variant_hint(g, profile, 0, latency_ms)}", False)
     text = (f"fits: {kb(need)} of {kb(profile.budget_bytes)} {where} "
-            f"(weights {kb(weights)}{' in heap' if profile.budget_holds_weights else ' in flash'}, "
+            f"(weights {kb(weights)}{(' in heap' if profile.runtime == 'micropython' else ' in RAM') if profile.budget_holds_weights else ' in flash'}, "
             f"arena {kb(arena)}, {strategy} training {kb(train)}), {latency_ms:.1f} ms per window")
     if split is not None and split.cut < len(g.layers):
         text += f"; cheapest split runs layers 0-{split.cut - 1} here and the rest in the cloud"

@@ -28,6 +28,7 @@ import weakref
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import NoReturn
 
 from edge.errors import BundleError
 
@@ -276,7 +277,7 @@ def _authenticate(src, names, raw: bytes, trusted, device_key, allow_unsigned):
 
 def validate_manifest(m) -> dict:
     """Schema checks on a parsed manifest (format, version, ids, partitions, file table)."""
-    def bad(problem, fix="rebuild the bundle with `edgelearn bundle` tools"):
+    def bad(problem, fix="rebuild the bundle with `edgelearn bundle` tools") -> NoReturn:
         raise BundleError(f"{MANIFEST}: {problem}", fix=fix)
 
     if not isinstance(m, dict):

@@ -27,7 +27,7 @@ _BUILD = textwrap.dedent("""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import numpy as np, tensorflow as tf, tf2onnx
     out = sys.argv[1]
-    tf.random.set_seed(0)
+    tf.keras.utils.set_random_seed(0)  # Keras 3 initialisers ignore tf.random.set_seed alone
     inp = tf.keras.Input((49, 10, 1))
     x = tf.keras.layers.Conv2D(8, (3, 3), strides=2, padding="same", activation="relu")(inp)
     x = tf.keras.layers.DepthwiseConv2D((3, 3), padding="same", activation="relu")(x)
@@ -97,7 +97,7 @@ def test_run_quantises_and_dequantises(tiny):
     np.testing.assert_array_equal(out, dequantize(lit.invoke(quantize(x, lit.inputs[0]))[0], lit.outputs[0]))
     # int8 vs the float Keras model: quantisation error of a few output steps, not more.
     err = np.abs(out - tiny["y"]).max()
-    assert err <= 8 * lit.outputs[0].scale, (err, lit.outputs[0].scale)
+    assert err <= 4 * lit.outputs[0].scale, (err, lit.outputs[0].scale)
     assert np.abs(load(tiny["int8"], backend="tflite_micro").run(x)[0] - out).max() <= lit.outputs[0].scale * 1.01
 
 
@@ -187,3 +187,15 @@ def test_tflite_micro_arena_probe_and_too_small_arena(tiny):
     assert res.returncode != 0 or "could not allocate tensors in a" in res.stdout, res.stdout + res.stderr
     with pytest.raises(EdgelearnError, match="takes no options"):
         load(tiny["int8"], backend="tflite_micro", arena=5)
+
+
+def test_truncated_model_is_a_clear_error_on_every_tflite_backend(tiny):
+    trunc = tiny["dir"] / "trunc.tflite"
+    trunc.write_bytes(tiny["int8"].read_bytes()[:1500])
+    with pytest.raises(EdgelearnError, match="trunc.tflite: litert cannot load it"):
+        load(trunc, backend="litert")
+    # TFLM's C++ does not verify flatbuffers, so this runs in a child that may crash without taking pytest along.
+    code = ("import sys\nfrom edge.backends import load\nfrom edge.errors import EdgelearnError\n"
+            "try:\n    load(sys.argv[1], backend='tflite_micro')\nexcept EdgelearnError as e:\n    print(e)")
+    res = subprocess.run([sys.executable, "-c", code, str(trunc)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0 and "trunc.tflite: TFLite Micro cannot read it" in res.stdout, res.stdout + res.stderr

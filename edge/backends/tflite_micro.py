@@ -49,7 +49,13 @@ def _tensor_names(model_data: bytes):
     from tflite_micro.tensorflow.lite.micro.python import schema_py_generated as schema_fb
 
     sub = schema_fb.Model.GetRootAsModel(model_data, 0).Subgraphs(0)
-    name = lambda idx: sub.Tensors(idx).Name().decode("utf-8", "replace")  # noqa: E731
+    if sub is None:
+        raise ValueError("the model has no subgraph")
+
+    def name(idx: int) -> str:
+        t = sub.Tensors(idx)
+        raw = t.Name() if t is not None else None
+        return raw.decode("utf-8", "replace") if raw else f"tensor{idx}"
     return ([name(sub.Inputs(i)) for i in range(sub.InputsLength())],
             [name(sub.Outputs(i)) for i in range(sub.OutputsLength())])
 

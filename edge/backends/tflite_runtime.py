@@ -28,7 +28,7 @@ def check_available(numpy_version: str | None = None):
         # "compiled using NumPy 1.x" message; say what to do instead.
         raise BackendUnavailable(f"backend 'tflite_runtime' cannot run with NumPy {numpy_version}: {_WHY}", fix=_FIX)
     try:
-        from tflite_runtime.interpreter import Interpreter
+        from tflite_runtime.interpreter import Interpreter  # pyright: ignore[reportMissingImports]
     except ImportError as e:
         raise BackendUnavailable(f"backend 'tflite_runtime' needs the package tflite-runtime ({e}); {_WHY}",
                                  fix=f"`pip install tflite-runtime` where a wheel exists, or {_FIX}") from None

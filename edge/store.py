@@ -184,6 +184,10 @@ class BundleStore:
                 fsync_dir(self.bundles_dir)
                 previous = ptr["current"] if ptr["current"] != name else ptr["previous"]
                 self._write_pointer(name, previous)
+            except OSError as e:  # e.g. ENOSPC while copying: nothing switched, say so plainly
+                raise BundleError(f"installing {src.name} failed: {e.strerror or e} ({e.filename or self.state_dir})",
+                                  fix="free space or fix permissions in the state directory; "
+                                      "the previous bundle stays current") from None
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             self._prune()

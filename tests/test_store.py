@@ -187,3 +187,22 @@ def test_sigkill_mid_install_keeps_previous_bundle(make, stage):
     assert not list(after.bundles_dir.glob(".incoming-*")), "start-up removes the interrupted install"
     assert after.install(new).version == 2  # and the same install succeeds afterwards
     assert after.current().path("big.bin").stat().st_size == 6 << 20
+
+
+def test_disk_full_and_damaged_pointer(make, monkeypatch):
+    import errno
+
+    store = BundleStore(make.tmp / "state", trusted_keys=make.pub)
+    store.install(make(1))
+    before = tree(store.state_dir)
+
+    def full(src, dst):
+        dst.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+    monkeypatch.setattr(store, "_copy_file", full)
+    with pytest.raises(BundleError, match=r"installing kws-2 failed: No space left on device.*previous bundle stays current"):
+        store.install(make(2))
+    assert tree(store.state_dir) == before and store.current().version == 1
+    store.pointer_path.write_text("{not json")
+    with pytest.raises(BundleError, match=r"current: unreadable.*install a bundle again"):
+        store.current()

@@ -136,6 +136,10 @@ def test_wrong_key_and_unsigned(env):
     refused(env.bundle, r"signed by key [0-9a-f]{16}, which is not among the trusted keys", env.tmp,
             trusted_keys=env.other_pub)
     refused(env.bundle, r"no trusted public keys given", env.tmp)
+    with pytest.warns(UserWarning, match="signature NOT checked"):
+        assert load_bundle(env.bundle, allow_unsigned=True).key_id is None
+    # allow_unsigned never excuses a signature that is present and wrong
+    refused(env.bundle, r"not among the trusted keys", env.tmp, trusted_keys=env.other_pub, allow_unsigned=True)
     refused(env.bundle, r"is a private key", env.tmp, trusted_keys=env.priv)
     (env.bundle / SIGNATURE).unlink()
     refused(env.bundle, r"manifest.sig: missing, the bundle is unsigned", env.tmp, trusted_keys=env.pub)

@@ -115,10 +115,38 @@ def test_macs_and_placement_equal_vela(zoo, shape):
     assert ours == theirs
 
 
+def test_placement_agrees_with_vela_on_cpu_fallback(tmp_path):
+    """SQRT has no Ethos-U55 kernel; a stride-4 VALID conv is one Vela rewrites for the NPU."""
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+    from host.partition.placement import vela_available, vela_report
+    from host.quantize import to_tflite
+    if not vela_available():
+        pytest.skip("ethos-u-vela not installed")
+    L = tf.keras.layers
+    inp = tf.keras.Input((16, 16, 4))
+    x = L.Conv2D(8, 4, strides=4, padding="valid")(inp)
+    x = L.Conv2D(8, 3, padding="same")(x)
+    x = L.Lambda(lambda t: tf.math.sqrt(tf.abs(t) + 1.0))(x)
+    x = L.Conv2D(4, 1)(x)
+    f = tmp_path / "m.tflite"
+    f.write_bytes(to_tflite(tf.keras.Model(inp, x), np.random.default_rng(0).normal(size=(8, 16, 16, 4))
+                            .astype(np.float32)))
+    g = load_graph(f)
+    vela = vela_report(f)
+    plan = plan_partition(g, load_profile("ethos-u55"))
+    assert plan.totals["cpu_ops"] == vela["cpu_ops"] == 1
+    sqrt = next(r for r in plan.layers if r["op"] == "SQRT")
+    assert sqrt["engine"] == "cpu" and "SQRT is not in the NPU's int8 operator set" in sqrt["reason"]
+    ours = plan_partition(g, load_profile("ethos-u55"), use_vela=False)
+    assert ours.layers[0]["engine"] == "cpu" and "stride 4x4" in ours.layers[0]["reason"]
+
+
 def test_unsupported_npu_op_falls_back_with_reason(zoo):
     g = load_graph(zoo[(16, 2)])
     g.layers[1].op = "CUMSUM"
-    plan = plan_partition(g, load_profile("ethos-u55"))
+    plan = plan_partition(g, load_profile("ethos-u55"), use_vela=False)
     row = plan.layers[1]
     assert row["engine"] == "cpu" and "CUMSUM is not in the NPU's int8 operator set" in row["reason"]
 

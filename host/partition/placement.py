@@ -40,7 +40,10 @@ def _npu_reason(g: Graph, layer, npu) -> str:
             if layer.op not in ("QUANTIZE", "DEQUANTIZE", "SHAPE"):
                 return f"tensor {g.tensors[t].name!r} is {g.tensors[t].dtype}, the NPU runs int8 only"
     stride = layer.params.get("stride")
-    if npu.max_stride and stride and layer.op not in POOL_OPS and max(stride) > npu.max_stride:
+    out_shape = g.tensors[layer.outputs[0]].shape if layer.outputs else ()
+    # Vela's rule: stride height counts only when the output has more than one row.
+    if npu.max_stride and stride and layer.op not in POOL_OPS and max(stride) > npu.max_stride \
+            and not (len(out_shape) == 4 and out_shape[1] == 1 and stride[1] <= npu.max_stride):
         return f"stride {stride[0]}x{stride[1]} exceeds the NPU limit of {npu.max_stride}"
     k = layer.params.get("kernel")
     if k and layer.op in ("CONV_2D", "DEPTHWISE_CONV_2D") and npu.max_kernel_hw:

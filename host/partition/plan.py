@@ -62,10 +62,13 @@ def check_compatible(g: Graph, profile: Profile) -> None:
                         f"(edgelearn partition --target rpi4 shows the cloud split)")
 
 
-def plan_partition(g: Graph, profile: Profile, objective: str = "latency", strategy: str | None = None) -> Plan:
+def plan_partition(g: Graph, profile: Profile, objective: str = "latency", strategy: str | None = None,
+                   use_vela: bool = True) -> Plan:
     check_compatible(g, profile)
     arena = plan_arena(g)
     placement = place(g, profile)
+    if profile.name.startswith("ethos-u") and g.format == "tflite" and use_vela:
+        placement = _adopt_vela(g, placement)
     try:
         training = all_strategies(tail_ops(g), "adam" if profile.optimizer == "adam" else "sgd", profile.rank)
     except ModelError:
@@ -96,6 +99,32 @@ def plan_partition(g: Graph, profile: Profile, objective: str = "latency", strat
     verdict, fits = _verdict(g, profile, layers, need, weights, arena.arena_bytes, train_bytes, strategy,
                              latency_ms, split)
     return Plan(g, profile, layers, totals, verdict, fits, placement, split, training)
+
+
+def _adopt_vela(g: Graph, placement: list) -> list:
+    """For Ethos-U targets the real compiler decides: Vela rewrites some ops our rules
+    would refuse (e.g. a stride-4 VALID conv). Its rows are matched by output tensor name."""
+    from host.partition.placement import Placement, vela_available, vela_report
+
+    if not vela_available():
+        return placement
+    rep = vela_report(g.path)
+    target: dict[str, set] = {}
+    for row in rep["layers"]:
+        target.setdefault(row["name"], set()).add(row["target"])
+    warned = " ".join(rep["warnings"])
+    out = []
+    for layer, ours in zip(g.layers, placement):
+        got = target.get(layer.name)
+        if not got:
+            out.append(ours)  # Vela removed the op (e.g. a RESHAPE folded into its neighbours)
+        elif "npu" in got:
+            out.append(Placement(layer.index, "npu", ""))
+        else:
+            why = ours.reason or ("Vela: " + warned[warned.find(layer.op):][:80] if layer.op in warned
+                                  else "Vela placed it on the CPU")
+            out.append(Placement(layer.index, "cpu", why))
+    return out
 
 
 def _variant_hint(g: Graph, profile: Profile, over_bytes: float, over_time: float) -> str:

@@ -246,7 +246,7 @@ def _authenticate(src, names, raw: bytes, trusted, device_key, allow_unsigned):
         if fields[1] != want[1]:
             raise BundleError(f"{MAC}: made for device key {fields[1]}, this device's key is {want[1]}",
                               fix="re-authenticate the bundle with this device's key")
-        if not hmac.compare_digest(fields[2], want[2]):
+        if not hmac.compare_digest(fields[2].encode(), want[2].encode()):  # bytes: str needs ASCII
             raise BundleError(f"{MAC}: HMAC does not match manifest.json (manifest changed after authentication)", fix=_REBUILD)
         return want[1], "hmac-sha256"
     if SIGNATURE not in names:

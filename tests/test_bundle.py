@@ -246,6 +246,8 @@ def test_device_mac_scheme(env):
     text[2] = ("0" if text[2][0] != "0" else "1") + text[2][1:]
     (env.bundle / MAC).write_text(" ".join(text) + "\n")
     refused(env.bundle, r"manifest.mac: HMAC does not match", env.tmp, device_key=dev)
+    (env.bundle / MAC).write_text(f"{text[0]} {text[1]} é{text[2][1:]}\n")  # non-ASCII garbage, same error
+    refused(env.bundle, r"manifest.mac: HMAC does not match", env.tmp, device_key=dev)
     (env.bundle / MAC).unlink()
     refused(env.bundle, r"manifest.mac: missing", env.tmp, device_key=dev)
 

@@ -369,3 +369,25 @@ def test_oversized_zip_entry_stops_at_declared_size(env):
             if f.is_file():
                 zf.write(f, f.relative_to(big).as_posix())
     refused(z, r"enc.tflite: 4194304 bytes, manifest says 3000", env.tmp, trusted_keys=env.pub)
+
+
+def test_check_name_never_lets_a_path_escape(tmp_path):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from edge.bundle import check_name
+
+    root = (tmp_path / "bundle").resolve()
+    parts = st.sampled_from(["..", ".", "", "a", "b.tflite", "/", "\\", "C:", "\x00", "é", "..a", " "])
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(parts, min_size=1, max_size=6).map("".join) | st.text(max_size=20))
+    def prop(name):
+        try:
+            check_name(name)
+        except BundleError:
+            return
+        resolved = (root / name).resolve()
+        assert resolved != root and root in resolved.parents, name
+
+    prop()

@@ -252,3 +252,18 @@ def test_partition_refuses_model_that_does_not_fit(zoo, tmp_path, capsys):
               "--labels", "a"])
     assert rc == 2 and not out.exists()
     assert "too slow" in capsys.readouterr().err
+
+
+@pytest.mark.micropython
+def test_docs_blob_loader_runs_on_micropython(zoo, tmp_path, micropython, root):
+    """The loader printed in docs/partition.md, run by the real MicroPython, reads what write_blob wrote."""
+    from host.partition.blob import write_blob
+    blob = write_blob(load_graph(zoo[(16, 2)]), tmp_path / "w.elb")
+    doc = (root / "docs" / "partition.md").read_text()
+    code = "import struct, array\n\ndef load_blob" + doc.split("import struct, array\n\ndef load_blob")[1].split("```")[0]
+    out = micropython(code + f"\nt = load_blob({str(blob)!r})\n"
+                      "for k in sorted(t):\n    print(k, len(t[k][4]), sum(t[k][4]), len(t[k][2]))\n")
+    want = sorted((t["name"], t["data"].size, int(t["data"].astype(np.int64).sum()), len(t["scales"]))
+                  for t in read_blob(blob))
+    got = [l.rsplit(" ", 3) for l in out.strip().splitlines()]
+    assert [(n, int(a), int(b), int(c)) for n, a, b, c in got] == want

@@ -5,7 +5,7 @@ same ``Graph`` so the memory planner, the placement and the report never care wh
 
     >>> g = load_graph("models/kws-dscnn-s/encoder_int8.tflite")
     >>> g.total_macs, g.weight_bytes, [l.op for l in g.layers][:2]
-    (2668928, 26112, ['CONV_2D', 'DEPTHWISE_CONV_2D'])
+    (2664792, 24328, ['CONV_2D', 'DEPTHWISE_CONV_2D'])
 
 MACs follow Arm Vela's convention (npu_performance.measure_cycle_cost) so the two
 can be compared number for number: convolutions and fully-connected layers count

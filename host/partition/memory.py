@@ -10,7 +10,7 @@ allocator's own objects). ``plan_arena`` reproduces both.
     >>> from host.partition.graph import load_graph
     >>> plan = plan_arena(load_graph("model.tflite"))
     >>> plan.head_bytes, plan.tail_bytes, plan.arena_bytes
-    (16000, 9456, 25456)
+    (16000, 8416, 24416)
 
 Head: exactly TFLM's algorithm (greedy_memory_planner.cc, micro_allocation_info.cc):
 every non-constant tensor is a buffer whose size is rounded up to 16 bytes
@@ -22,7 +22,7 @@ occupies.
 
 Tail: a model from the model's own counts, no fitting to any model being checked.
 The sizes of TFLM's structs were read off its RecordingMicroAllocator for one-op
-probe models (``python -m host.partition.memory --probe`` rebuilds them; the
+probe models (docs/partition.md lists the probes and how to rerun them; the
 numbers below are for the 64-bit x86 ``tflite-micro`` wheel with reference
 kernels - a 32-bit MCU build has smaller pointers, so this over-estimates it):
 

@@ -242,6 +242,13 @@ def test_partition_writes_signed_bundle_with_blob(zoo, tmp_path, capsys):
     for got, want in zip(tensors, consts):
         assert np.array_equal(got["data"], want.data) and tuple(got["scales"]) == pytest.approx(want.scales)
     assert b is not None
+    # the bundle (directory or .zip) is itself something `report` reads
+    from host.bundle import zip_bundle
+    z = zip_bundle(out, tmp_path / "b.zip")
+    for src in (out, z):
+        capsys.readouterr()
+        assert cli(["report", str(src), "--target", "esp32", "--json", "--chart", str(tmp_path / "c.png")]) == 0
+        assert json.loads(capsys.readouterr().out)["totals"]["macs"] == g.total_macs
 
 
 def test_partition_refuses_model_that_does_not_fit(zoo, tmp_path, capsys):

@@ -243,19 +243,18 @@ def annotate(g: Graph, layer: Layer) -> None:
         return
     ofm = int(np.prod(outs[0].shape)) if outs[0].shape else 1
     op = layer.op
-    if op == "CONV_2D":
-        _, kh, kw, cin = t[layer.inputs[1]].shape
-        layer.macs = ofm * kh * kw * cin
-        layer.params["kernel"] = (kh, kw)
-    elif op == "DEPTHWISE_CONV_2D":
-        _, kh, kw, _ = t[layer.inputs[1]].shape
-        layer.macs = ofm * kh * kw
+    w = t[layer.inputs[1]].shape if len(layer.inputs) > 1 and layer.inputs[1] >= 0 else ()
+    nchw = g.format == "onnx"  # ONNX weights: conv (Cout, Cin/g, kh, kw), MatMul (K, N)
+    if op in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        kh, kw, cin = (w[2], w[3], w[1]) if nchw else (w[1], w[2], w[3])
+        layer.macs = ofm * kh * kw * (cin if op == "CONV_2D" else 1)
         layer.params["kernel"] = (kh, kw)
     elif op == "TRANSPOSE_CONV":
-        _, kh, kw, cin = t[layer.inputs[1]].shape
+        _, kh, kw, cin = w
         layer.macs = int(np.prod(t[layer.inputs[2]].shape)) * kh * kw * cin
     elif op == "FULLY_CONNECTED":
-        layer.macs = ofm * t[layer.inputs[1]].shape[-1]
+        k = (w[0] if t[layer.inputs[1]].is_const else ins[0].shape[-1]) if nchw else w[-1]
+        layer.macs = ofm * k
     elif op in POOL_OPS:
         kh, kw = layer.params.get("kernel", (1, 1))
         layer.macs = ofm * kh * kw

@@ -112,7 +112,7 @@ def read_onnx(path: Path) -> Graph:
     g = Graph(path, "onnx", tensors, layers, [index[i.name] for i in gr.input if i.name not in inits],
               [index.get(_final(o.name, producer), tensor(o.name)) for o in gr.output])
     for layer in g.layers:
-        _annotate_onnx(g, layer)
+        annotate(g, layer)
     return g
 
 
@@ -135,23 +135,3 @@ def _attrs(n, op: str, tensors, ins) -> dict:
         p["kernel"] = tuple(a.get("kernel_shape", [1, 1]))
         p["stride"] = tuple(a.get("strides", [1, 1]))
     return p
-
-
-def _annotate_onnx(g: Graph, layer: Layer) -> None:
-    """Vela's MAC convention on NCHW weights (Cout, Cin/group, kh, kw)."""
-    t = g.tensors
-    outs = [t[i] for i in layer.outputs if i >= 0]
-    ins = [t[i] for i in layer.inputs if i >= 0]
-    layer.activation_bytes = sum(o.nbytes for o in outs if not o.is_const)
-    if layer.op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
-        layer.weight_bytes = sum(x.nbytes for x in ins if x.is_const)
-    ofm = int(np.prod(outs[0].shape)) if outs and outs[0].shape else 0
-    if layer.op in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-        _, cin_g, kh, kw = t[layer.inputs[1]].shape
-        layer.macs = ofm * kh * kw * (cin_g if layer.op == "CONV_2D" else 1)
-    elif layer.op == "FULLY_CONNECTED":
-        w = t[layer.inputs[1]]
-        k = w.shape[0] if w.is_const else (ins[0].shape[-1] if ins[0].shape else 0)
-        layer.macs = ofm * k
-    elif layer.op in ("MEAN", "SOFTMAX", "AVERAGE_POOL_2D", "MAX_POOL_2D"):
-        annotate(g, layer)

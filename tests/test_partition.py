@@ -204,6 +204,18 @@ def test_split_prefers_device_on_fast_link_and_cloud_on_slow_cpu(zoo, tmp_path):
     assert s.cut < len(g.layers) and s.tx_bytes > 0
 
 
+def test_energy_objective_offloads_where_latency_keeps_local(zoo, capsys):
+    # rpi4: 0.5 ms of local compute beats a 20 ms round trip, but 2 mJ of compute
+    # costs more than sending the 490-byte input (25 uJ)
+    path = str(zoo[(64, 4)])
+    assert cli(["report", path, "--target", "rpi4", "--json", "--objective", "latency"]) == 0
+    lat = json.loads(capsys.readouterr().out)["split"]
+    assert cli(["report", path, "--target", "rpi4", "--json", "--objective", "energy"]) == 0
+    en = json.loads(capsys.readouterr().out)["split"]
+    assert lat["cut"] == len(load_graph(path).layers) and lat["tx_bytes"] == 0
+    assert en["cut"] == 0 and en["tx_bytes"] == 490 and en["energy_mj"] < 0.1
+
+
 def test_report_json_and_chart(zoo, tmp_path, capsys):
     chart = tmp_path / "m.png"
     rc = cli(["report", str(zoo[(32, 3)]), "--target", "ethos-u55", "--json", "--chart", str(chart)])

@@ -95,7 +95,7 @@ def plan_partition(g: Graph, profile: Profile, objective: str = "latency", strat
               "arena_approximate_ops": arena.approximate_ops}
     need = resident + arena.arena_bytes + train_bytes
     totals["need_bytes"] = need
-    split = best_split(g, profile) if profile.kind in ("linux", "phone") else None
+    split = best_split(g, profile, objective) if profile.kind in ("linux", "phone") else None
     verdict, fits = _verdict(g, profile, layers, need, weights, arena.arena_bytes, train_bytes, strategy,
                              latency_ms, split)
     return Plan(g, profile, layers, totals, verdict, fits, placement, split, training)
@@ -157,6 +157,8 @@ def _verdict(g, profile, layers, need, weights, arena, train, strategy, latency_
     text = (f"fits: {kb(need)} of {kb(profile.budget_bytes)} {where} "
             f"(weights {kb(weights)}{(' in heap' if profile.runtime == 'micropython' else ' in RAM') if profile.budget_holds_weights else ' in flash'}, "
             f"arena {kb(arena)}, {strategy} training {kb(train)}), {latency_ms:.1f} ms per window")
-    if split is not None and split.cut < len(g.layers):
+    if split is not None and split.cut == 0:
+        text += "; cheaper still: send the input features to the cloud and run nothing here"
+    elif split is not None and split.cut < len(g.layers):
         text += f"; cheapest split runs layers 0-{split.cut - 1} here and the rest in the cloud"
     return text, True

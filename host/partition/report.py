@@ -22,6 +22,8 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--chart", type=Path, help="where to write the PNG chart (default: next to the model)")
     p.add_argument("--strategy", help="training strategy to budget for (default: the target's tier)")
+    p.add_argument("--objective", choices=("latency", "energy"), default="latency",
+                   help="what the device/cloud split minimises (Linux and phone targets)")
 
 
 def resolve_model(path: Path, tmp: Path | None = None) -> Path:
@@ -91,8 +93,9 @@ def format_table(plan) -> str:
     lines.append("training bytes: " + ", ".join(f"{k} {v:,}" for k, v in t["training_bytes"].items()))
     if plan.split is not None:
         s = plan.split
-        lines.append(f"split: device runs layers 0..{s.cut - 1}, uplink {s.tx_bytes:,} B, "
-                     f"{s.latency_ms:.2f} ms, {s.energy_mj:.3f} mJ")
+        where = ("nothing on the device" if s.cut == 0 else "everything on the device"
+                 if s.cut == len(plan.layers) else f"layers 0..{s.cut - 1} on the device")
+        lines.append(f"split: {where}, uplink {s.tx_bytes:,} B, {s.latency_ms:.2f} ms, {s.energy_mj:.3f} mJ")
     lines.append(plan.verdict)
     return "\n".join(lines)
 
@@ -105,7 +108,7 @@ def run(args) -> int:
     profile = load_profile(args.target)
     with tempfile.TemporaryDirectory() as tmp:
         model = resolve_model(args.model, Path(tmp))
-        plan = plan_partition(load_graph(model), profile, strategy=args.strategy)
+        plan = plan_partition(load_graph(model), profile, objective=args.objective, strategy=args.strategy)
     chart = args.chart or args.model.with_name(f"{args.model.stem}.{profile.name}.memory.png")
     try:
         draw_chart(plan, chart)

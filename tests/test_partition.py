@@ -235,6 +235,14 @@ def test_report_bad_inputs_are_one_line(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("keep", [2000, 30000])
+def test_truncated_model_is_one_clear_error(zoo, tmp_path, capsys, keep):
+    cut = tmp_path / "cut.tflite"
+    cut.write_bytes(zoo[(64, 4)].read_bytes()[:keep])
+    assert cli(["report", str(cut), "--target", "esp32"]) == 2
+    assert "is a damaged TFLite flatbuffer" in capsys.readouterr().err
+
+
 def test_partition_writes_signed_bundle_with_blob(zoo, tmp_path, capsys):
     from edge.bundle import load_bundle
     from host.keys import generate_keypair

@@ -22,6 +22,7 @@ the report's 2 s budget), and it is the schema TFLite Micro itself was built fro
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,7 +174,7 @@ def read_tflite(path: Path) -> Graph:
             layers.append(layer)
         g = Graph(path, "tflite", tensors, layers,
                   [int(x) for x in sub.InputsAsNumpy()], [int(x) for x in sub.OutputsAsNumpy()])
-    except (IndexError, ValueError, AttributeError, TypeError) as e:
+    except (IndexError, ValueError, AttributeError, TypeError, struct.error) as e:
         raise ModelError(f"{path} is a damaged TFLite flatbuffer ({type(e).__name__}: {e})",
                          fix="re-export the model; the file may be truncated") from None
     if model.SubgraphsLength() > 1:

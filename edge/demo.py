@@ -64,7 +64,7 @@ def run(args) -> int:
         args.save.mkdir(parents=True, exist_ok=True)
         for i, (w, _v, x) in enumerate(clips):
             write_wav(args.save / f"{i}_{(w or 'noise').strip('()').replace(' ', '_')}.wav", x)
-    print(f"\n{'said':<20}{'voice (never trained on)':<26}" + "".join(f"{n:<24}" for n in models))
+    print(f"\n{'said':<20}{'voice (never trained on)':<27}" + "".join(f"{n:<27}" for n in models))
     right = 0
     for word, voice, x in clips:
         cells = []
@@ -77,6 +77,6 @@ def run(args) -> int:
         expect = "_silence_" if word.startswith("(") else word
         ok = label12(heard) == label12(expect)
         right += ok
-        print(f"{word:<20}{voice:<26}" + "".join(f"{c:<24}" for c in cells) + ("ok" if ok else "miss"))
+        print(f"{word:<20}{voice:<27}" + "".join(f"{c:<27}" for c in cells) + ("ok" if ok else "miss"))
     print(f"\n{right}/{len(clips)} heard right on the 12-class task (unknown words count as _unknown_).")
     return 0

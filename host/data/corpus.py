@@ -174,7 +174,10 @@ def add_background(rng, x: np.ndarray, pool, speech_rows: int, clean_share=0.2,
         out[noisy] = N.mix_at_snr(x[noisy], bg[noisy], rng.uniform(*snr, noisy.sum()))
     sil = ~sp
     if sil.any():
-        level = 32767.0 * 10 ** (rng.uniform(-70, -20, sil.sum()) / 20)  # dBFS RMS
+        # Background only: coloured noise up to -20 dBFS, babble no louder than
+        # -45 dBFS (louder babble is speech, and would be label noise).
+        top = np.where(kinds[sil] == 3, -45.0, -20.0)
+        level = 32767.0 * 10 ** (rng.uniform(-70, top) / 20)  # dBFS RMS
         out[sil] = bg[sil] * level[:, None]
     return out
 

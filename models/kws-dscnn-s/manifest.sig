@@ -1,0 +1,1 @@
+edgelearn-ed25519-signature 28fa5f3ff2f380fe oZqkMtfl6My7dkUXUn2+4g0UmvKRuN1BmbYg+9YlF1UPY7NZTgYJn0uvRn68deczegs0BcLb/uIEs4U+xIZkBw==

@@ -79,7 +79,12 @@ def evaluate_model(predict, corpus, scale, synths_trained) -> dict:
 
 
 def train(out, epochs=40, batch=128, lr=3e-3, seed=0, synths=("espeak", "festival"),
-          max_minutes=28.0, threads=2, corpus=None, progress=True) -> dict:
+          max_minutes=28.0, threads=2, corpus=None, progress=True, build=None) -> dict:
+    """Train and evaluate; ``build(num_classes) -> keras.Model`` picks the architecture.
+
+    The model must have outputs ``[embedding, probs]`` (see host.model.build_dscnn,
+    the default). Returns {"model", "scale", "metrics", "history"}.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
     from tensorflow import keras
@@ -108,7 +113,7 @@ def train(out, epochs=40, batch=128, lr=3e-3, seed=0, synths=("espeak", "festiva
     xv, yv, _ = corpus.eval_clips("val", synths=None)
     fv = features_for(xv, scale)[..., None]
 
-    model = build_dscnn(len(LABELS))
+    model = (build or build_dscnn)(len(LABELS))
     train_model = keras.Model(model.input, model.outputs[1])
     aug = Augmenter(utts, labels, pool, scale, LABELS.index(SILENCE), seed=seed)
     steps_per_epoch = int(np.ceil((len(utts) + aug.n_sil) / batch))

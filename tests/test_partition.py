@@ -294,3 +294,21 @@ def test_docs_blob_loader_runs_on_micropython(zoo, tmp_path, micropython, root):
                   for t in read_blob(blob))
     got = [l.rsplit(" ", 3) for l in out.strip().splitlines()]
     assert [(n, int(a), int(b), int(c)) for n, a, b, c in got] == want
+
+
+def test_shipped_model_against_tflite_micro_and_vela(root):
+    """The shipped encoder: arena within 5 % of TFLM, MACs equal Vela's, bias-only >= 6.5x below full."""
+    from host.partition.placement import vela_available, vela_report
+    model = root / "models" / "kws-dscnn-s" / "encoder_int8.tflite"
+    if not model.exists():
+        pytest.skip("models/kws-dscnn-s has not been built yet (make model)")
+    g = load_graph(model)
+    measured = tflm_arena(model)
+    assert abs(plan_arena(g).arena_bytes - measured) <= 0.05 * measured
+    plan = plan_partition(g, load_profile("ethos-u55"), use_vela=False)
+    t = plan.totals["training_bytes"]
+    assert t["full"] >= 6.5 * t["bias-only"]
+    if vela_available():
+        v = vela_report(model)
+        copies = sum(l["macs"] for l in v["layers"] if l["nng_op"] == "MemoryCopy")
+        assert g.total_macs == v["macs"] - copies and plan.totals["cpu_ops"] == v["cpu_ops"]

@@ -32,6 +32,14 @@ def test_onnx_qdq_matches_tflite_macs_and_weights(models):
     assert int8w(onnx_g) == int8w(tfl_g)
 
 
+def test_onnx_and_tflite_give_the_same_training_tail(models):
+    from host.partition.training import all_strategies, tail_ops
+    a, b = tail_ops(load_graph(models[0])), tail_ops(load_graph(models[1]))
+    shape = lambda ops: [(o.kind, o.positions, o.cin, o.cout, o.relu) for o in ops]
+    assert shape(a) == shape(b)
+    assert {k: v.total for k, v in all_strategies(a).items()} == {k: v.total for k, v in all_strategies(b).items()}
+
+
 @pytest.mark.parametrize("cut", [2, 5, 8])
 def test_cloud_half_reproduces_full_model(models, tmp_path, cut):
     import onnxruntime as ort

@@ -89,7 +89,12 @@ def read_onnx(path: Path) -> Graph:
         """The int8 tensor a node's output becomes through QuantizeLinear, if it does."""
         qs = [c for c in consumers.get(name, []) if c.op_type == "QuantizeLinear"]
         if len(qs) == len(consumers.get(name, [])) and len(qs) == 1:
-            return tensor(qs[0].output[0])
+            q = qs[0]
+            i = tensor(q.output[0])
+            if len(q.input) > 2 and q.input[2] in inits and q.input[1] in inits:
+                tensors[i].scales = tuple(float(x) for x in numpy_helper.to_array(inits[q.input[1]]).ravel())
+                tensors[i].zero_points = tuple(int(x) for x in numpy_helper.to_array(inits[q.input[2]]).ravel())
+            return i
         return tensor(name)
 
     for name in [i.name for i in gr.input if i.name not in inits]:
@@ -108,6 +113,10 @@ def read_onnx(path: Path) -> Graph:
         ins = [source(i) if i else -1 for i in n.input]
         outs = [sink(o) for o in n.output]
         layer = Layer(len(layers), op, n.name or n.output[0], ins, outs, params=_attrs(n, op, tensors, ins))
+        # quantize_static folds a ReLU into the output's int8 range: zero point -128 means min 0.
+        if op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") and outs and \
+                tensors[outs[0]].zero_points == (-128,):
+            layer.params["activation"] = "RELU"
         layers.append(layer)
     g = Graph(path, "onnx", tensors, layers, [index[i.name] for i in gr.input if i.name not in inits],
               [index.get(_final(o.name, producer), tensor(o.name)) for o in gr.output])

@@ -77,6 +77,14 @@ def tail_ops(g: Graph, n_weighted: int = 3) -> list[TailOp]:
     """The trainable tail: the last ``n_weighted`` weighted layers and the pooling between them."""
     ops: list[TailOp] = []
     weighted = 0
+    nchw = g.format == "onnx"
+
+    def hw_c(shape: tuple) -> tuple[int, int]:
+        """(spatial positions, channels) of a 4-D activation in the model's layout."""
+        if nchw:
+            return int(shape[2] * shape[3]), int(shape[1])
+        return int(shape[1] * shape[2]), int(shape[3])
+
     for layer in reversed(g.layers):
         if weighted >= n_weighted:
             break
@@ -86,17 +94,18 @@ def tail_ops(g: Graph, n_weighted: int = 3) -> list[TailOp]:
         inp = g.tensors[layer.inputs[0]]
         relu = layer.params.get("activation") in ("RELU", "RELU6")
         if layer.op == "FULLY_CONNECTED":
-            cin, cout = g.tensors[layer.inputs[1]].shape[-1], out.shape[-1]
+            w = g.tensors[layer.inputs[1]].shape  # TFLite (N, K); ONNX MatMul (K, N)
+            cin, cout = (w[0] if nchw else w[-1]), out.shape[-1]
             ops.append(TailOp("linear", layer.index, layer.name, 1, cin, cout, relu))
             weighted += 1
         elif layer.op == "CONV_2D" and layer.params.get("kernel") == (1, 1) \
                 and layer.params.get("stride") == (1, 1):
-            positions = int(out.shape[1] * out.shape[2])
-            ops.append(TailOp("linear", layer.index, layer.name, positions, inp.shape[-1], out.shape[-1], relu))
+            (positions, cout), (_, cin) = hw_c(out.shape), hw_c(inp.shape)
+            ops.append(TailOp("linear", layer.index, layer.name, positions, cin, cout, relu))
             weighted += 1
-        elif layer.op in ("AVERAGE_POOL_2D", "MEAN"):
-            positions = int(inp.shape[1] * inp.shape[2])
-            ops.append(TailOp("pool", layer.index, layer.name, positions, inp.shape[-1], out.shape[-1], False))
+        elif layer.op in ("AVERAGE_POOL_2D", "MEAN") and len(inp.shape) == 4:
+            positions, c = hw_c(inp.shape)
+            ops.append(TailOp("pool", layer.index, layer.name, positions, c, c, False))
         else:
             break
     ops.reverse()

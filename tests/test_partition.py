@@ -271,6 +271,21 @@ def test_partition_writes_signed_bundle_with_blob(zoo, tmp_path, capsys):
         assert json.loads(capsys.readouterr().out)["totals"]["macs"] == g.total_macs
 
 
+def test_ethos_bundle_carries_the_vela_compiled_model(zoo, tmp_path, capsys):
+    from host.keys import generate_keypair
+    from host.partition.placement import vela_available
+    if not vela_available():
+        pytest.skip("ethos-u-vela not installed")
+    priv, _ = generate_keypair(tmp_path / "keys")
+    out = tmp_path / "b"
+    assert cli(["partition", str(zoo[(16, 2)]), "--target", "ethos-u55", "--out", str(out), "--key", str(priv),
+                "--labels", "a"]) == 0, capsys.readouterr().err
+    parts = {p["name"]: p for p in json.loads((out / "manifest.json").read_text())["partitions"]}
+    npu = parts["encoder-ethos-u"]
+    assert npu["placement"] == "npu" and npu["file"].endswith("_vela.tflite")
+    assert any(l.op == "CUSTOM:ethos-u" for l in load_graph(out / npu["file"]).layers)
+
+
 def test_partition_refuses_model_that_does_not_fit(zoo, tmp_path, capsys):
     from host.keys import generate_keypair
     priv, _ = generate_keypair(tmp_path / "keys")

@@ -56,6 +56,16 @@ def run(args) -> int:
         elif args.cut is not None:
             raise EdgelearnError(f"--cut {args.cut} is not inside the model ({len(g.layers)} layers)",
                                  fix=f"choose a cut between 1 and {len(g.layers) - 1}")
+        if profile.name.startswith("ethos-u") and g.format == "tflite":
+            from host.partition.placement import vela_available, vela_report
+            if not vela_available():
+                raise EdgelearnError(f"{profile.name} bundles carry the Vela-compiled model and Vela is not installed",
+                                     fix="pip install 'edgelearn[host]' (ethos-u-vela)")
+            compiled = vela_report(model, keep_dir=tmp / "vela")["compiled"]
+            files[compiled.name] = compiled
+            parts.append({"name": "encoder-ethos-u", "file": compiled.name, "format": "tflite",
+                          "placement": "npu", "precision": "int8", "layers": [0, len(g.layers)],
+                          "compiler": "ethos-u-vela 5.2.0, ethos-u55-128"})
         if profile.runtime == "micropython":
             blob = write_blob(g, tmp / "weights.elb")
             files["weights.elb"] = blob

@@ -78,8 +78,12 @@ def _vela_exe() -> str | None:
     return str(cand) if cand.exists() else shutil.which("vela")
 
 
-def vela_report(tflite: Path, accelerator: str = "ethos-u55-128") -> dict:
-    """Compile with Vela; return {'macs', 'layers': [{name, op, target, macs}], 'cpu_ops', 'npu_ops'}."""
+def vela_report(tflite: Path, accelerator: str = "ethos-u55-128", keep_dir: Path | None = None) -> dict:
+    """Compile with Vela; return {'macs', 'layers': [{name, op, target, macs}], 'cpu_ops', 'npu_ops'}.
+
+    With ``keep_dir`` the compiled model (Ethos-U custom op + CPU fallback ops) is
+    copied there and its path returned as 'compiled'.
+    """
     exe = _vela_exe()
     if exe is None:
         from edge.errors import EdgelearnError
@@ -94,11 +98,16 @@ def vela_report(tflite: Path, accelerator: str = "ethos-u55-128") -> dict:
         stem = Path(tflite).stem
         rows = list(csv.DictReader(open(Path(tmp) / f"{stem}_per-layer.csv")))
         summary = next(csv.DictReader(open(next(Path(tmp).glob(f"{stem}_summary_*.csv")))))
+        compiled = None
+        if keep_dir is not None:
+            keep_dir.mkdir(parents=True, exist_ok=True)
+            compiled = keep_dir / f"{stem}_vela.tflite"
+            shutil.copyfile(Path(tmp) / f"{stem}_vela.tflite", compiled)
     layers = [{"name": r["Name"], "op": r["Original Operator"], "nng_op": r["NNG Operator"],
                "target": r["Target"].lower(), "macs": int(r["MAC Count"])} for r in rows]
     cpu = [int(x) for x in [res.stdout.split("CPU operators = ")[1].split()[0]]] if "CPU operators" in res.stdout else [0]
     npu = [int(x) for x in [res.stdout.split("NPU operators = ")[1].split()[0]]] if "NPU operators" in res.stdout else [0]
-    return {"macs": int(float(summary["nn_macs"])), "layers": layers, "cpu_ops": cpu[0], "npu_ops": npu[0],
+    return {"macs": int(float(summary["nn_macs"])), "layers": layers, "compiled": compiled, "cpu_ops": cpu[0], "npu_ops": npu[0],
             "warnings": [l for l in res.stdout.splitlines() if l.startswith("Warning")]}
 
 

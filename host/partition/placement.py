@@ -13,6 +13,7 @@ CSV is read back; ``vela_report`` returns MACs and NPU/CPU per original operator
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 import subprocess
 import sys
@@ -105,9 +106,12 @@ def vela_report(tflite: Path, accelerator: str = "ethos-u55-128", keep_dir: Path
             shutil.copyfile(Path(tmp) / f"{stem}_vela.tflite", compiled)
     layers = [{"name": r["Name"], "op": r["Original Operator"], "nng_op": r["NNG Operator"],
                "target": r["Target"].lower(), "macs": int(r["MAC Count"])} for r in rows]
-    cpu = [int(x) for x in [res.stdout.split("CPU operators = ")[1].split()[0]]] if "CPU operators" in res.stdout else [0]
-    npu = [int(x) for x in [res.stdout.split("NPU operators = ")[1].split()[0]]] if "NPU operators" in res.stdout else [0]
-    return {"macs": int(float(summary["nn_macs"])), "layers": layers, "compiled": compiled, "cpu_ops": cpu[0], "npu_ops": npu[0],
+    def count(label: str) -> int:  # "CPU operators = 1 (4.8%)" in Vela's summary
+        m = re.search(label + r" operators = (\d+)", res.stdout)
+        return int(m.group(1)) if m else 0
+
+    return {"macs": int(float(summary["nn_macs"])), "layers": layers, "compiled": compiled,
+            "cpu_ops": count("CPU"), "npu_ops": count("NPU"),
             "warnings": [l for l in res.stdout.splitlines() if l.startswith("Warning")]}
 
 

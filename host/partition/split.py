@@ -33,10 +33,10 @@ def export_split(model: Path, cut: int, out_dir: Path) -> tuple[Path, Path]:
         raise ModelError(f"cut {cut} is not inside the model (it has {len(g.layers)} layers)",
                          fix=f"choose a cut between 1 and {len(g.layers) - 1}")
     cut_names = boundary(g, cut)
-    outputs = [o.name for o in onnx.load(str(model), load_external_data=False).graph.output]
+    m = onnx.load(str(model))
+    outputs = [o.name for o in m.graph.output]
     early = {g.tensors[t].name for l in g.layers[:cut] for t in l.outputs}
     producer_of_output = {}
-    m = onnx.load(str(model))
     prod = {o: n for n in m.graph.node for o in n.output}
     for name in outputs:
         p = prod.get(name)

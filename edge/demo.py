@@ -15,10 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
-# Voices of the held-out test split (seed 0) and Flite, which the model never heard.
-SAID = [("yes", "flite", "awb"), ("stop", "flite", "rms"), ("left", "espeak", "en-us-nyc+belinda"),
-        ("go", "espeak", "en-gb-x-gbclan+f5"), ("seven", "festival", "ked_diphone"),
-        ("down", "espeak", "en-gb+m4"), ("banana", "flite", "rms"), (None, None, None)]
+WORDS = ["yes", "stop", "left", "go", "seven", "down", "banana", None]
+
+
+def held_out_voices() -> list:
+    """Flite (never trained on) and the corpus's test-split voices, alternating."""
+    from host.data import synth
+    from host.data.corpus import CorpusConfig, assign_splits
+
+    split = assign_splits(synth.all_voices(), CorpusConfig())
+    test = sorted(v for v in synth.all_voices() if split[v.id] == "test")
+    flite = [v for v in synth.all_voices() if v.synth == "flite"]
+    return [v for pair in zip(flite * 4, test[::2]) for v in pair]
 
 
 def add_arguments(p) -> None:
@@ -29,20 +37,21 @@ def add_arguments(p) -> None:
 
 def make_clips(seed: int = 7):
     from host.data import noise as N
-    from host.data.synth import Voice, check_installed, render
+    from host.data.synth import check_installed, render
 
-    check_installed({s for _, s, _ in SAID if s})
+    voices = held_out_voices()
+    check_installed({v.synth for v in voices})
     rng = np.random.default_rng(seed)
     out = []
-    for word, synth, voice in SAID:
+    for word, voice in zip(WORDS, voices):
         if word is None:
             x = N.coloured_noise(rng, "pink", (1, 16000))[0] * 300.0
             out.append(("(background noise)", "-", x))
             continue
-        [pcm] = render(Voice(synth, voice), [(word, 1.0, 1.0)])
+        [pcm] = render(voice, [(word, 1.0, 1.0)])
         x = N.place(rng, pcm)
         x = N.mix_at_snr(x[None], N.coloured_noise(rng, "brown", (1, 16000)), [20.0])[0]
-        out.append((word, f"{synth}:{voice}", x))
+        out.append((word, voice.id, x))
     return [(w, v, np.clip(np.round(x), -32768, 32767).astype(np.int16)) for w, v, x in out]
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(),
                                 reason="models/kws-dscnn-s not built yet (make model)")
 
 WORDS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go", "seven", "marvin"]
-VOICES = [("flite", "awb"), ("flite", "rms"), ("espeak", "en-us+m5"), ("espeak", "en-gb+m4")]
+VOICES = [("flite", "awb"), ("flite", "rms"), ("espeak", "en-us+m5"), ("espeak", "en-gb+f2")]  # test split
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,11 @@ def clips():
     if shutil.which("flite") is None or shutil.which("espeak-ng") is None:
         pytest.skip("flite/espeak-ng not installed (scripts/bootstrap.sh installs them)")
     from host.data import noise as N
-    from host.data.synth import Voice, render
+    from host.data.corpus import CorpusConfig, assign_splits
+    from host.data.synth import Voice, all_voices, render
 
+    split = assign_splits(all_voices(), CorpusConfig())
+    assert all(split[f"{s}:{n}"] in ("test", "unseen") for s, n in VOICES), "pick held-out voices"
     rng = np.random.default_rng(0)
     xs, ys = [], []
     for synth, name in VOICES:

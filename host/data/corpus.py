@@ -29,7 +29,7 @@ from host.data import noise as N
 from host.data import synth
 from host.data.words import CUSTOM_PHRASES, FILLERS, LABELS, SILENCE, SPEECH_COMMANDS, UNKNOWN
 
-FORMAT = 2  # bump when rendering or the file layout changes
+FORMAT = 3  # bump when rendering or the file layout changes
 SPLITS = ("train", "val", "test", "unseen")
 
 
@@ -44,8 +44,8 @@ class CorpusConfig:
     keyword_renders: dict = field(default_factory=lambda: {"espeak": 3, "festival": 12, "flite": 4})
     filler_renders: dict = field(default_factory=lambda: {"espeak": 1, "festival": 3, "flite": 1})
     custom_renders: dict = field(default_factory=lambda: {"espeak": 2, "festival": 4, "flite": 3})
-    espeak_test: int = 8
-    espeak_val: int = 6
+    espeak_test: int = 10
+    espeak_val: int = 8
     rate: tuple = (0.8, 1.25)
     pitch: tuple = (0.8, 1.25)
     synths: tuple = ("espeak", "festival", "flite")

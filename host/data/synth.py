@@ -29,10 +29,11 @@ MAX_SAMPLES = SR  # every utterance must fit the 1 s window
 
 ESPEAK_ACCENTS = ["en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp",
                   "en-gb-x-gbcwmd", "en-029", "en-us-nyc"]
-# Six variants per accent, rotated so that no two accents share the same set.
+# Eight variants per accent, rotated so that no two accents share the same set.
 ESPEAK_VARIANTS = ["m1", "f1", "m3", "f2", "m5", "f3", "m2", "f4", "m4", "f5", "m6",
                    "klatt", "m7", "klatt2", "iven", "klatt3", "steph", "linda", "john",
                    "Andy", "Annie", "adam", "belinda", "david", "max", "robert"]
+VARIANTS_PER_ACCENT = 8
 FESTIVAL_VOICES = ["kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts"]
 # Flite's awb and rms are speakers neither other engine has (its kal and slt are
 # the same people as Festival's): they are the never-trained-on synthesizer.
@@ -56,7 +57,7 @@ class Voice:
 def espeak_voices() -> list[Voice]:
     out = []
     for i, accent in enumerate(ESPEAK_ACCENTS):
-        for j in range(6):
+        for j in range(VARIANTS_PER_ACCENT):
             variant = ESPEAK_VARIANTS[(i * 3 + j) % len(ESPEAK_VARIANTS)]
             out.append(Voice("espeak", f"{accent}+{variant}"))
     return out

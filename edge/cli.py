@@ -29,7 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("host.benchcmd", "run benchmarks and print their JSON results"),
     "serve": ("host.serve.cli", "serve a bundle over the Open Inference Protocol (needs the serve extra)"),
     "partition": ("host.partition.cli", "plan a model for a target and write a target-specific signed bundle"),
+    "device": ("edge.device_cli", "on-device keyword detection, enrolment, adaptation and status"),
     "report": ("host.partition.report", "per-layer memory, MACs, placement and training plan of a model or bundle"),
+    "aggregator": ("host.aggregator.cli", "federated aggregator service: init, provision devices, serve, status"),
+    "fleet": ("host.fleet.cli", "simulate a fleet of devices federating over loopback HTTP, with plots"),
 }
 
 # Optional packages and the extra that provides them, for a friendly message.

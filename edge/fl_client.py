@@ -1,0 +1,271 @@
+"""The federated-learning client of a Linux device (Raspberry Pi): check in, train, upload, update.
+
+One cycle: report the device's state to the aggregator (signed with the
+device key), get a task or "come back in N s"; if the task names a newer
+model, download its signed bundle and install it through ``edge.store`` (a
+bad bundle changes nothing); train the trainable tail on the device's own
+embeddings; encode the delta with the portable wire codec (INT8, TOPK_INT8
+with error feedback, or dense), authenticated with the device key; upload it
+whole or in resumable chunks. Only standard-library HTTP (``http.client``) is
+used, so a Pi needs nothing beyond the device runtime. The sequence number is
+reserved on disk before a frame is built, so a restart never reuses one.
+
+    client = FLClient("http://agg:8470", "pi-001", key, "/var/lib/edgelearn/fl",
+                      trusted_keys="/etc/edgelearn/keys", data=(X, y))
+    outcome = client.run_once({"battery": 0.9, "charging": True, "network": "wifi"})
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from edge.errors import EdgelearnError
+from edge.portable import wire
+from edge.portable.chunks import iter_chunks
+from edge.portable.wire_topk import TopKEncoder
+from edge.store import BundleStore, atomic_write
+
+HEAD_FILE = "head.npz"
+CODECS = {"dense_f32": wire.DENSE_F32, "int8": wire.INT8, "topk_int8": wire.TOPK_INT8}
+
+
+class FLError(EdgelearnError):
+    """The aggregator refused a request or could not be reached."""
+
+    def __init__(self, problem, fix=None, status=None, reason=None):
+        super().__init__(problem, fix)
+        self.status, self.reason = status, reason
+
+
+# --- the federated model: a classifier head on the frozen encoder's embedding ---
+
+def head_logits(params: dict, X: np.ndarray) -> np.ndarray:
+    """Logits of the trainable tail (``head/kernel`` (D, C), ``head/bias`` (C,)) on embeddings X (N, D)."""
+    return np.asarray(X, np.float32) @ params["head/kernel"] + params["head/bias"]
+
+
+class HeadTrainer:
+    """Softmax-regression SGD on the head, with FedProx's proximal term; swap for edge.adapt trainers.
+
+    The interface the client needs is ``train(params, X, y, config, rng) -> params``.
+    """
+
+    tensors = ("head/kernel", "head/bias")
+
+    def train(self, params: dict, X, y, config: dict, rng) -> dict:
+        W = params["head/kernel"].astype(np.float32).copy()
+        b = params["head/bias"].astype(np.float32).copy()
+        W0, b0 = W.copy(), b.copy()
+        X = np.asarray(X, np.float32)
+        y = np.asarray(y, np.int64)
+        lr = float(config.get("learning_rate", 0.1))
+        mu = float(config.get("prox_mu", 0.0))
+        bs = max(1, int(config.get("batch_size", 16)))
+        for _ in range(int(config.get("local_epochs", 1))):
+            order = rng.permutation(len(y))
+            for a in range(0, len(y), bs):
+                i = order[a:a + bs]
+                z = X[i] @ W + b
+                z -= z.max(axis=1, keepdims=True)
+                p = np.exp(z)
+                p /= p.sum(axis=1, keepdims=True)
+                p[np.arange(len(i)), y[i]] -= 1.0        # d(cross-entropy)/d(logits)
+                gW = X[i].T @ p / len(i) + mu * (W - W0)
+                gb = p.mean(axis=0) + mu * (b - b0)
+                W -= lr * gW
+                b -= lr * gb
+        return {"head/kernel": W, "head/bias": b}
+
+
+def load_head(bundle) -> dict:
+    """The trainable tensors a bundle carries in ``head.npz`` (named by manifest ``trainable.file``)."""
+    name = bundle.manifest.get("trainable", {}).get("file", HEAD_FILE)
+    try:
+        with np.load(bundle.path(name)) as z:
+            return {k: z[k].astype(np.float32) for k in z.files}
+    except (OSError, ValueError, KeyError) as e:
+        raise EdgelearnError(f"bundle v{bundle.version} has no readable {name} ({e})",
+                             fix="this bundle carries no federated head; install one from the aggregator") from None
+
+
+# --- HTTP ------------------------------------------------------------------
+
+class HttpTransport:
+    """A keep-alive HTTP/1.1 connection to the aggregator (reconnects once on a dropped connection)."""
+
+    def __init__(self, base_url: str, timeout: float = 30.0):
+        u = urlsplit(base_url)
+        if u.scheme != "http" or not u.hostname:
+            raise EdgelearnError(f"aggregator URL {base_url!r} is not http://host:port",
+                                 fix="e.g. http://192.168.1.10:8470 (put TLS in a reverse proxy)")
+        self.host, self.port, self.timeout = u.hostname, u.port or 80, timeout
+        self.conn = None
+
+    def request(self, method: str, path: str, body: bytes = b"", headers=None):
+        for attempt in (0, 1):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                self.conn.request(method, path, body=body, headers=headers or {})
+                r = self.conn.getresponse()
+                return r.status, r.read()
+            except (ConnectionError, http.client.HTTPException, OSError) as e:
+                self.close()
+                if attempt:
+                    raise FLError(f"aggregator at {self.host}:{self.port} unreachable ({e})",
+                                  fix="check the network; the device retries at its next check-in") from None
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class FLClient:
+    """One device's federated client; state (seq, top-k residuals, bundles) lives in ``state_dir``."""
+
+    def __init__(self, server, device_id: str, key: bytes, state_dir, trusted_keys=None, data=None,
+                 trainer=None, tier: str = "linux", seed=None):
+        self.http = server if hasattr(server, "request") else HttpTransport(server)
+        self.device_id, self.key, self.tier = device_id, bytes(key), tier
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.store = BundleStore(self.dir / "store", trusted_keys)
+        self.data = data
+        self.trainer = trainer or HeadTrainer()
+        self.rng = np.random.default_rng(seed)
+        self.topk = TopKEncoder(fraction=0.05)
+        self._load_state()
+        self.bytes_up = 0
+
+    # state that must survive a power cut: the last seq used, and top-k residuals
+    def _load_state(self):
+        p = self.dir / "fl_state.json"
+        self.seq = json.loads(p.read_text())["seq"] if p.exists() else 0
+        r = self.dir / "topk_residuals.npz"
+        if r.exists():
+            with np.load(r) as z:
+                self.topk.residuals = {k: array.array("f", z[k].astype(np.float32).tobytes()) for k in z.files}
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        atomic_write(self.dir / "fl_state.json", json.dumps({"seq": self.seq}).encode())
+        return self.seq
+
+    def _save_residuals(self):
+        import io
+        buf = io.BytesIO()
+        np.savez(buf, **{k: np.frombuffer(bytes(v), np.float32) for k, v in self.topk.residuals.items()})
+        atomic_write(self.dir / "topk_residuals.npz", buf.getvalue())
+
+    def _call(self, method, path, body=b"", headers=None, ok=(200,)):
+        status, raw = self.http.request(method, path, body, headers)
+        if status not in ok:
+            try:
+                err = json.loads(raw)
+            except ValueError:
+                err = {"problem": raw[:200].decode(errors="replace")}
+            raise FLError(f"{method} {path} -> {status}: {err.get('problem')}", fix=err.get("fix"),
+                          status=status, reason=err.get("error"))
+        return status, raw
+
+    # --- the protocol -------------------------------------------------------
+    def checkin(self, status: dict) -> dict:
+        cur = self.store.pointer()["current"]
+        body = json.dumps({"device_id": self.device_id, "tier": self.tier, "time": time.time(),
+                           "model_version": self.current_version() if cur else None, **status}).encode()
+        mac = hmac.new(self.key, body, hashlib.sha256).hexdigest()
+        _, raw = self._call("POST", "/v1/checkin", body, {"Content-Type": "application/json",
+                                                          "X-Edgelearn-Device": self.device_id,
+                                                          "X-Edgelearn-Mac": mac})
+        return json.loads(raw)
+
+    def current_version(self):
+        ptr = self.store.pointer()["current"]
+        return None if ptr is None else int(ptr.rsplit("-v", 1)[1])
+
+    def ensure_model(self, version: int) -> dict:
+        """Install bundle ``version`` if it is not current (download, verify, smoke check, swap); its head."""
+        if self.current_version() != version:
+            _, raw = self._call("GET", f"/v1/bundles/{version}.zip")
+            fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".zip")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(raw)
+                self.store.install(tmp, smoke_check=lambda b: self._smoke(b))
+            finally:
+                os.unlink(tmp)
+        return load_head(self.store.current())
+
+    @staticmethod
+    def _smoke(bundle):
+        head = load_head(bundle)
+        z = head_logits(head, np.zeros((1, head["head/kernel"].shape[0]), np.float32))
+        if z.shape != (1, len(bundle.labels)) or not np.all(np.isfinite(z)):
+            raise ValueError(f"head gives logits of shape {z.shape}, expected (1, {len(bundle.labels)})")
+
+    def train(self, task: dict) -> tuple[dict, int]:
+        params = self.ensure_model(int(task["model_version"]))
+        X, y = self.data() if callable(self.data) else self.data
+        if len(y) == 0:
+            raise FLError("the device has no examples to train on", fix="enrol some clips first")
+        new = self.trainer.train(params, X, y, task, self.rng)
+        delta = {k: (new[k] - params[k]).astype(np.float32) for k in new}
+        clip = float(task.get("clip_norm") or 0)
+        if clip > 0:  # the server clips too; clipping here keeps the update under its norm check
+            norm = float(np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in delta.values())))
+            if norm > clip:
+                delta = {k: v * np.float32(clip / norm) for k, v in delta.items()}
+        return delta, len(y)
+
+    def encode(self, task: dict, delta: dict, num_examples: int) -> bytes:
+        codec = CODECS[task.get("codec", "int8")]
+        if codec == wire.TOPK_INT8:
+            self.topk.fraction = float(task.get("topk_fraction", 0.05))
+        hdr = wire.Header(self.device_id, int(task["round_id"]), int(task["model_version"]),
+                          self._next_seq(), num_examples)
+        tensors = [(k, v.shape, array.array("f", v.astype(np.float32).tobytes())) for k, v in sorted(delta.items())]
+        frame = wire.encode_update(hdr, tensors, self.key, codec=codec,
+                                   topk=self.topk if codec == wire.TOPK_INT8 else None)
+        if codec == wire.TOPK_INT8:
+            self._save_residuals()
+        return bytes(frame)
+
+    def upload(self, frame: bytes, chunk_size: int = 0) -> dict:
+        hdrs = {"Content-Type": "application/octet-stream", "X-Edgelearn-Device": self.device_id}
+        if not chunk_size or len(frame) <= chunk_size:
+            _, raw = self._call("POST", "/v1/updates", frame, hdrs)
+            self.bytes_up += len(frame)
+            return json.loads(raw)
+        result = None
+        for c in iter_chunks(frame, chunk_size):
+            _, raw = self._call("POST", "/v1/chunks", c, hdrs, ok=(200, 202))
+            self.bytes_up += len(c)
+            result = json.loads(raw)
+        return result
+
+    def run_once(self, status: dict, drop_after_training: bool = False) -> dict:
+        """One check-in; trains and uploads when given a task. Returns the server's last answer."""
+        ans = self.checkin(status)
+        if ans.get("action") == "update":
+            self.ensure_model(int(ans["model_version"]))
+            return ans
+        if ans.get("action") != "train":
+            return ans
+        task = ans["task"]
+        delta, n = self.train(task)
+        frame = self.encode(task, delta, n)
+        if drop_after_training:
+            return {"action": "dropped", "round_id": task["round_id"]}
+        return {"action": "uploaded", **self.upload(frame, int(task.get("chunk_size", 0)))}

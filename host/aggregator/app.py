@@ -1,0 +1,215 @@
+"""The aggregator's HTTP interface (Starlette); it translates requests and knows none of the math.
+
+Endpoints (docs/protocol.md has the full contract):
+
+    POST /v1/checkin          JSON device state, X-Edgelearn-Device + X-Edgelearn-Mac (HMAC of the body)
+    POST /v1/updates          one wire frame (application/octet-stream), X-Edgelearn-Device
+    POST /v1/chunks           one chunk of a frame; 202 {"missing": [...]} until the frame is whole
+    GET  /v1/bundles/{v}.zip  a published, signed bundle
+    GET  /v1/status           rounds, versions, devices (JSON)
+
+    app = build_app("agg/")          # then: uvicorn.run(app, host="127.0.0.1", port=8470)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import time
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse
+from starlette.routing import Route
+
+from edge.portable import wire_errors as we
+from edge.portable.chunks import parse_chunk
+from host.aggregator.config import AggregatorConfig
+from host.aggregator.models import ModelRegistry
+from host.aggregator.rounds import Reject, RoundManager
+from host.aggregator.store import Store
+
+MAX_CHECKIN = 4096
+
+
+class Aggregator:
+    """Store + registry + round manager of one state directory."""
+
+    def __init__(self, state_dir, clock=time.time, signing_key=None):
+        self.dir = Path(state_dir)
+        self.cfg = AggregatorConfig.load(self.dir / "config.json")
+        self.store = Store(self.dir / "state.sqlite", self.cfg.synchronous)
+        key = signing_key or self.store.get_meta("signing_key")
+        self.registry = ModelRegistry(self.dir, self.store, key)
+        self.rounds = RoundManager(self.cfg, self.store, self.registry, clock)
+
+    def close(self):
+        self.store.close()
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) before reading more than ``limit`` bytes."""
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        if not cl.isdigit():
+            raise Reject(400, "BadRequest", f"Content-Length {cl!r} is not a number", "send a valid HTTP request")
+        if int(cl) > limit:
+            raise Reject(413, "OversizedFrame", f"body of {cl} bytes exceeds the {limit}-byte limit",
+                         "send a smaller update (INT8, TOPK_INT8 or a subset) or use /v1/chunks")
+    buf = bytearray()
+    async for part in request.stream():
+        buf += part
+        if len(buf) > limit:
+            raise Reject(413, "OversizedFrame", f"body exceeds the {limit}-byte limit",
+                         "send a smaller update or use /v1/chunks")
+    return bytes(buf)
+
+
+def _device(request: Request, required: bool = True):
+    d = request.headers.get("x-edgelearn-device")
+    if d is None and required:
+        raise Reject(401, "Unauthenticated", "no X-Edgelearn-Device header",
+                     "send the device id in X-Edgelearn-Device")
+    return d
+
+
+def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_key=None) -> Starlette:
+    agg = Aggregator(state_dir, clock, signing_key)
+    rm, store, cfg = agg.rounds, agg.store, agg.cfg
+
+    def fail(e: Reject) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    async def checkin(request: Request):
+        try:
+            dev = _device(request)
+            body = await _body(request, MAX_CHECKIN)
+            key = rm.key_of(dev)
+            mac = request.headers.get("x-edgelearn-mac", "")
+            want = hmac.new(key or b"\0" * 32, body, hashlib.sha256).hexdigest()
+            if key is None:
+                raise Reject(401, "UnknownDevice", f"no key is provisioned for device {dev!r}",
+                             "provision the device with `edgelearn aggregator provision`")
+            if not hmac.compare_digest(mac.encode(), want.encode()):
+                raise Reject(401, "AuthError", f"check-in MAC from {dev!r} does not match its body",
+                             "sign the exact body bytes with the device key")
+            try:
+                state = json.loads(body)
+                if not isinstance(state, dict):
+                    raise ValueError("not an object")
+            except ValueError as e:
+                raise Reject(400, "BadRequest", f"check-in body is not a JSON object ({e})",
+                             "send the device state as a JSON object") from None
+            if state.get("device_id", dev) != dev:
+                raise Reject(403, "DeviceMismatch", f"device {dev!r} checked in as {state.get('device_id')!r}",
+                             "a device may only report its own state")
+            return JSONResponse(rm.checkin(dev, state))
+        except Reject as e:
+            return fail(e)
+
+    async def updates(request: Request):
+        try:
+            dev = _device(request)
+            frame = await _body(request, cfg.max_frame_len)
+            return JSONResponse(rm.submit(frame, dev))
+        except Reject as e:
+            return fail(e)
+
+    async def chunks(request: Request):
+        try:
+            dev = _device(request)
+            if rm.key_of(dev) is None:
+                raise Reject(401, "UnknownDevice", f"no key is provisioned for device {dev!r}",
+                             "provision the device first")
+            chunk = await _body(request, cfg.chunk_size + 64 if cfg.chunk_size else cfg.max_frame_len)
+            try:
+                fid, idx, count, flen, off, payload = parse_chunk(chunk, cfg.max_frame_len)
+            except we.WireError as e:
+                raise Reject.from_wire(e) from None
+            frame = _add_chunk(store, dev, fid, idx, count, flen, bytes(payload))
+            if isinstance(frame, list):
+                return JSONResponse({"status": "partial", "missing": frame}, status_code=202)
+            return JSONResponse(rm.submit(frame, dev))
+        except Reject as e:
+            return fail(e)
+
+    async def bundle(request: Request):
+        v = request.path_params["version"]
+        row = store.one("SELECT path FROM models WHERE version=? AND status='published'", (v,))
+        if row is None or not Path(row[0]).exists():
+            return fail(Reject(404, "NoSuchVersion", f"model version {v} is not published",
+                               "check in to learn the current version"))
+        return FileResponse(row[0], media_type="application/zip")
+
+    async def status(request: Request):
+        return JSONResponse(status_of(agg))
+
+    async def ticker():
+        while True:
+            await asyncio.sleep(tick_interval)
+            try:
+                rm.tick()
+            except Exception as e:  # never let the deadline loop die silently
+                print(f"aggregator: tick failed: {type(e).__name__}: {e}", flush=True)
+
+    async def lifespan(app):
+        task = asyncio.create_task(ticker()) if tick_interval else None
+        yield
+        if task:
+            task.cancel()
+        agg.close()
+
+    app = Starlette(routes=[
+        Route("/v1/checkin", checkin, methods=["POST"]),
+        Route("/v1/updates", updates, methods=["POST"]),
+        Route("/v1/chunks", chunks, methods=["POST"]),
+        Route("/v1/bundles/{version:int}.zip", bundle, methods=["GET"]),
+        Route("/v1/status", status, methods=["GET"]),
+    ], lifespan=lifespan)
+    app.state.aggregator = agg
+    return app
+
+
+def _add_chunk(store, dev, fid, idx, count, flen, payload):
+    """Persist one chunk (idempotent); returns the whole frame when complete, else the missing indices."""
+    with store.tx() as c:
+        # a device uploads one frame at a time: a new frame id supersedes what was pending
+        c.execute("DELETE FROM chunks WHERE device_id=? AND frame_id<>?", (dev, fid))
+        prev = c.execute("SELECT count, frame_len FROM chunks WHERE device_id=? AND frame_id=? LIMIT 1",
+                         (dev, fid)).fetchone()
+        if prev is not None and (prev[0] != count or prev[1] != flen):
+            raise Reject(409, "ChunkError", f"chunk says frame 0x{fid:08x} is {flen} bytes in {count} chunks; "
+                         f"earlier chunks said {prev[1]} in {prev[0]}", "give every frame its own frame id")
+        same = c.execute("SELECT data FROM chunks WHERE device_id=? AND frame_id=? AND idx=?",
+                         (dev, fid, idx)).fetchone()
+        if same is not None and bytes(same[0]) != payload:
+            raise Reject(409, "ChunkError", f"chunk {idx} of frame 0x{fid:08x} differs from the copy already received",
+                         "give every frame its own frame id")
+        if same is None:
+            c.execute("INSERT INTO chunks(device_id, frame_id, idx, count, frame_len, data) VALUES(?,?,?,?,?,?)",
+                      (dev, fid, idx, count, flen, payload))
+        have = [r[0] for r in c.execute("SELECT idx FROM chunks WHERE device_id=? AND frame_id=? ORDER BY idx",
+                                        (dev, fid))]
+        if len(have) < count:
+            return sorted(set(range(count)) - set(have))
+        frame = b"".join(bytes(r[0]) for r in c.execute(
+            "SELECT data FROM chunks WHERE device_id=? AND frame_id=? ORDER BY idx", (dev, fid)))
+        c.execute("DELETE FROM chunks WHERE device_id=?", (dev,))
+    return frame
+
+
+def status_of(agg: Aggregator) -> dict:
+    s = agg.store
+    rounds = [dict(zip(("round_id", "mode", "model_version", "status", "opened", "deadline", "target", "selected",
+                        "accepted", "closed", "result_version", "accuracy", "bytes", "note"), r))
+              for r in s.all("SELECT round_id, mode, model_version, status, opened, deadline, target, selected, "
+                             "accepted, closed, result_version, accuracy, bytes, note FROM rounds "
+                             "ORDER BY round_id DESC LIMIT 50")]
+    models = [dict(zip(("version", "parent", "round_id", "status", "accuracy", "epsilon"), r))
+              for r in s.all("SELECT version, parent, round_id, status, accuracy, epsilon FROM models ORDER BY version")]
+    return {"mode": agg.cfg.mode, "strategy": agg.rounds.strategy.name, "current_version": agg.registry.current,
+            "devices": s.one("SELECT COUNT(*) FROM devices")[0], "round": agg.rounds.round,
+            "rounds": rounds, "models": models}

@@ -1,0 +1,95 @@
+"""``edgelearn aggregator``: create, provision, serve and inspect a federated aggregator.
+
+    $ edgelearn aggregator init --state agg/ --clients-per-round 10 --heldout-corpus
+    $ edgelearn aggregator provision --state agg/ --device pi-001 --out keys/
+    $ edgelearn aggregator serve --state agg/ --port 8470
+    $ edgelearn aggregator status --state agg/
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    i = sub.add_parser("init", help="create a state directory with model version base+1")
+    i.add_argument("--state", required=True)
+    i.add_argument("--bundle", help="base bundle (default: the shipped model)")
+    i.add_argument("--signing-key", help="Ed25519 .key for new versions (default: a new one in STATE/keys)")
+    i.add_argument("--heldout", help="npz with X (N, D) embeddings and y labels for the publication check")
+    i.add_argument("--heldout-corpus", action="store_true",
+                   help="use embeddings of the corpus test voices as the held-out set")
+    i.add_argument("--mode", choices=["sync", "async"], default="sync")
+    i.add_argument("--strategy", default="fedavg", choices=["fedavg", "fedavgm", "fedprox", "trimmed_mean", "median"])
+    i.add_argument("--clients-per-round", type=int, default=10)
+    i.add_argument("--overselect", type=float, default=1.3)
+    i.add_argument("--round-timeout", type=float, default=120.0)
+    i.add_argument("--buffer-size", type=int, default=10)
+    i.add_argument("--codec", choices=["dense_f32", "int8", "topk_int8"], default="int8")
+    i.add_argument("--dp-clip", type=float, default=0.0)
+    i.add_argument("--dp-noise", type=float, default=0.0)
+    v = sub.add_parser("provision", help="register a device and write its HMAC key file")
+    v.add_argument("--state", required=True)
+    v.add_argument("--device", required=True)
+    v.add_argument("--tier", default="linux", choices=["linux", "mcu"])
+    v.add_argument("--out", required=True, help="directory for DEVICE.hmac (give it to the device only)")
+    s = sub.add_parser("serve", help="run the HTTP service")
+    s.add_argument("--state", required=True)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8470)
+    s.add_argument("--log-level", default="warning")
+    t = sub.add_parser("status", help="print rounds and versions as JSON")
+    t.add_argument("--state", required=True)
+
+
+def run(args) -> int:
+    if args.action == "init":
+        import numpy as np
+
+        from host.aggregator.config import AggregatorConfig
+        from host.aggregator.setup import init_state
+        heldout = None
+        if args.heldout:
+            with np.load(args.heldout) as z:
+                heldout = (z["X"], z["y"])
+        elif args.heldout_corpus:
+            from host.fleet.data import load_embeddings
+            data = load_embeddings(args.bundle)
+            r = data.rows("test")
+            heldout = (data.X[r], data.y[r])
+        cfg = AggregatorConfig(mode=args.mode, strategy=args.strategy, clients_per_round=args.clients_per_round,
+                               overselect=args.overselect, round_timeout=args.round_timeout,
+                               buffer_size=args.buffer_size, codec=args.codec, dp_clip=args.dp_clip,
+                               dp_noise=args.dp_noise)
+        v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout)
+        print(f"aggregator state in {args.state}: model version {v} published")
+        return 0
+    if args.action == "provision":
+        from pathlib import Path
+
+        from edge.bundle import HMAC_KEY_TAG
+        from edge.store import atomic_write
+        from host.aggregator.setup import provision
+        key = provision(args.state, args.device, tier=args.tier)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / f"{args.device}.hmac", f"{HMAC_KEY_TAG} {key.hex()} {args.device}\n".encode())
+        (out / f"{args.device}.hmac").chmod(0o600)
+        print(f"provisioned {args.device}; key in {out / (args.device + '.hmac')}")
+        return 0
+    if args.action == "serve":
+        import uvicorn
+
+        from host.aggregator.app import build_app
+        app = build_app(args.state)
+        print(f"aggregator: serving {args.state} on http://{args.host}:{args.port}", flush=True)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+        return 0
+    from host.aggregator.app import Aggregator, status_of
+    agg = Aggregator(args.state)
+    try:
+        print(json.dumps(status_of(agg), indent=1))
+    finally:
+        agg.close()
+    return 0

@@ -1,0 +1,95 @@
+"""Aggregator settings: one dataclass, stored as ``config.json`` in the state directory.
+
+    cfg = AggregatorConfig(mode="sync", clients_per_round=10, overselect=1.3)
+    cfg.save("agg/config.json"); AggregatorConfig.load("agg/config.json")
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from edge.errors import EdgelearnError
+from edge.store import atomic_write
+
+
+@dataclass
+class AggregatorConfig:
+    mode: str = "sync"                 # "sync" rounds or "async" (FedBuff)
+    strategy: str = "fedavg"
+    strategy_options: dict = field(default_factory=dict)
+    clients_per_round: int = 10        # quorum: the round closes when this many updates arrived
+    overselect: float = 1.3            # select this many times the quorum (stragglers and drop-outs)
+    min_updates: int = 0               # at the deadline, close with at least this many (0: half the quorum)
+    round_timeout: float = 120.0       # seconds from opening to the deadline
+    buffer_size: int = 10              # FedBuff: aggregate every K updates
+    max_staleness: int = 5             # FedBuff: reject updates from more than this many versions ago
+    max_concurrency: int = 30          # FedBuff: tasks out at once
+    # eligibility (Bonawitz et al. 2019: idle, charging, unmetered; here thresholds a deployment can tune)
+    min_battery: float = 0.5
+    allow_metered: bool = False
+    max_temperature: float = 45.0
+    tiers: list = field(default_factory=lambda: ["linux", "mcu"])
+    # fairness: a device joins at most `max_rounds_per_window` of the last `fairness_window` rounds
+    fairness_window: int = 10
+    max_rounds_per_window: int = 5
+    # pace steering
+    min_retry: float = 5.0
+    max_retry: float = 3600.0
+    # local training, sent with each task
+    local_epochs: int = 2
+    learning_rate: float = 0.1
+    batch_size: int = 16
+    codec: str = "int8"                # "dense_f32" | "int8" | "topk_int8"
+    topk_fraction: float = 0.05
+    # input limits
+    max_frame_len: int = 262144
+    max_update_norm: float = 100.0     # L2 norm of a delta above this is rejected (422)
+    max_examples: int = 100000
+    chunk_size: int = 16384
+    # differential privacy (user level); 0 = off
+    dp_clip: float = 0.0
+    dp_noise: float = 0.0
+    dp_delta: float = 1e-5
+    # publication
+    eval_tolerance: float = 0.01       # reject an aggregate that loses more held-out accuracy than this
+    synchronous: str = "full"          # SQLite: "full" survives a power cut, "normal" a process crash
+    seed: int = 0
+
+    def __post_init__(self):
+        problems = []
+        if self.mode not in ("sync", "async"):
+            problems.append(f"mode={self.mode!r} (use sync or async)")
+        if self.clients_per_round < 1 or self.buffer_size < 1:
+            problems.append("clients_per_round and buffer_size must be >= 1")
+        if self.overselect < 1:
+            problems.append(f"overselect={self.overselect} must be >= 1")
+        if self.codec not in ("dense_f32", "int8", "topk_int8"):
+            problems.append(f"codec={self.codec!r}")
+        if not 0 < self.topk_fraction <= 1:
+            problems.append(f"topk_fraction={self.topk_fraction}")
+        if self.round_timeout <= 0:
+            problems.append("round_timeout must be > 0")
+        if problems:
+            raise EdgelearnError("aggregator config: " + "; ".join(problems), fix="fix config.json")
+
+    @property
+    def quorum_floor(self) -> int:
+        return self.min_updates or max(1, (self.clients_per_round + 1) // 2)
+
+    def save(self, path) -> None:
+        atomic_write(Path(path), (json.dumps(asdict(self), indent=1, sort_keys=True) + "\n").encode())
+
+    @classmethod
+    def load(cls, path) -> "AggregatorConfig":
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise EdgelearnError(f"{path}: cannot read the aggregator config ({e})",
+                                 fix="run `edgelearn aggregator init` first") from None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise EdgelearnError(f"{path}: unknown settings {unknown}", fix=f"known settings: {sorted(known)}")
+        return cls(**raw)

@@ -1,0 +1,53 @@
+"""Who may train now, and when the others should come back (pure functions of state and config).
+
+Eligibility follows the production practice of Bonawitz et al. 2019
+("Towards Federated Learning at Scale"): train only when the battery is
+healthy or charging, on an unmetered network, not hot, on a supported tier,
+with the current model. A fairness budget keeps the same always-plugged-in
+devices from dominating: a device joins at most ``max_rounds_per_window`` of
+the last ``fairness_window`` rounds. Pace steering tells a device when to come
+back so check-ins arrive at about the rate rounds need them, spread with
+jitter so a fleet does not return in lockstep.
+
+    ok, reason = eligible(state, cfg)
+    wait = retry_after(reason, population=400, needed_per_s=0.5, cfg=cfg, rng=rng)
+"""
+
+from __future__ import annotations
+
+METERED = ("cellular", "metered", "lora", "nbiot")
+
+
+def eligible(state: dict, cfg) -> tuple[bool, str]:
+    """(True, "ok") or (False, reason) for a device's reported state."""
+    tier = state.get("tier", "linux")
+    if tier not in cfg.tiers:
+        return False, f"tier {tier!r} takes no part in training here"
+    battery, charging = float(state.get("battery", 1.0)), bool(state.get("charging", False))
+    if not charging and battery < cfg.min_battery:
+        return False, f"battery {battery:.0%} below {cfg.min_battery:.0%} and not charging"
+    if not cfg.allow_metered and str(state.get("network", "wifi")) in METERED:
+        return False, f"network {state.get('network')!r} is metered"
+    temp = state.get("temperature")
+    if temp is not None and float(temp) > cfg.max_temperature:
+        return False, f"temperature {float(temp):.0f} C above {cfg.max_temperature:.0f} C"
+    return True, "ok"
+
+
+def within_budget(recent_rounds: int, cfg) -> bool:
+    """Fairness: joined fewer than the allowed rounds in the recent window."""
+    return recent_rounds < cfg.max_rounds_per_window
+
+
+def retry_after(reason: str, population: int, needed_per_s: float, cfg, rng) -> float:
+    """Seconds until the device should check in again.
+
+    Devices that cannot train (battery, network, heat) come back later than
+    ones that merely found the round full. The base interval spreads the known
+    population so check-ins arrive at roughly ``needed_per_s``.
+    """
+    base = population / needed_per_s if needed_per_s > 0 else cfg.max_retry
+    if reason.startswith(("battery", "temperature", "network")):
+        base = max(base, 10 * cfg.min_retry)
+    base = min(max(base, cfg.min_retry), cfg.max_retry)
+    return float(base * rng.uniform(0.75, 1.25))  # jitter: no thundering herd

@@ -1,0 +1,292 @@
+"""Rounds: who trains, which updates count, when to aggregate; the aggregator's state machine.
+
+Synchronous mode opens a round for the current model, selects up to
+``overselect × clients_per_round`` eligible devices as they check in, and
+closes as soon as ``clients_per_round`` updates are in (it never waits for
+the slowest) or at the deadline with at least ``quorum_floor`` (else the round
+fails and a new one opens). Asynchronous mode is FedBuff (Nguyen et al.
+2022): updates against any of the last ``max_staleness`` versions are
+buffered with weight n / sqrt(1 + staleness) and every ``buffer_size`` of them
+make a new version. Every accepted update is committed (frame included)
+before it touches the in-memory running sum, and the sum is rebuilt from the
+database on start, so a crash neither loses nor double-counts an update.
+
+    mgr = RoundManager(state_dir, cfg, store, registry)
+    answer = mgr.checkin("pi-001", {"battery": 0.9, "charging": True})
+    result = mgr.submit(frame, claimed_device="pi-001")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+
+import numpy as np
+
+from edge.portable import wire_errors as we
+from edge.portable.wire_decode import check_fresh, parse_header, verify_tag
+from host.aggregator import policy
+from host.fl.strategies import StrategyError, make_strategy
+from host.wire_numpy import decode_update
+
+# wire error class -> HTTP status (docs/protocol.md); subclasses come first
+STATUS = [(we.OversizedFrame, 413), (we.UnknownDevice, 401), (we.AuthError, 401), (we.ReplayError, 409),
+          (we.StaleRound, 410), (we.StaleModel, 409), (we.ChunkError, 400), (we.WireError, 400)]
+
+
+class Reject(Exception):
+    """A request refused with an HTTP status, a machine-readable reason and a one-line problem/fix."""
+
+    def __init__(self, status: int, error: str, problem: str, fix: str | None = None):
+        super().__init__(problem)
+        self.status, self.error, self.problem, self.fix = status, error, problem, fix
+
+    @classmethod
+    def from_wire(cls, e: we.WireError) -> "Reject":
+        status = next(s for c, s in STATUS if isinstance(e, c))
+        return cls(status, type(e).__name__, e.problem, e.fix)
+
+    def body(self) -> dict:
+        return {"error": self.error, "problem": self.problem, "fix": self.fix}
+
+
+class RoundManager:
+    """Owns the open round, its running sum, and every state change (called from one thread)."""
+
+    def __init__(self, cfg, store, registry, clock=time.time):
+        self.cfg, self.store, self.reg, self.clock = cfg, store, registry, clock
+        self.rng = np.random.default_rng(cfg.seed)
+        self.strategy = make_strategy(cfg.strategy, **cfg.strategy_options)
+        if cfg.dp_noise > 0 or cfg.dp_clip > 0:
+            from host.privacy.accountant import RdpAccountant
+            from host.privacy.dp import DPStrategy
+            n_dev = self.store.one("SELECT COUNT(*) FROM devices")[0]
+            self.strategy = DPStrategy(self.strategy, cfg.dp_clip or 1.0, cfg.dp_noise, cfg.clients_per_round,
+                                       population=max(n_dev, cfg.clients_per_round), seed=cfg.seed)
+            s = self.store.get_meta("dp_accountant")
+            if s:
+                self.strategy.accountant = RdpAccountant.from_state(json.loads(s))
+        self.strategy.load_state(self.reg.strategy_state(self.reg.current))
+        self.round = None
+        self.acc = None
+        self.recover()
+
+    # --- rounds ---------------------------------------------------------------
+    def _row(self, round_id):
+        r = self.store.one("SELECT round_id, model_version, status, opened, deadline, target, selected, accepted "
+                           "FROM rounds WHERE round_id=?", (round_id,))
+        return None if r is None else dict(zip(("round_id", "model_version", "status", "opened", "deadline",
+                                                 "target", "selected", "accepted"), r))
+
+    def recover(self) -> None:
+        """Load the open round and rebuild its running sum from the committed updates."""
+        r = self.store.one("SELECT round_id FROM rounds WHERE status='open' ORDER BY round_id DESC LIMIT 1")
+        if r is None:
+            with self.store.tx():
+                self._open()
+            return
+        self.round = self._row(r[0])
+        self.acc = self.strategy.begin(self.reg.params())
+        for dev, frame, base in self.store.all("SELECT device_id, frame, base_version FROM updates "
+                                               "WHERE round_id=? ORDER BY received", (r[0],)):
+            key = self.store.one("SELECT key FROM devices WHERE device_id=?", (dev,))[0]
+            upd = decode_update(frame, key)
+            self.acc.add({t.name: t.values for t in upd.tensors}, upd.header.num_examples,
+                         self._weight(upd.header.num_examples, base))
+
+    def _open(self) -> None:
+        now = self.clock()
+        sync = self.cfg.mode == "sync"
+        c = self.store.db
+        last = c.execute("SELECT COALESCE(MAX(round_id), 0) FROM rounds").fetchone()[0]
+        c.execute("INSERT INTO rounds(round_id, mode, model_version, status, opened, deadline, target) "
+                  "VALUES(?,?,?,?,?,?,?)", (last + 1, self.cfg.mode, self.reg.current, "open", now,
+                                            now + self.cfg.round_timeout if sync else None,
+                                            self.cfg.clients_per_round if sync else self.cfg.buffer_size))
+        self.round = self._row(last + 1)
+        self.acc = self.strategy.begin(self.reg.params())
+
+    def _weight(self, n, base_version):
+        if self.cfg.mode == "async":
+            return n / math.sqrt(1 + max(0, self.reg.current - base_version))
+        return None
+
+    def tick(self) -> None:
+        """Close a synchronous round whose deadline passed."""
+        r = self.round
+        if r["deadline"] is not None and self.clock() >= r["deadline"]:
+            self._close("deadline")
+
+    def _close(self, why: str) -> None:
+        r = self.round
+        ok = self.acc.count >= (self.cfg.quorum_floor if why == "deadline" else 1)
+        with self.store.tx() as c:
+            if not ok:
+                c.execute("UPDATE rounds SET status='failed', closed=?, note=? WHERE round_id=?",
+                          (self.clock(), f"{why}: {self.acc.count} of {r['target']} updates", r["round_id"]))
+            else:
+                params = self.reg.params()
+                snapshot = self.strategy.state()
+                new = self.strategy.apply(params, self.acc)
+                eps = None
+                if hasattr(self.strategy, "accountant"):
+                    eps = self.strategy.accountant.epsilon(self.cfg.dp_delta)
+                    self.store.set_meta("dp_accountant", json.dumps(self.strategy.accountant.state()))
+                publish, acc, cur = self.reg.check(new, self.cfg.eval_tolerance)
+                if publish:
+                    v = self.reg.publish(new, r["round_id"], acc, eps, self.strategy.state())
+                    c.execute("UPDATE rounds SET status='closed', closed=?, result_version=?, accuracy=?, note=? "
+                              "WHERE round_id=?", (self.clock(), v, acc, why, r["round_id"]))
+                else:
+                    self.strategy.load_state(snapshot)
+                    c.execute("UPDATE rounds SET status='rejected', closed=?, accuracy=?, note=? WHERE round_id=?",
+                              (self.clock(), acc, f"held-out accuracy {acc:.4f} < current {cur:.4f} - "
+                               f"{self.cfg.eval_tolerance}: rolled back", r["round_id"]))
+            c.execute("DELETE FROM updates WHERE round_id=?", (r["round_id"],))
+            self._open()
+
+    # --- check-in -------------------------------------------------------------
+    def _wait(self, reason: str) -> dict:
+        n = self.store.one("SELECT COUNT(*) FROM devices")[0]
+        sync = self.cfg.mode == "sync"
+        # check-ins needed per second: one selection wave per round (sync) or per concurrency slot
+        need = (math.ceil(self.cfg.clients_per_round * self.cfg.overselect) / self.cfg.round_timeout if sync
+                else self.cfg.max_concurrency / self.cfg.round_timeout)
+        return {"action": "wait", "reason": reason,
+                "retry_after": round(policy.retry_after(reason, n, need, self.cfg, self.rng), 3)}
+
+    def task(self, r) -> dict:
+        t = {"round_id": r["round_id"], "model_version": r["model_version"] if self.cfg.mode == "sync"
+             else self.reg.current, "bundle": f"/v1/bundles/{self.reg.current}.zip",
+             "codec": self.cfg.codec, "topk_fraction": self.cfg.topk_fraction,
+             "local_epochs": self.cfg.local_epochs, "learning_rate": self.cfg.learning_rate,
+             "batch_size": self.cfg.batch_size, "chunk_size": self.cfg.chunk_size,
+             "strategy": self.strategy.name, **self.strategy.client_config()}
+        if r["deadline"] is not None:
+            t["deadline_in"] = round(max(0.0, r["deadline"] - self.clock()), 3)
+        return t
+
+    def checkin(self, device_id: str, state: dict) -> dict:
+        self.tick()
+        r = self.round
+        now = self.clock()
+        with self.store.tx() as c:
+            c.execute("UPDATE devices SET last_checkin=?, state=?, tier=? WHERE device_id=?",
+                      (now, json.dumps(state, sort_keys=True)[:2000], str(state.get("tier", "linux"))[:16], device_id))
+        ok, reason = policy.eligible(state, self.cfg)
+        if not ok:
+            return self._wait(reason)
+        sel = self.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?", (r["round_id"], device_id))
+        done = self.store.one("SELECT 1 FROM updates WHERE round_id=? AND device_id=?", (r["round_id"], device_id))
+        if done:
+            return self._wait(f"already contributed to round {r['round_id']}")
+        if sel:
+            return {"action": "train", "task": self.task(r)}  # a repeated check-in gets the same task
+        if self.cfg.mode == "sync":
+            if r["selected"] >= math.ceil(r["target"] * self.cfg.overselect):
+                return self._wait(f"round {r['round_id']} is fully selected")
+        else:
+            out = self.store.one("SELECT COUNT(*) FROM selections s WHERE s.selected_at > ? AND NOT EXISTS "
+                                 "(SELECT 1 FROM devices d WHERE d.device_id=s.device_id AND d.last_round >= s.round_id)",
+                                 (now - self.cfg.round_timeout,))[0]
+            if out >= self.cfg.max_concurrency:
+                return self._wait("all training slots are taken")
+        recent = self.store.one("SELECT COUNT(*) FROM selections WHERE device_id=? AND round_id > ?",
+                                (device_id, r["round_id"] - self.cfg.fairness_window))[0]
+        if not policy.within_budget(recent, self.cfg):
+            return self._wait(f"fairness budget: joined {recent} of the last {self.cfg.fairness_window} rounds")
+        with self.store.tx() as c:
+            c.execute("INSERT INTO selections(round_id, device_id, selected_at, base_version) VALUES(?,?,?,?)",
+                      (r["round_id"], device_id, now, self.reg.current))
+            c.execute("UPDATE rounds SET selected=selected+1 WHERE round_id=?", (r["round_id"],))
+        r["selected"] += 1
+        return {"action": "train", "task": self.task(r)}
+
+    # --- uploads --------------------------------------------------------------
+    def key_of(self, device_id: str):
+        row = self.store.one("SELECT key FROM devices WHERE device_id=?", (device_id,))
+        return None if row is None else bytes(row[0])
+
+    def submit(self, frame: bytes, claimed_device: str | None) -> dict:
+        """Check, decode and accept one frame; returns the JSON answer or raises ``Reject`` (no state change)."""
+        self.tick()
+        try:
+            hdr, _ = parse_header(frame, self.cfg.max_frame_len)
+            if claimed_device is not None and hdr.device_id != claimed_device:
+                raise Reject(403, "DeviceMismatch", f"device {claimed_device!r} sent a frame for device {hdr.device_id!r}",
+                             "a device may only upload its own updates")
+            key = self.key_of(hdr.device_id)
+            verify_tag(frame, key if key is not None else (lambda _d: None), hdr.device_id)
+            digest = hashlib.sha256(frame).digest()
+            dup = self.store.one("SELECT round_id, digest FROM updates WHERE device_id=? AND seq=?",
+                                 (hdr.device_id, hdr.seq))
+            if dup is not None and bytes(dup[1]) == digest:
+                return {"status": "duplicate", "round_id": dup[0], "accepted": self.round["accepted"]}
+            last = self.store.one("SELECT last_seq FROM devices WHERE device_id=?", (hdr.device_id,))[0]
+            check_fresh(hdr, last_seq=last)
+            r = self.round
+            weight = self._admit(hdr, r)
+            upd = decode_update(frame, key, max_len=self.cfg.max_frame_len)
+        except we.WireError as e:
+            raise Reject.from_wire(e) from None
+        delta = {t.name: t.values for t in upd.tensors}
+        n = hdr.num_examples
+        if not 1 <= n <= self.cfg.max_examples:
+            raise Reject(422, "BadExampleCount", f"update claims {n} examples; expected 1-{self.cfg.max_examples}",
+                         "send the number of local examples the update was trained on")
+        try:
+            self.acc.check(delta)
+        except StrategyError as e:
+            raise Reject(422, "BadUpdate", e.problem, e.fix) from None
+        norm = float(np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in delta.values())))
+        if not norm <= self.cfg.max_update_norm:
+            raise Reject(422, "UpdateNormTooLarge", f"update L2 norm {norm:.4g} exceeds {self.cfg.max_update_norm}",
+                         "lower the learning rate or clip the update on the device")
+        now = self.clock()
+        with self.store.tx() as c:
+            c.execute("INSERT INTO updates(round_id, device_id, seq, base_version, num_examples, digest, frame, received) "
+                      "VALUES(?,?,?,?,?,?,?,?)", (r["round_id"], hdr.device_id, hdr.seq, hdr.model_version, n,
+                                                  digest, frame, now))
+            c.execute("UPDATE devices SET last_seq=?, rounds_joined=rounds_joined+1, last_round=? WHERE device_id=?",
+                      (hdr.seq, r["round_id"], hdr.device_id))
+            c.execute("UPDATE rounds SET accepted=accepted+1, bytes=bytes+? WHERE round_id=?",
+                      (len(frame), r["round_id"]))
+        self.acc.add(delta, n, weight)
+        r["accepted"] += 1
+        answer = {"status": "accepted", "round_id": r["round_id"], "accepted": r["accepted"]}
+        if r["accepted"] >= r["target"]:
+            self._close("quorum")
+        return answer
+
+    def _admit(self, hdr, r):
+        """Round/selection/staleness rules; returns the FedBuff weight (None in sync mode)."""
+        contributed = self.store.one("SELECT 1 FROM updates WHERE round_id=? AND device_id=?",
+                                     (r["round_id"], hdr.device_id))
+        if self.cfg.mode == "sync":
+            if hdr.round_id != r["round_id"]:
+                raise we.StaleRound(f"frame from {hdr.device_id!r} is for round {hdr.round_id}; round "
+                                    f"{r['round_id']} is open" + (" (that round is closed)" if hdr.round_id < r["round_id"] else ""),
+                                    fix="drop it and check in for the current round")
+            if hdr.model_version != r["model_version"]:
+                raise we.StaleModel(f"frame was trained from model v{hdr.model_version}; round {r['round_id']} "
+                                    f"trains v{r['model_version']}", fix="install the current bundle and train again")
+            if not self.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?",
+                                  (r["round_id"], hdr.device_id)):
+                raise Reject(403, "NotSelected", f"device {hdr.device_id!r} was not selected for round {r['round_id']}",
+                             "check in first and train only when given a task")
+        else:
+            stale = self.reg.current - hdr.model_version
+            if not 0 <= stale <= self.cfg.max_staleness:
+                raise we.StaleModel(f"frame was trained from model v{hdr.model_version}, {stale} versions behind "
+                                    f"v{self.reg.current} (limit {self.cfg.max_staleness})",
+                                    fix="install the current bundle and train again")
+            if not self.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?",
+                                  (hdr.round_id, hdr.device_id)):
+                raise Reject(403, "NotSelected", f"device {hdr.device_id!r} has no task {hdr.round_id}",
+                             "check in first and train only when given a task")
+        if contributed:
+            raise Reject(409, "AlreadyContributed", f"device {hdr.device_id!r} already contributed to round "
+                         f"{r['round_id']}", "one update per device per round; wait for the next round")
+        return self._weight(hdr.num_examples, hdr.model_version)

@@ -1,0 +1,73 @@
+"""Create an aggregator state directory and provision devices (used by the CLI, tests and the simulator).
+
+    init_state("agg/", AggregatorConfig(clients_per_round=5), bundle="models/kws-dscnn-s",
+               heldout=(X_test, y_test))
+    key = provision("agg/", "pi-001")          # 32 random bytes, registered in the database
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+from pathlib import Path
+
+import numpy as np
+
+from edge.errors import EdgelearnError
+from edge.portable.wire import _ID_CHARS, MAX_DEVICE_ID_LEN
+from edge.store import atomic_write
+from host.aggregator.config import AggregatorConfig
+from host.aggregator.models import ModelRegistry
+from host.aggregator.store import Store
+
+
+def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, heldout=None,
+               params: dict | None = None) -> int:
+    """Write config, keys, held-out set and model version base+1; returns that version."""
+    from edge.kws import DEFAULT_BUNDLE
+    from host.keys import generate_keypair
+
+    d = Path(state_dir)
+    if (d / "state.sqlite").exists():
+        raise EdgelearnError(f"{d}: already holds an aggregator", fix="choose an empty --state directory")
+    d.mkdir(parents=True, exist_ok=True)
+    bundle = Path(bundle or DEFAULT_BUNDLE)
+    if signing_key is None:
+        signing_key, _ = generate_keypair(d / "keys", "aggregator")
+    cfg.save(d / "config.json")
+    if heldout is not None:
+        X, y = heldout
+        buf = io.BytesIO()
+        np.savez(buf, X=np.asarray(X, np.float32), y=np.asarray(y, np.int64))
+        atomic_write(d / "heldout.npz", buf.getvalue())
+    if params is None:
+        from host.fleet.data import extract_head
+        params = extract_head(bundle)
+    store = Store(d / "state.sqlite", cfg.synchronous)
+    try:
+        with store.tx():
+            store.set_meta("signing_key", str(Path(signing_key).resolve()))
+        return ModelRegistry(d, store, str(signing_key)).init_from_bundle(bundle, params)
+    finally:
+        store.close()
+
+
+def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "linux") -> bytes:
+    """Register a device and its HMAC key (generated when not given); returns the key."""
+    b = device_id.encode()
+    if not 1 <= len(b) <= MAX_DEVICE_ID_LEN or any(c not in _ID_CHARS for c in b):
+        raise EdgelearnError(f"device id {device_id!r} is not 1-{MAX_DEVICE_ID_LEN} characters of A-Z a-z 0-9 . _ : -",
+                             fix="choose a plain id such as pi-001")
+    key = secrets.token_bytes(32) if key is None else bytes(key)
+    if len(key) < 16:
+        raise EdgelearnError("device key is shorter than 16 bytes", fix="use 32 random bytes")
+    store = Store(Path(state_dir) / "state.sqlite")
+    try:
+        with store.tx() as c:
+            if c.execute("SELECT 1 FROM devices WHERE device_id=?", (device_id,)).fetchone():
+                raise EdgelearnError(f"device {device_id!r} is already provisioned",
+                                     fix="choose another id; keys are never replaced silently")
+            c.execute("INSERT INTO devices(device_id, key, tier) VALUES(?,?,?)", (device_id, key, tier))
+    finally:
+        store.close()
+    return key

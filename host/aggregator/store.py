@@ -1,0 +1,99 @@
+"""The aggregator's durable state: one SQLite database in WAL mode, written by one thread.
+
+Every accepted update is a row holding its raw authenticated frame, written in
+the same transaction that advances the device's sequence number; the
+in-memory running sum is only ever rebuilt from those rows. So a process
+killed at any instant restarts with exactly the updates whose acceptance was
+committed: none lost, none counted twice (the round/device primary key and
+the seq make a second insert impossible). ``synchronous=FULL`` makes a commit
+survive a power cut too; ``normal`` only survives a process crash.
+
+    store = Store("agg/state.sqlite")
+    with store.tx() as c:
+        c.execute("UPDATE devices SET last_seq=? WHERE device_id=?", (41, "pi-001"))
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS devices (
+    device_id TEXT PRIMARY KEY, key BLOB NOT NULL, tier TEXT NOT NULL DEFAULT 'linux',
+    last_seq INTEGER, rounds_joined INTEGER NOT NULL DEFAULT 0, last_round INTEGER,
+    last_checkin REAL, state TEXT);
+CREATE TABLE IF NOT EXISTS rounds (
+    round_id INTEGER PRIMARY KEY, mode TEXT NOT NULL, model_version INTEGER NOT NULL,
+    status TEXT NOT NULL, opened REAL NOT NULL, deadline REAL, target INTEGER NOT NULL,
+    selected INTEGER NOT NULL DEFAULT 0, accepted INTEGER NOT NULL DEFAULT 0,
+    closed REAL, result_version INTEGER, accuracy REAL, bytes INTEGER NOT NULL DEFAULT 0, note TEXT);
+CREATE TABLE IF NOT EXISTS selections (
+    round_id INTEGER NOT NULL, device_id TEXT NOT NULL, selected_at REAL NOT NULL,
+    base_version INTEGER NOT NULL, PRIMARY KEY (round_id, device_id));
+CREATE TABLE IF NOT EXISTS updates (
+    round_id INTEGER NOT NULL, device_id TEXT NOT NULL, seq INTEGER NOT NULL,
+    base_version INTEGER NOT NULL, num_examples INTEGER NOT NULL, digest BLOB NOT NULL,
+    frame BLOB NOT NULL, received REAL NOT NULL, PRIMARY KEY (round_id, device_id));
+CREATE TABLE IF NOT EXISTS chunks (
+    device_id TEXT NOT NULL, frame_id INTEGER NOT NULL, idx INTEGER NOT NULL, count INTEGER NOT NULL,
+    frame_len INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (device_id, frame_id, idx));
+CREATE TABLE IF NOT EXISTS models (
+    version INTEGER PRIMARY KEY, parent INTEGER, round_id INTEGER, status TEXT NOT NULL,
+    accuracy REAL, epsilon REAL, path TEXT, created REAL NOT NULL);
+"""
+
+
+class Store:
+    """A SQLite connection in WAL mode with the aggregator's schema and small helpers."""
+
+    def __init__(self, path, synchronous: str = "full"):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so a batch is one transaction.
+        self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.executescript(SCHEMA)
+        self._depth = 0
+
+    @contextmanager
+    def tx(self):
+        """One transaction (nested calls join the outer one); rolls back on any exception."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self.db
+            finally:
+                self._depth -= 1
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield self.db
+        except BaseException:
+            self._depth = 0
+            self.db.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self.db.execute("COMMIT")
+
+    def one(self, sql: str, args=()):
+        return self.db.execute(sql, args).fetchone()
+
+    def all(self, sql: str, args=()):
+        return self.db.execute(sql, args).fetchall()
+
+    def get_meta(self, key: str, default=None):
+        r = self.one("SELECT value FROM meta WHERE key=?", (key,))
+        return default if r is None else r[0]
+
+    def set_meta(self, key: str, value) -> None:
+        self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                        (key, str(value)))
+
+    def close(self) -> None:
+        self.db.close()

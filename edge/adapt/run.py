@@ -1,0 +1,47 @@
+"""The pausable training loop: checkpoints atomically, stops when told, resumes exactly.
+
+``should_continue()`` is asked before every step (the scheduler's check); when it
+says no, the trainer's full state (delta, optimiser moments, step count, data
+cursor) is checkpointed atomically and the loop returns ``"paused"``. Calling
+again with the same context resumes from the checkpoint. On completion the
+adapted delta (LoRA merged) becomes the context's new version and the
+checkpoint is removed.
+
+    >>> res = train(trainer, x, y, store, "default", steps=200, should_continue=sched.ok)
+    >>> res["status"], res["steps_done"]
+    ('paused', 57)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge.adapt.trainer import mix_replay
+
+
+def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, replay=None,
+          replay_n: int = 16, should_continue=lambda: True, checkpoint_every: int = 50,
+          seed: int = 0) -> dict:
+    info = {"context": context, "strategy": trainer.strategy, "optimizer": trainer.optimizer,
+            "steps": steps, "n": int(len(x))}
+    done, losses = 0, []
+    ck, ck_info = store.load_checkpoint()
+    if ck is not None and {k: ck_info.get(k) for k in info} == info:
+        trainer.load_state({k: v for k, v in ck.items() if k != "cursor"})
+        done = int(ck_info["done"])
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(x))
+    while done < steps:
+        if not should_continue():
+            store.save_checkpoint(trainer.state(), {**info, "done": done})
+            return {"status": "paused", "steps_done": done, "loss": losses[-1] if losses else None}
+        idx = order[(done * batch + np.arange(batch)) % len(x)]
+        bx, by = mix_replay(x[idx], y[idx], replay, replay_n)
+        losses.append(trainer.step(bx, by))
+        done += 1
+        if done % checkpoint_every == 0 and done < steps:
+            store.save_checkpoint(trainer.state(), {**info, "done": done})
+    version = store.save(context, trainer.tail.merged(), {**info, "final_loss": losses[-1] if losses else None})
+    store.clear_checkpoint()
+    return {"status": "done", "steps_done": done, "version": version,
+            "loss_first": losses[0] if losses else None, "loss": losses[-1] if losses else None}

@@ -1,0 +1,144 @@
+"""Streaming keyword detection: audio of any length in, detection events out.
+
+The front end runs once per hop (``MfccStream``: 20 ms of new audio -> one
+MFCC frame); every ``stride`` hops the int8 encoder runs on the last 49 frames
+(1 s). Each invocation gives base-class posteriors and the embedding that the
+enrolled custom keywords score (``edge.enroll.CustomKeywords``). Scores are
+smoothed over the last ``smooth`` invocations; a keyword whose smoothed score
+crosses its threshold opens a candidate, the candidate's peak (over at most
+``peak_window_s``) becomes the event, then a refractory period silences every
+keyword, so one utterance gives one event.
+
+An event's ``time_s`` is the end of the keyword: in the peak window, the last
+frame whose log energy (MFCC c0) is above the midpoint of the window's range.
+
+    >>> det = Detector(KeywordModel(bundle), custom=load_state(state_dir, bundle).custom())
+    >>> for chunk in chunks_of_pcm:
+    ...     for ev in det.push(chunk):
+    ...         print(ev)      # {"keyword": "yes", "time_s": 3.42, "score": 0.93}
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge import features as F
+from edge.errors import EdgelearnError
+
+NON_KEYWORDS = ("_silence_", "_unknown_")
+
+
+class Detector:
+    def __init__(self, km, custom=None, keywords=None, stride: int = 4, smooth: int = 2,
+                 threshold: float = 0.7, refractory_s: float = 1.0, peak_window_s: float = 0.4,
+                 head=None):
+        """``km``: a KeywordModel; ``custom``: CustomKeywords or None; ``keywords``: base labels
+        to report (default: the bundle's 12-class command words, else every word label);
+        ``head``: an adapted tail (``edge.adapt.Tail``) that replaces the bundle's base posteriors."""
+        if stride < 1 or smooth < 1:
+            raise EdgelearnError(f"stride ({stride}) and smooth ({smooth}) must be >= 1")
+        self.km, self.custom, self.head = km, custom, head
+        labels = list(km.labels)
+        if keywords is None:
+            extra = (getattr(km.bundle, "manifest", {}) or {}).get("extra", {})
+            keywords = [w for w in extra.get("labels12", labels) if w not in NON_KEYWORDS]
+        unknown = [w for w in keywords if w not in labels]
+        if unknown:
+            raise EdgelearnError(f"keywords {unknown} are not labels of this bundle",
+                                 fix=f"choose from {[w for w in labels if w not in NON_KEYWORDS]}")
+        self.base_idx = np.array([labels.index(w) for w in keywords], dtype=np.int64)
+        self.names = list(keywords) + (list(custom.names) if custom is not None else [])
+        base_thr = np.full(len(keywords), threshold, np.float32)
+        self.thresholds = np.concatenate([base_thr, custom.thresholds]) if custom is not None else base_thr
+        self.stride, self.smooth = stride, smooth
+        self.refractory = refractory_s
+        self.peak_hops = max(1, int(round(peak_window_s * F.SAMPLE_RATE / F.HOP_LENGTH / stride)))
+        self.reset()
+
+    def reset(self) -> None:
+        self.stream = F.MfccStream()
+        self.frames = np.zeros((2 * F.N_FRAMES, F.N_MFCC), np.float32)  # ring, doubled for a view
+        self.n_frames = 0
+        self.history = np.zeros((self.smooth, len(self.names)), np.float32)
+        self.n_inv = 0
+        self.quiet_until = -1.0
+        self.candidate = None  # (score, k, time_s, invocations left)
+        self.invocations = 0
+
+    def _window(self) -> np.ndarray:
+        i = self.n_frames % F.N_FRAMES
+        return self.frames[i : i + F.N_FRAMES]
+
+    def push(self, pcm) -> list[dict]:
+        events = []
+        for fr in self.stream.push(pcm):
+            i = self.n_frames % F.N_FRAMES
+            self.frames[i] = fr
+            self.frames[i + F.N_FRAMES] = fr
+            self.n_frames += 1
+            if self.n_frames >= F.N_FRAMES and (self.n_frames - F.N_FRAMES) % self.stride == 0:
+                ev = self._step()
+                if ev is not None:
+                    events.append(ev)
+        return events
+
+    def flush(self) -> list[dict]:
+        """End of stream: emit a candidate still waiting for its peak window to close."""
+        ev = self._emit() if self.candidate is not None else None
+        return [ev] if ev else []
+
+    def scores(self, feats: np.ndarray):
+        """(N, 49, 10) normalised features -> (N, len(names)) scores and embeddings."""
+        emb, probs = self.km.infer(feats)
+        if self.head is not None:
+            probs = self.head.probs(emb)
+        s = probs[:, self.base_idx]
+        if self.custom is not None:
+            s = np.concatenate([s, self.custom.scores(emb)], axis=1)
+        return s, emb
+
+    def _step(self):
+        win = self._window()
+        feats = F.normalize(win, self.km.scale)[None]
+        s, _ = self.scores(feats)
+        self.history[self.n_inv % self.smooth] = s[0]
+        self.n_inv += 1
+        self.invocations += 1
+        sm = self.history[: min(self.n_inv, self.smooth)].mean(axis=0)
+        end_s = ((self.n_frames - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
+        over = sm - self.thresholds
+        k = int(np.argmax(over))
+        out = None
+        if self.candidate is not None:
+            score, ck, t, left = self.candidate
+            if sm[ck] > score:
+                self.candidate = (float(sm[ck]), ck, self._keyword_end(win, end_s), left - 1)
+            else:
+                self.candidate = (score, ck, t, left - 1)
+            if self.candidate[3] <= 0 or sm[ck] < self.thresholds[ck]:
+                out = self._emit()
+        elif over[k] >= 0 and end_s >= self.quiet_until:
+            self.candidate = (float(sm[k]), k, self._keyword_end(win, end_s), self.peak_hops)
+        return out
+
+    def _emit(self):
+        score, k, t, _ = self.candidate
+        self.candidate = None
+        self.quiet_until = t + self.refractory
+        return {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
+
+    @staticmethod
+    def _keyword_end(win: np.ndarray, end_s: float) -> float:
+        c0 = win[:, 0]
+        mid = 0.5 * (float(c0.max()) + float(c0.min()))
+        last = int(np.nonzero(c0 > mid)[0][-1])
+        frames_after = F.N_FRAMES - 1 - last
+        return end_s - frames_after * F.HOP_LENGTH / F.SAMPLE_RATE
+
+
+def detect_pcm(det: Detector, pcm: np.ndarray, chunk: int = 1600) -> list[dict]:
+    """Run a whole clip through the detector in chunks of ``chunk`` samples (as a mic would)."""
+    events = []
+    for start in range(0, len(pcm), chunk):
+        events.extend(det.push(pcm[start : start + chunk]))
+    return events + det.flush()

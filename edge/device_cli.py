@@ -1,0 +1,211 @@
+"""``edgelearn device``: detect, enroll, adapt and status on a Linux board.
+
+    $ edgelearn device enroll --state st --keyword "hey edge" --wav a.wav b.wav c.wav d.wav e.wav
+    $ edgelearn device detect --state st --wav long.wav --json
+    {"keyword": "hey edge", "time_s": 3.42, "score": 0.97}
+    $ edgelearn device adapt --state st --data mydata/ --strategy lora --context kitchen
+    $ edgelearn device status --state st
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="action", required=True)
+    for name, hlp in (("detect", "stream audio and print detections"),
+                      ("enroll", "learn a custom keyword from 3-10 clips"),
+                      ("adapt", "adapt the tail on local labelled clips (scheduler-gated)"),
+                      ("status", "show the state directory")):
+        s = sub.add_parser(name, help=hlp)
+        s.add_argument("--bundle", type=Path, default=None, help="bundle dir or .zip (default: shipped)")
+        s.add_argument("--pubkey", type=Path, default=None, help="trusted public key file or directory")
+        s.add_argument("--backend", default="auto", help="litert | onnxruntime | auto")
+        s.add_argument("--state", type=Path, required=True, help="device state directory")
+        if name == "detect":
+            src = s.add_mutually_exclusive_group(required=True)
+            src.add_argument("--wav", type=Path, help="16 kHz mono 16-bit WAV of any length")
+            src.add_argument("--mic", action="store_true", help="read the default ALSA device (arecord)")
+            s.add_argument("--json", action="store_true", help="one JSON object per detection")
+            s.add_argument("--threshold", type=float, default=0.7, help="base keyword threshold")
+            s.add_argument("--keywords", default=None, help="comma-separated base keywords, or 'all'")
+            s.add_argument("--stride", type=int, default=4, help="hops (20 ms) between encoder runs")
+        elif name == "enroll":
+            s.add_argument("--keyword", required=True, help="the new word or short phrase")
+            s.add_argument("--wav", type=Path, nargs="+", required=True, help="3-10 clips of it")
+            s.add_argument("--replace", action="store_true", help="re-enrol an existing keyword")
+        elif name == "adapt":
+            s.add_argument("--data", type=Path, help="DIR/<label>/*.wav with bundle labels")
+            s.add_argument("--strategy", default="bias-only",
+                           help="bias-only | residual-adapter | lora | sparse | full")
+            s.add_argument("--optimizer", default="sgd", help="sgd | adam")
+            s.add_argument("--steps", type=int, default=200)
+            s.add_argument("--rank", type=int, default=4)
+            s.add_argument("--memory-budget", type=int, default=32 * 1024, help="bytes, for sparse")
+            s.add_argument("--context", default="default", help="name of this adapted context")
+            s.add_argument("--sysfs-root", type=Path, default=Path("/"))
+            s.add_argument("--force", action="store_true", help="train now, ignoring the scheduler")
+            s.add_argument("--rollback", action="store_true", help="restore the context's previous version")
+            s.add_argument("--use", default=None, help="switch the active context ('base' for none)")
+
+
+def _bundle(args):
+    from edge.bundle import load_bundle
+    from edge.kws import DEFAULT_BUNDLE, default_trusted_keys
+
+    return load_bundle(args.bundle or DEFAULT_BUNDLE, trusted_keys=args.pubkey or default_trusted_keys())
+
+
+def run(args) -> int:
+    return {"detect": _detect, "enroll": _enroll, "adapt": _adapt, "status": _status}[args.action](args)
+
+
+def _head(bundle, state_dir):
+    from edge.adapt import Tail, classifier_from_bundle
+    from edge.adapt.store import AdaptStore
+
+    delta = AdaptStore(state_dir, bundle).load()
+    return Tail(classifier_from_bundle(bundle), delta) if delta else None
+
+
+def _detect(args) -> int:
+    from edge.audio import read_wav
+    from edge.detect import Detector, detect_pcm
+    from edge.enroll import DeviceState
+    from edge.errors import EdgelearnError
+    from edge.kws import KeywordModel
+
+    bundle = _bundle(args)
+    km = KeywordModel(bundle, backend=args.backend)
+    state = DeviceState.open(args.state, bundle)
+    kws = None
+    if args.keywords:
+        kws = [w for w in km.labels if not w.startswith("_")] if args.keywords == "all" else \
+            [w.strip() for w in args.keywords.split(",") if w.strip()]
+    det = Detector(km, custom=state.custom(), keywords=kws, threshold=args.threshold,
+                   stride=args.stride, head=_head(bundle, args.state))
+
+    def show(ev):
+        print(json.dumps(ev) if args.json else f"{ev['time_s']:9.2f} s  {ev['keyword']:<16} {ev['score']:.2f}",
+              flush=True)
+
+    if args.wav:
+        for ev in detect_pcm(det, read_wav(args.wav, min_samples=1)):
+            show(ev)
+        return 0
+    if shutil.which("arecord") is None:
+        raise EdgelearnError("--mic needs `arecord` (ALSA utils), which is not installed",
+                             fix="apt install alsa-utils, or pass --wav FILE")
+    import numpy as np
+
+    proc = subprocess.Popen(["arecord", "-q", "-f", "S16_LE", "-r", "16000", "-c", "1", "-t", "raw"],
+                            stdout=subprocess.PIPE)
+    try:
+        while chunk := proc.stdout.read(3200):
+            for ev in det.push(np.frombuffer(chunk[: len(chunk) // 2 * 2], "<i2")):
+                show(ev)
+    finally:
+        proc.terminate()
+    return 0
+
+
+def _enroll(args) -> int:
+    from edge.audio import read_wav
+    from edge.enroll import DeviceState, enroll
+    from edge.kws import KeywordModel
+
+    bundle = _bundle(args)
+    state = DeviceState.open(args.state, bundle)
+    clips = [read_wav(p, min_samples=1) for p in args.wav]
+    rep = enroll(KeywordModel(bundle, backend=args.backend), state, args.keyword, clips,
+                 clip_names=[str(p) for p in args.wav], replace=args.replace)
+    for o in rep["outliers"]:
+        print(f"warning: {o['clip']} does not sound like the others (cosine {o['cosine']}); left out",
+              file=sys.stderr)
+    print(json.dumps(rep))
+    return 0
+
+
+def _load_data(km, root: Path):
+    import numpy as np
+
+    from edge.audio import read_wav
+    from edge.errors import EdgelearnError
+    from edge.features import fit_to_window
+
+    if root is None or not root.is_dir():
+        raise EdgelearnError(f"--data {root} is not a directory", fix="pass DIR with DIR/<label>/*.wav")
+    xs, ys = [], []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        if d.name not in km.labels:
+            raise EdgelearnError(f"{d}: {d.name!r} is not a label of the bundle", fix=f"use one of {km.labels}")
+        for f in sorted(d.glob("*.wav")):
+            xs.append(fit_to_window(read_wav(f, min_samples=1600)))
+            ys.append(km.labels.index(d.name))
+    if not xs:
+        raise EdgelearnError(f"no WAV clips under {root}/<label>/", fix="add labelled clips")
+    emb, _ = km.infer(km.features(np.stack(xs)))
+    return emb, np.array(ys)
+
+
+def _adapt(args) -> int:
+    from edge.adapt import Tail, Trainer, choose_sparse, classifier_from_bundle
+    from edge.adapt.run import train
+    from edge.adapt.store import AdaptStore
+    from edge.kws import KeywordModel
+    from edge.replay import ReplayStore
+    from edge.scheduler import Scheduler
+
+    bundle = _bundle(args)
+    store = AdaptStore(args.state, bundle)
+    if args.rollback:
+        print(json.dumps({"context": args.context, "version": store.rollback(args.context)}))
+        return 0
+    if args.use:
+        store.use(None if args.use == "base" else args.use)
+        print(json.dumps({"active": store.meta["active"]}))
+        return 0
+    km = KeywordModel(bundle, backend=args.backend)
+    x, y = _load_data(km, args.data)
+    sched = Scheduler(args.state, sysfs_root=args.sysfs_root, idle_s=lambda: 10 ** 6)
+    steps = args.steps
+    if not args.force:
+        d = sched.decide()
+        if d.action != "train":
+            print(json.dumps({"status": "deferred", "reason": d.reason}))
+            return 0
+        steps = min(steps, d.steps)
+    tail = Tail(classifier_from_bundle(bundle), store.load(args.context))
+    chosen = choose_sparse(tail, x, y, args.memory_budget, args.optimizer) if args.strategy == "sparse" else None
+    tr = Trainer(tail, args.strategy, args.optimizer, rank=args.rank, sparse_tensors=chosen)
+    replay = ReplayStore(args.state)
+    res = train(tr, x, y, store, args.context, steps, replay=replay.buffer,
+                should_continue=(lambda: True) if args.force else sched.should_continue)
+    sched.spend(res["steps_done"])
+    replay.add_many(x, y)
+    replay.flush()
+    print(json.dumps({**res, "strategy": args.strategy, "tensors": tr.names, "step_bytes": tr.step_bytes()}))
+    return 0
+
+
+def _status(args) -> int:
+    from edge.adapt.store import AdaptStore
+    from edge.enroll import DeviceState
+    from edge.replay import ReplayStore
+
+    bundle = _bundle(args)
+    state = DeviceState.open(args.state, bundle)
+    adapt = AdaptStore(args.state, bundle)
+    log = Path(args.state) / "scheduler.log"
+    last = log.read_text().splitlines()[-1] if log.exists() and log.stat().st_size else None
+    rb = ReplayStore(args.state).buffer
+    print(json.dumps({"bundle": f"{bundle.model_id} v{bundle.version}", "keywords": state.names(),
+                      "adapt": adapt.meta, "replay": {"count": rb.count, "capacity": rb.capacity,
+                                                      "bytes": rb.nbytes},
+                      "last_schedule": json.loads(last) if last else None}, indent=1))
+    return 0

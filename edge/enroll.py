@@ -1,0 +1,227 @@
+"""Few-shot enrolment of custom keywords and the device state that keeps them.
+
+From 3-10 clips of a word or phrase: embeddings from the frozen int8 encoder
+(each clip also shifted in time and with a little noise, since a stream sees
+the phrase anywhere in the window), a prototype (``edge.portable.proto``, the
+same definition the ESP32 uses), outlier clips reported, and a small trained
+head: logistic regression on the L2-normalised embedding, positives against
+the bundle's negative bank (``negatives.npy``: other speech and noise). The
+open-set threshold is calibrated on that bank: the score that only
+``far_target`` of negative windows exceed (never below 0.5).
+
+State under ``--state DIR`` (one JSON file, written with ``atomic_write``)::
+
+    keywords.json  {"format": 1, "model_id", "model_version",
+                    "keywords": [{"name", "prototype", "w", "b", "threshold", "clips", ...}]}
+
+A state directory belongs to one bundle model and version; another bundle is
+refused with a clear message, since embeddings of another encoder mean nothing.
+
+    >>> state = DeviceState.open("state", bundle)
+    >>> report = enroll(km, state, "hey edge", [read_wav(p) for p in paths])
+    >>> state.custom().scores(embeddings)   # (N, K) in [0, 1]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from edge import features as F
+from edge.errors import EdgelearnError
+from edge.portable import proto as P
+from edge.store import atomic_write
+
+FORMAT = 1
+MIN_CLIPS, MAX_CLIPS = 3, 10
+MIN_SPEECH_S = 0.2
+MAX_CLIP_S = 2.0
+SHIFTS_S = (-0.15, -0.075, 0.0, 0.075, 0.15)
+_NAME = re.compile(r"^[a-z0-9][a-z0-9 _'-]{0,31}$")
+
+
+class StateError(EdgelearnError):
+    """The device state directory is unusable (another bundle, corrupt)."""
+
+
+class CustomKeywords:
+    """Scores of enrolled keywords from embeddings: sigmoid(w . e/|e| + b)."""
+
+    def __init__(self, entries: list[dict]):
+        self.names = [e["name"] for e in entries]
+        self.w = np.array([e["w"] for e in entries], np.float32).reshape(len(entries), -1)
+        self.b = np.array([e["b"] for e in entries], np.float32)
+        self.thresholds = np.array([e["threshold"] for e in entries], np.float32)
+
+    def scores(self, emb: np.ndarray) -> np.ndarray:
+        e = np.asarray(emb, np.float32)
+        e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+        return 1.0 / (1.0 + np.exp(-(e @ self.w.T + self.b)))
+
+
+class DeviceState:
+    """Enrolled keywords of one state directory, bound to one bundle model and version."""
+
+    def __init__(self, root: Path, model_id: str, version: int, keywords: list[dict]):
+        self.root, self.model_id, self.version, self.keywords = Path(root), model_id, version, keywords
+
+    @classmethod
+    def open(cls, root, bundle) -> "DeviceState":
+        root = Path(root)
+        path = root / "keywords.json"
+        if root.exists() and not root.is_dir():
+            raise StateError(f"state path {root} is a file, not a directory", fix="pass a directory to --state")
+        if not path.exists():
+            return cls(root, bundle.model_id, bundle.version, [])
+        try:
+            data = json.loads(path.read_text())
+            mid, ver, kws = data["model_id"], int(data["model_version"]), list(data["keywords"])
+            if data.get("format") != FORMAT:
+                raise ValueError(f"format {data.get('format')}")
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise StateError(f"{path} is unreadable ({e})",
+                             fix="restore it from a backup or delete it and enrol again") from None
+        if (mid, ver) != (bundle.model_id, bundle.version):
+            raise StateError(f"state directory {root} belongs to bundle {mid} v{ver}, not "
+                             f"{bundle.model_id} v{bundle.version}; its keywords were learned with "
+                             "another encoder", fix="use the matching bundle, another --state "
+                             "directory, or re-enrol the keywords for this bundle")
+        return cls(root, mid, ver, kws)
+
+    def save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        data = {"format": FORMAT, "model_id": self.model_id, "model_version": self.version,
+                "keywords": self.keywords}
+        atomic_write(self.root / "keywords.json", json.dumps(data, indent=1).encode())
+
+    def names(self) -> list[str]:
+        return [k["name"] for k in self.keywords]
+
+    def custom(self) -> CustomKeywords | None:
+        return CustomKeywords(self.keywords) if self.keywords else None
+
+
+def check_name(name: str, base_labels, existing) -> str:
+    norm = " ".join(name.strip().lower().split())
+    if not _NAME.match(norm):
+        raise EdgelearnError(f"keyword name {name!r} is not usable",
+                             fix="use 1-32 letters, digits, spaces, ' _ or -, starting with a letter or digit")
+    if norm in [b.lower() for b in base_labels]:
+        raise EdgelearnError(f"keyword {norm!r} is already a base keyword of the bundle",
+                             fix="the base model detects it already; pick another name")
+    if norm in existing:
+        raise EdgelearnError(f"keyword {norm!r} is already enrolled",
+                             fix="pick another name or remove it first (--replace)")
+    return norm
+
+
+def prepare_clip(pcm: np.ndarray, name: str) -> np.ndarray:
+    """Check one clip and centre its speech in a 1 s window."""
+    x = np.asarray(pcm)
+    if x.size > MAX_CLIP_S * F.SAMPLE_RATE:
+        raise EdgelearnError(f"{name}: {x.size / F.SAMPLE_RATE:.2f} s is too long for an enrolment clip",
+                             fix=f"trim it to the phrase (at most {MAX_CLIP_S:.0f} s, ideally under 1 s)")
+    if x.size < F.FRAME_LENGTH:
+        raise EdgelearnError(f"{name}: {x.size} samples is too short", fix="record the whole phrase")
+    frames = F.frame(F.to_float(x))
+    energy = (frames ** 2).mean(axis=1)
+    peak = float(energy.max())
+    active = np.nonzero(energy > peak * 10 ** (-35 / 10))[0] if peak > 0 else np.array([], int)
+    if peak < 1e-7 or active.size == 0:
+        raise EdgelearnError(f"{name}: the clip is silent", fix="check the microphone and record again")
+    first, last = int(active[0]), int(active[-1])
+    speech = x[first * F.HOP_LENGTH : last * F.HOP_LENGTH + F.FRAME_LENGTH]
+    if speech.size < MIN_SPEECH_S * F.SAMPLE_RATE:
+        raise EdgelearnError(f"{name}: only {speech.size / F.SAMPLE_RATE:.2f} s of speech",
+                             fix=f"record at least {MIN_SPEECH_S} s of the phrase")
+    if speech.size > F.SAMPLE_RATE:
+        speech = F.fit_to_window(speech)  # a phrase over 1 s keeps its centre, as training did
+    return F.fit_to_window(speech.astype(np.int16))
+
+
+def augment(clips: list[np.ndarray], rng) -> np.ndarray:
+    """Each 1 s clip at several time shifts, each clean and with pink-ish noise at ~20 dB."""
+    out = []
+    for c in clips:
+        c = c.astype(np.float32)
+        for s in SHIFTS_S:
+            shifted = np.roll(c, int(s * F.SAMPLE_RATE))
+            out.append(shifted)
+            rms = np.sqrt((c ** 2).mean()) + 1.0
+            noise = np.cumsum(rng.standard_normal(c.size)).astype(np.float32)
+            noise -= np.convolve(noise, np.ones(64) / 64, mode="same")
+            noise *= rms * 0.1 / (noise.std() + 1e-6)
+            out.append(shifted + noise)
+    return np.clip(np.array(out), -32768, 32767).astype(np.int16)
+
+
+def train_head(pos: np.ndarray, neg: np.ndarray, steps: int = 400, l2: float = 1e-3, lr: float = 0.5):
+    """Logistic regression on L2-normalised embeddings, classes balanced; returns (w, b)."""
+    x = np.concatenate([pos, neg]).astype(np.float64)
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    wt = np.r_[np.full(len(pos), 0.5 / len(pos)), np.full(len(neg), 0.5 / len(neg))]
+    w, b = np.zeros(x.shape[1]), 0.0
+    scale = 8.0  # features are unit vectors; scale the step so 400 steps converge
+    for _ in range(steps):
+        p = 1.0 / (1.0 + np.exp(-(x @ w + b)))
+        g = wt * (p - y)
+        w -= lr * scale * (x.T @ g + l2 * w)
+        b -= lr * scale * g.sum()
+    return w.astype(np.float32), float(b)
+
+
+def negative_bank(bundle) -> np.ndarray:
+    name = (bundle.manifest.get("extra", {}).get("negatives") or {}).get("file", "negatives.npy")
+    try:
+        bank = np.load(bundle.path(name)).astype(np.float32)
+    except (OSError, ValueError, EdgelearnError) as e:
+        raise StateError(f"bundle {bundle.model_id} has no usable negative bank ({e})",
+                         fix="use a bundle built by `edgelearn model` (it ships negatives.npy)") from None
+    if bank.ndim != 2 or len(bank) < 50:
+        raise StateError(f"negative bank has shape {bank.shape}, expected (N >= 50, dim)")
+    return bank
+
+
+def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_names=None,
+           far_target: float = 0.001, replace: bool = False, seed: int = 0) -> dict:
+    """Learn keyword ``name`` from clips; saves the state; returns a report dict."""
+    clip_names = clip_names or [f"clip {i + 1}" for i in range(len(clips))]
+    if not MIN_CLIPS <= len(clips) <= MAX_CLIPS:
+        raise EdgelearnError(f"{len(clips)} enrolment clips given, need {MIN_CLIPS}-{MAX_CLIPS}",
+                             fix="record the phrase 5 times, one clip per file")
+    existing = [n for n in state.names() if not (replace and n == name.strip().lower())]
+    norm = check_name(name, km.labels, existing)
+    windows = [prepare_clip(c, n) for c, n in zip(clips, clip_names)]
+    emb, _ = km.infer(km.features(np.stack(windows)))
+    embs = [list(map(float, e)) for e in emb]
+    outliers = P.find_outliers(embs)
+    cos = list(P.loo_cosines(embs))
+    keep = [i for i in range(len(windows)) if i not in outliers]
+    if len(keep) < MIN_CLIPS:
+        raise EdgelearnError(f"only {len(keep)} of {len(clips)} clips sound like the same phrase "
+                             f"(outliers: {[clip_names[i] for i in outliers]})",
+                             fix="record the phrase again, the same way each time")
+    rng = np.random.default_rng(seed)
+    pos, _ = km.infer(km.features(augment([windows[i] for i in keep], rng)))
+    bank = negative_bank(km.bundle)
+    others = [np.asarray(k["prototype"], np.float32) for k in state.keywords if k["name"] != norm]
+    neg = np.concatenate([bank] + ([np.stack(others)] if others else []))
+    w, b = train_head(pos, neg)
+    ck = CustomKeywords([{"name": norm, "w": w, "b": b, "threshold": 0.5}])
+    neg_scores = ck.scores(bank)[:, 0]
+    pos_scores = ck.scores(pos)[:, 0]
+    threshold = max(0.5, float(np.quantile(neg_scores, 1.0 - far_target)))
+    entry = {"name": norm, "prototype": [round(v, 6) for v in P.prototype([embs[i] for i in keep])],
+             "w": [round(float(v), 6) for v in w], "b": round(b, 6), "threshold": round(threshold, 6),
+             "clips": len(keep), "outliers": [clip_names[i] for i in outliers]}
+    state.keywords = [k for k in state.keywords if k["name"] != norm] + [entry]
+    state.save()
+    return {"keyword": norm, "clips": len(clips), "used": len(keep),
+            "outliers": [{"clip": clip_names[i], "cosine": round(float(cos[i]), 3)} for i in outliers],
+            "threshold": round(threshold, 4),
+            "enrolment_pass_rate": round(float((pos_scores >= threshold).mean()), 3),
+            "bank_false_accept_rate": round(float((neg_scores >= threshold).mean()), 5)}

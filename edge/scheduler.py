@@ -1,0 +1,146 @@
+"""Battery- and temperature-aware training scheduler for Linux boards (sysfs readings).
+
+Readings come from an injectable sysfs root (``/`` on a device, a fake tree or
+a recorded trace in tests): ``sys/class/power_supply/*/{type,capacity,status,online}``
+and ``sys/class/thermal/thermal_zone*/temp`` (millidegrees; the hottest zone
+counts). A missing or unreadable file is *unknown*, logged once per read with
+its path, and the policy (``edge.portable.schedule``, shared with the ESP32)
+treats unknowns conservatively. Every decision is logged with its reason to
+``<state>/scheduler.log`` (one JSON line each) and the policy's budget and
+hysteresis are persisted atomically, so a reboot cannot reset them.
+
+The energy per training step is estimated from the target profile's energy per
+MAC (``[compute.cpu] energy_pj_per_mac`` in a profile TOML) times the MACs of
+one step of the tail (forward + backward ~ 3x forward, per example).
+
+    >>> sch = Scheduler(state_dir, sysfs_root="/", idle_s=lambda: 600)
+    >>> d = sch.decide()                 # logged
+    >>> train(..., should_continue=sch.should_continue)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from edge.portable.schedule import PAUSE, TRAIN, Readings, SchedulePolicy
+from edge.store import atomic_write
+
+log = logging.getLogger("edgelearn.scheduler")
+DEFAULT_PJ_PER_MAC = 800.0  # rpi4 profile: ~4 W under load / 5 GMAC/s
+
+
+def read_sysfs(root, now_s: float, idle_s=None) -> tuple[Readings, list[str]]:
+    """Readings from a sysfs tree, plus the problems found (each one made a value unknown)."""
+    root = Path(root)
+    problems: list[str] = []
+
+    def read(path: Path):
+        try:
+            return path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            problems.append(f"{path}: unreadable ({e.__class__.__name__})")
+            return None
+
+    r = Readings(now_s=now_s, idle_s=idle_s)
+    ps = root / "sys/class/power_supply"
+    if ps.is_dir():
+        supplies = sorted(p for p in ps.iterdir() if p.is_dir() or p.is_symlink())
+        batteries = [p for p in supplies if (read(p / "type") if (p / "type").exists() else "") == "Battery"]
+        mains = [p for p in supplies if p not in batteries]
+        r.has_battery = bool(batteries)
+        online = []
+        for p in mains:
+            if (p / "online").exists():
+                v = read(p / "online")
+                if v is not None:
+                    online.append(v == "1")
+            else:
+                problems.append(f"{p / 'online'}: missing")
+        r.on_mains = any(online) if online else None
+        if batteries:
+            b = batteries[0]
+            cap = read(b / "capacity") if (b / "capacity").exists() else problems.append(
+                f"{b / 'capacity'}: missing")
+            try:
+                r.battery_pct = None if cap is None else max(0, min(100, int(cap)))
+            except ValueError:
+                problems.append(f"{b / 'capacity'}: not a number ({cap!r})")
+            st = read(b / "status") if (b / "status").exists() else problems.append(f"{b / 'status'}: missing")
+            if st is not None:
+                r.charging = st in ("Charging", "Full") if st != "Unknown" else None
+    else:
+        problems.append(f"{ps}: missing (power state unknown)")
+    temps = []
+    th = root / "sys/class/thermal"
+    zones = sorted(th.glob("thermal_zone*")) if th.is_dir() else []
+    for z in zones:
+        v = read(z / "temp") if (z / "temp").exists() else problems.append(f"{z / 'temp'}: missing")
+        try:
+            if v is not None:
+                temps.append(int(v) / 1000.0)
+        except ValueError:
+            problems.append(f"{z / 'temp'}: not a number ({v!r})")
+    if not zones:
+        problems.append(f"{th}: no thermal zones (temperature unknown)")
+    r.temp_c = max(temps) if temps else None
+    return r, problems
+
+
+def joules_per_step(pj_per_mac: float, dim: int = 64, classes: int = 37, batch: int = 32) -> float:
+    macs = 3 * batch * (dim * dim + dim * classes)  # forward + two backward matmuls per layer
+    return macs * pj_per_mac * 1e-12
+
+
+def profile_pj_per_mac(path) -> float:
+    import tomllib
+
+    with open(path, "rb") as f:
+        prof = tomllib.load(f)
+    return float(prof.get("compute", {}).get("cpu", {}).get("energy_pj_per_mac", DEFAULT_PJ_PER_MAC))
+
+
+class Scheduler:
+    def __init__(self, state_dir, sysfs_root="/", idle_s=lambda: None, clock=time.time,
+                 policy: SchedulePolicy | None = None):
+        self.state = Path(state_dir)
+        self.root = Path(sysfs_root)
+        self.idle_s, self.clock = idle_s, clock
+        self.policy = policy or SchedulePolicy(joules_per_step=joules_per_step(DEFAULT_PJ_PER_MAC))
+        self.log_path = self.state / "scheduler.log"
+        sp = self.state / "scheduler.state"
+        if sp.exists():
+            try:
+                self.policy.load_state(sp.read_bytes())
+            except ValueError as e:
+                log.warning("scheduler state %s unreadable (%s); starting a fresh day budget", sp, e)
+        self.last = None
+
+    def decide(self):
+        r, problems = read_sysfs(self.root, self.clock(), self.idle_s())
+        d = self.policy.decide(r)
+        rec = {"t": round(r.now_s, 3), "action": d.action, "steps": d.steps, "reason": d.reason,
+               "battery_pct": r.battery_pct, "charging": r.charging, "on_mains": r.on_mains,
+               "temp_c": r.temp_c, "idle_s": r.idle_s, "unknown": problems}
+        for p in problems:
+            log.warning("sysfs: %s", p)
+        log.info("schedule: %s %d steps (%s)", d.action, d.steps, d.reason)
+        self.state.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.last = d
+        return d
+
+    def should_continue(self) -> bool:
+        """The mid-update check: false as soon as a condition breaks (pause or wait)."""
+        return self.decide().action == TRAIN
+
+    def spend(self, steps: int) -> None:
+        self.policy.spend(steps, self.clock())
+        self.state.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.state / "scheduler.state", self.policy.state_bytes())
+
+
+__all__ = ["Scheduler", "read_sysfs", "joules_per_step", "profile_pj_per_mac", "PAUSE", "TRAIN"]

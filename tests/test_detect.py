@@ -1,0 +1,94 @@
+"""Streaming detection on a generated long clip: every keyword, at the right time, nothing else.
+
+The clip is synthesised with espeak-ng voices of the corpus's *test* split (never
+trained on), keywords separated by filler words and silence, pink noise under
+everything, with known insertion times.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edge import features as F
+from edge.audio import write_wav
+from edge.bundle import load_bundle
+from edge.detect import Detector, detect_pcm
+from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
+
+pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng not installed")
+KEYWORDS = ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go"]
+
+
+@pytest.fixture(scope="module")
+def km():
+    return KeywordModel(load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys()))
+
+
+@pytest.fixture(scope="module")
+def long_clip():
+    from host.data import noise, synth, words
+    from host.data.corpus import CorpusConfig, assign_splits
+
+    split = assign_splits(synth.all_voices(), CorpusConfig())
+    voices = [v for v in synth.all_voices() if split[v.id] == "test" and v.synth == "espeak"]
+    rng = np.random.default_rng(1)
+    parts, truth, t = [], [], 0
+    for kw in KEYWORDS:
+        for kind, text in (("filler", words.FILLERS[rng.integers(len(words.FILLERS))]), ("kw", kw)):
+            [u] = synth.render(voices[rng.integers(len(voices))], [(text, 1.0, 1.0)])
+            gap = np.zeros(int(rng.uniform(0.6, 1.0) * 16000), np.float32)
+            parts += [gap, u.astype(np.float32)]
+            t += len(gap) + len(u)
+            if kind == "kw":
+                truth.append((kw, t / 16000))
+    parts.append(np.zeros(16000, np.float32))
+    x = np.concatenate(parts)
+    x += noise.coloured_noise(rng, "pink", (len(x),)) * 100
+    return np.clip(x, -32768, 32767).astype(np.int16), truth
+
+
+def test_every_keyword_found_at_its_time_and_no_extras(km, long_clip):
+    pcm, truth = long_clip
+    events = detect_pcm(Detector(km), pcm)
+    assert [e["keyword"] for e in events] == [k for k, _ in truth]
+    for ev, (_, end) in zip(events, truth):
+        assert abs(ev["time_s"] - end) < 0.3, (ev, end)
+
+
+def test_chunk_size_does_not_change_events(km, long_clip):
+    pcm, _ = long_clip
+    a = detect_pcm(Detector(km), pcm[: 16000 * 8], chunk=1600)
+    b = detect_pcm(Detector(km), pcm[: 16000 * 8], chunk=333)
+    assert a == b
+
+
+def test_stream_windows_equal_offline_features(km, long_clip):
+    pcm, _ = long_clip
+    det = Detector(km, stride=5)
+    det.push(pcm[:40000])
+    n = det.n_frames
+    want = F.mfcc(pcm[(n - 49) * 320 : (n - 49) * 320 + 16000])
+    np.testing.assert_allclose(det._window(), want, atol=1e-4)
+
+
+def test_unknown_keyword_is_a_clear_error(km):
+    from edge.errors import EdgelearnError
+
+    with pytest.raises(EdgelearnError, match="not labels"):
+        Detector(km, keywords=["yes", "banana"])
+
+
+def test_cli_json_lines(km, long_clip, tmp_path):
+    pcm, truth = long_clip
+    wav = write_wav(tmp_path / "long.wav", pcm)
+    out = subprocess.run([sys.executable, "-m", "edge.cli", "device", "detect", "--state", str(tmp_path / "st"),
+                          "--wav", str(wav), "--json"], capture_output=True, text=True, check=True).stdout
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["keyword"] for e in events] == [k for k, _ in truth]
+    assert all(set(e) == {"keyword", "time_s", "score"} for e in events)

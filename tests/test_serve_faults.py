@@ -106,10 +106,18 @@ def test_slow_replica_breaker_opens_and_requests_still_succeed(bundle):
 def test_deep_check_replaces_a_replica_that_answers_nan(bundle):
     with serve(bundle, replicas=2, health_interval=0.2) as url:
         old_pid = replicas(url)[0]["pid"]
-        fault(url, 0, nan=True)
-        wait_for(lambda: replicas(url)[0]["pid"] != old_pid and replicas(url)[0]["healthy"], 30,
-                 "the NaN replica to be replaced")
-        assert [r.status_code for r in blast(url, 20)] == [200] * 20
+        fault(url, 0, nan=True)  # the fault stays with the slot, so restarts do not cure it
+        wait_for(lambda: replicas(url)[0]["pid"] != old_pid and not replicas(url)[0]["restarting"], 30,
+                 "the NaN replica to be restarted")
+        r0 = replicas(url)[0]
+        assert not r0["healthy"] and "NaN" in r0["last_check"]
+        before = replica_batches(url)
+        assert [r.status_code for r in blast(url, 30)] == [200] * 30
+        after = replica_batches(url)
+        assert after.get(("0", "ok"), 0) + after.get(("0", "error"), 0) == \
+            before.get(("0", "ok"), 0) + before.get(("0", "error"), 0)  # removed from routing
+        fault(url, 0, nan=False)
+        wait_for(lambda: replicas(url)[0]["healthy"], 30, "the replica to pass its deep check again")
 
 
 def test_crashed_worker_is_restarted_without_failing_requests(bundle):

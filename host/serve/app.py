@@ -204,7 +204,7 @@ class Server:
             raise ProtocolError(404, f"replica {i} does not exist (0..{len(mv.slots) - 1})")
         try:
             doc = __import__("json").loads(await self.body(request) or b"{}")
-            await mv.slots[i].replica.inject(delay=doc.get("delay"), fail=doc.get("fail"), nan=doc.get("nan"))
+            await mv.slots[i].inject(delay=doc.get("delay"), fail=doc.get("fail"), nan=doc.get("nan"))
         except (ValueError, AttributeError, TypeError) as e:
             raise ProtocolError(400, f"fault body must be JSON like {{\"delay\": 0.5, \"fail\": false}} ({e})")
         return JSONResponse({"replica": i, "applied": doc})

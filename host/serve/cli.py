@@ -31,6 +31,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tenant-rate", type=float, default=1000.0, help="requests/s per tenant (X-Tenant)")
     parser.add_argument("--tenant-burst", type=float, default=2000.0)
     parser.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    parser.add_argument("--breaker-slow-call-ms", type=float, default=250.0,
+                        help="a replica call slower than this counts as a failure for its circuit breaker")
+    parser.add_argument("--breaker-open-s", type=float, default=2.0, help="seconds a breaker stays open before probing")
     parser.add_argument("--rollout-dir", default=None,
                         help="directory from which POST /v2/repository/models/M/load may take new bundles")
     parser.add_argument("--fault-injection", action="store_true",
@@ -44,7 +47,8 @@ def build(args):
     cfg = ServeConfig(replicas=args.replicas, max_batch_size=args.max_batch_size,
                       max_queue_delay=args.max_queue_delay_ms / 1000.0, max_queue=args.max_queue,
                       tenant_rate=args.tenant_rate, tenant_burst=args.tenant_burst,
-                      max_body_bytes=args.max_body_bytes, fault_injection=args.fault_injection)
+                      max_body_bytes=args.max_body_bytes, fault_injection=args.fault_injection,
+                      breaker_slow_call=args.breaker_slow_call_ms / 1000.0, breaker_open=args.breaker_open_s)
     return Server(cfg, trusted_keys=args.pubkey, allow_unsigned=args.allow_unsigned, rollout_dir=args.rollout_dir)
 
 

@@ -17,16 +17,13 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
+from host.serve.pool import to_probabilities
 from host.serve.protocol import (ModelSpec, ProtocolError, TensorSpec, _json_header, encode_infer_response,
                                  parse_infer_request)
 
 
 def _answer(scores: np.ndarray, labels: list[str]) -> dict[str, np.ndarray]:
-    s = scores.astype(np.float64)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    if s.min() >= 0 and np.allclose(s.sum(-1), 1, atol=1e-3):
-        p = s  # already probabilities (a softmax head)
-    p = p / p.sum(-1, keepdims=True)
+    p = to_probabilities(scores)
     idx = p.argmax(-1)
     names = labels if len(labels) == p.shape[-1] else [str(i) for i in range(p.shape[-1])]
     return {"label": np.array([names[i].encode() for i in idx], dtype=object),

@@ -61,6 +61,17 @@ class Slot:
         self.healthy = False      # passed its last deep check
         self.restarting = False
         self.last_check = ""      # why it last failed, for /v2/models/... and logs
+        # Injected faults belong to the slot, not the process: a restart does not
+        # cure them, as a restart would not cure a bad host (fault-injection hook).
+        self.faults: dict = {}
+        self.restarts = 0         # consecutive restarts that did not bring it back healthy
+        self.next_restart = 0.0   # clock time before which it is not restarted again (backoff)
+
+    async def inject(self, **change) -> None:
+        change = {k: v for k, v in change.items() if v is not None}
+        self.faults.update(change)
+        if self.replica.alive:
+            await self.replica.inject(**change)  # else the restart applies self.faults
 
     index = property(lambda self: self.replica.index)
     routable_health = property(lambda self: self.healthy and self.replica.alive and not self.restarting)
@@ -76,16 +87,29 @@ def known_input(spec: ModelSpec, rows: int = 2) -> dict[str, np.ndarray]:
     return out
 
 
+def to_probabilities(scores: np.ndarray) -> np.ndarray:
+    """Class probabilities from a score output that is either logits or already a softmax.
+
+    An int8 softmax (QDQ, scale 1/256) sums to 1 only within its rounding, so
+    "already probabilities" allows 0.1 of slack; logits that happen to be
+    non-negative and sum to about 1 across every row are not a practical case.
+    """
+    s = scores.astype(np.float64)
+    if s.min() >= 0 and np.allclose(s.sum(-1), 1, atol=0.1):
+        p = s
+    else:
+        p = np.exp(s - s.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
 def check_output(outs: dict[str, np.ndarray], score_output: str | None, golden: dict | None) -> str:
     """Empty string if the answer is plausible, else why not."""
     for k, v in outs.items():
         if v.dtype.kind == "f" and not np.isfinite(v).all():
             return f"output {k} has NaN/Inf"
     if score_output is not None and score_output in outs:
-        s = outs[score_output].astype(np.float64)
-        probs = s if (s.min() >= 0 and np.allclose(s.sum(-1), 1, atol=1e-3)) else np.exp(
-            s - s.max(-1, keepdims=True))
-        probs = probs / probs.sum(-1, keepdims=True)
+        s = outs[score_output]
+        probs = to_probabilities(s)
         entropy = float(-(probs * np.log(np.clip(probs, 1e-12, 1))).sum(-1).mean())
         # A flat distribution on a fixed random input means the weights are gone
         # (zeroed, or a constant output): the model answers but knows nothing.
@@ -357,14 +381,23 @@ class ModelVersion:
         return not why
 
     async def _restart(self, slot: Slot) -> None:
+        if slot.restarting or self._clock() < slot.next_restart:
+            return
         slot.restarting = True
+        # Back off 1, 2, 4 ... 60 s between restarts of a replica that stays broken,
+        # so a persistent fault does not turn into a fork loop.
+        slot.next_restart = self._clock() + min(60.0, 2.0 ** slot.restarts)
+        slot.restarts += 1
         try:
             slot.replica.kill()
             fresh = Replica(self.model_path, slot.index, self._on_answer)
             await fresh.start()
+            if slot.faults:
+                await fresh.inject(**slot.faults)
             slot.replica = fresh
             slot.breaker = self._new_slot(slot.index).breaker
-            await self._deep_check(slot)
+            if await self._deep_check(slot):
+                slot.restarts = 0
         except (ReplicaError, asyncio.TimeoutError) as e:
             slot.healthy, slot.last_check = False, f"restart failed: {e}"
         finally:

@@ -89,7 +89,7 @@ class Trainer:
             raise EdgelearnError(f"optimizer {optimizer!r} is unknown", fix=f"choose one of {OPTIMIZERS}")
         rng = np.random.default_rng(seed)
         self.tail, self.strategy, self.optimizer = tail, strategy, optimizer
-        self.lr = lr if lr is not None else (0.01 if optimizer == "adam" else 0.5)
+        self.lr = lr if lr is not None else (0.01 if optimizer == "adam" else 0.1)
         tail.delta.update({k: v for k, v in init_delta(tail, strategy, rank, rng).items()
                            if k not in tail.delta})
         if strategy == "bias-only":

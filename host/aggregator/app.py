@@ -14,6 +14,7 @@ Endpoints (docs/protocol.md has the full contract):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -155,6 +156,7 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
             except Exception as e:  # never let the deadline loop die silently
                 print(f"aggregator: tick failed: {type(e).__name__}: {e}", flush=True)
 
+    @contextlib.asynccontextmanager
     async def lifespan(app):
         task = asyncio.create_task(ticker()) if tick_interval else None
         yield

@@ -48,44 +48,43 @@ class FLError(EdgelearnError):
         self.status, self.reason = status, reason
 
 
-# --- the federated model: a classifier head on the frozen encoder's embedding ---
+# --- the federated model: edge.adapt's trainable tail on the frozen encoder's embedding ---
 
-def head_logits(params: dict, X: np.ndarray) -> np.ndarray:
-    """Logits of the trainable tail (``head/kernel`` (D, C), ``head/bias`` (C,)) on embeddings X (N, D)."""
-    return np.asarray(X, np.float32) @ params["head/kernel"] + params["head/bias"]
+def tail_logits(params: dict, X: np.ndarray) -> np.ndarray:
+    """Logits of the federated tail (``edge.adapt.Tail`` parameters: proj.*, classifier.*) on embeddings X."""
+    from edge.adapt.tail import Tail
+
+    return Tail(params).forward(np.asarray(X, np.float32))[0]
 
 
-class HeadTrainer:
-    """Softmax-regression SGD on the head, with FedProx's proximal term; swap for edge.adapt trainers.
+class TailTrainer:
+    """Local training with ``edge.adapt.Trainer``; FedProx's proximal term is its decay-to-base.
 
-    The interface the client needs is ``train(params, X, y, config, rng) -> params``.
+    ``strategy`` (bias-only, lora, sparse, full, residual-adapter when the federated
+    model carries adapter tensors) can be overridden per task (``adapt_strategy``).
+    ``train(params, X, y, config, rng)`` returns the new values of the tensors it changed.
     """
 
-    tensors = ("head/kernel", "head/bias")
+    def __init__(self, strategy: str = "full", optimizer: str = "sgd"):
+        self.strategy, self.optimizer = strategy, optimizer
 
     def train(self, params: dict, X, y, config: dict, rng) -> dict:
-        W = params["head/kernel"].astype(np.float32).copy()
-        b = params["head/bias"].astype(np.float32).copy()
-        W0, b0 = W.copy(), b.copy()
+        from edge.adapt import Tail, Trainer
+
         X = np.asarray(X, np.float32)
         y = np.asarray(y, np.int64)
-        lr = float(config.get("learning_rate", 0.1))
-        mu = float(config.get("prox_mu", 0.0))
+        tail = Tail({k: v.copy() for k, v in params.items()})
+        tr = Trainer(tail, config.get("adapt_strategy", self.strategy), optimizer=self.optimizer,
+                     lr=float(config.get("learning_rate", 0.1)), rank=int(config.get("rank", 4)),
+                     seed=int(rng.integers(1 << 31)), sparse_tensors=config.get("sparse_tensors"),
+                     weight_decay_to_base=float(config.get("prox_mu", 0.0)))
         bs = max(1, int(config.get("batch_size", 16)))
         for _ in range(int(config.get("local_epochs", 1))):
             order = rng.permutation(len(y))
             for a in range(0, len(y), bs):
-                i = order[a:a + bs]
-                z = X[i] @ W + b
-                z -= z.max(axis=1, keepdims=True)
-                p = np.exp(z)
-                p /= p.sum(axis=1, keepdims=True)
-                p[np.arange(len(i)), y[i]] -= 1.0        # d(cross-entropy)/d(logits)
-                gW = X[i].T @ p / len(i) + mu * (W - W0)
-                gb = p.mean(axis=0) + mu * (b - b0)
-                W -= lr * gW
-                b -= lr * gb
-        return {"head/kernel": W, "head/bias": b}
+                tr.step(X[order[a:a + bs]], y[order[a:a + bs]])
+        merged = tail.merged()
+        return {k: np.asarray(v, np.float32) for k, v in merged.items() if k in params}
 
 
 def load_head(bundle) -> dict:
@@ -143,7 +142,7 @@ class FLClient:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.store = BundleStore(self.dir / "store", trusted_keys)
         self.data = data
-        self.trainer = trainer or HeadTrainer()
+        self.trainer = trainer or TailTrainer()
         self.rng = np.random.default_rng(seed)
         self.topk = TopKEncoder(fraction=0.05)
         self._load_state()
@@ -211,7 +210,7 @@ class FLClient:
     @staticmethod
     def _smoke(bundle):
         head = load_head(bundle)
-        z = head_logits(head, np.zeros((1, head["head/kernel"].shape[0]), np.float32))
+        z = tail_logits(head, np.zeros((1, head["classifier.w"].shape[0]), np.float32))
         if z.shape != (1, len(bundle.labels)) or not np.all(np.isfinite(z)):
             raise ValueError(f"head gives logits of shape {z.shape}, expected (1, {len(bundle.labels)})")
 
@@ -221,7 +220,7 @@ class FLClient:
         if len(y) == 0:
             raise FLError("the device has no examples to train on", fix="enrol some clips first")
         new = self.trainer.train(params, X, y, task, self.rng)
-        delta = {k: (new[k] - params[k]).astype(np.float32) for k in new}
+        delta = {k: (new[k] - params[k]).astype(np.float32) for k in new}  # only the trained tensors
         clip = float(task.get("clip_norm") or 0)
         if clip > 0:  # the server clips too; clipping here keeps the update under its norm check
             norm = float(np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in delta.values())))
@@ -235,6 +234,8 @@ class FLClient:
             self.topk.fraction = float(task.get("topk_fraction", 0.05))
         hdr = wire.Header(self.device_id, int(task["round_id"]), int(task["model_version"]),
                           self._next_seq(), num_examples)
+        if set(delta) != set(self.ensure_model(int(task["model_version"]))):
+            hdr.flags |= wire.FLAG_SUBSET  # bias-only / sparse: absent tensors are unchanged
         tensors = [(k, v.shape, array.array("f", v.astype(np.float32).tobytes())) for k, v in sorted(delta.items())]
         frame = wire.encode_update(hdr, tensors, self.key, codec=codec,
                                    topk=self.topk if codec == wire.TOPK_INT8 else None)

@@ -152,12 +152,12 @@ def test_stale_unselected_and_bad_content(agg):
     assert_rejected(agg, 403, "NotSelected", lambda: upload(agg, "dev5", frame_for(agg, "dev5", t)))
     assert_rejected(agg, 422, "UpdateNormTooLarge", lambda: upload(agg, "dev0", frame_for(agg, "dev0", t, scale=100)))
     assert_rejected(agg, 422, "BadUpdate", lambda: upload(agg, "dev0", frame_for(
-        agg, "dev0", t, tensors=[("head/other", np.zeros(3, np.float32))])))
+        agg, "dev0", t, tensors=[("classifier.other", np.zeros(3, np.float32))])))
     assert_rejected(agg, 422, "BadUpdate", lambda: upload(agg, "dev0", frame_for(
-        agg, "dev0", t, tensors=[("head/bias", np.zeros(36, np.float32))])))
+        agg, "dev0", t, tensors=[("classifier.b", np.zeros(36, np.float32))])))
     assert_rejected(agg, 422, "BadExampleCount", lambda: upload(agg, "dev0", frame_for(agg, "dev0", t, n=0)))
     # a NaN smuggled into a dense payload under a valid tag is a malformed frame
-    f = bytearray(frame_for(agg, "dev0", t, codec=DENSE_F32, tensors=[("head/bias", np.zeros(37, np.float32))]))
+    f = bytearray(frame_for(agg, "dev0", t, codec=DENSE_F32, tensors=[("classifier.b", np.zeros(37, np.float32))]))
     struct.pack_into("<f", f, len(f) - 32 - 4, float("nan"))
     f[-32:] = hmac.new(agg.keys["dev0"], bytes(f[:-32]), hashlib.sha256).digest()
     assert_rejected(agg, 400, "MalformedFrame", lambda: upload(agg, "dev0", bytes(f)))
@@ -257,14 +257,14 @@ def test_fedbuff_weights_by_staleness_and_rejects_too_stale(tmp_path):
         # dev2 trained from v0 (staleness 1): accepted with weight n / sqrt(2)
         f2 = frame_for(t, "dev2", old["dev2"], n=10)
         assert upload(t, "dev2", f2)[0] == 200
-        assert t.agg.rounds.acc.weights["head/bias"] == pytest.approx(10 / np.sqrt(2))
+        assert t.agg.rounds.acc.weights["classifier.b"] == pytest.approx(10 / np.sqrt(2))
         f3 = frame_for(t, "dev3", old["dev3"], n=10)
         assert upload(t, "dev3", f3)[0] == 200
         assert t.agg.registry.current == v0 + 2
         from host.wire_numpy import decode_update
         d2, d3 = (decode_update(f, keys[d]) for f, d in ((f2, "dev2"), (f3, "dev3")))
-        want = p1["head/bias"] + (d2.tensor("head/bias").values + d3.tensor("head/bias").values) / 2
-        np.testing.assert_allclose(t.agg.registry.params()["head/bias"], want, rtol=1e-5, atol=1e-7)
+        want = p1["classifier.b"] + (d2.tensor("classifier.b").values + d3.tensor("classifier.b").values) / 2
+        np.testing.assert_allclose(t.agg.registry.params()["classifier.b"], want, rtol=1e-5, atol=1e-7)
         # now v0 is two versions behind: too stale
         t4 = checkin(t, "dev0")["task"]
         assert_rejected(t, 409, "StaleModel", lambda: upload(t, "dev0", frame_for(t, "dev0", {**t4, "model_version": v0}, seq=9)))
@@ -274,16 +274,16 @@ def test_a_regressing_aggregate_is_rejected_and_the_version_stays(tmp_path):
     rng = np.random.default_rng(0)
     p = small_params()
     X = rng.standard_normal((200, 64)).astype(np.float32)
-    y = np.argmax(X @ p["head/kernel"] + p["head/bias"], axis=1)  # the current head is perfect here
+    y = np.argmax(X @ p["classifier.w"] + p["classifier.b"], axis=1)  # the current head is perfect here
     state, keys = make_state(tmp_path, AggregatorConfig(clients_per_round=1), n_devices=1, params=p, heldout=(X, y))
     app = build_app(state, tick_interval=0)
     with TestTransport(app) as t:
         t.keys, t.agg = keys, app.state.aggregator
         v = t.agg.registry.current
         task = checkin(t, "dev0")["task"]
-        bad = [("head/kernel", (-2 * p["head/kernel"]).astype(np.float32))]  # flips every decision
+        bad = [("classifier.w", (-2 * p["classifier.w"]).astype(np.float32))]  # flips every decision
         assert upload(t, "dev0", frame_for(t, "dev0", task, tensors=bad))[0] == 200
         assert t.agg.registry.current == v
         st_ = t.agg.store.one("SELECT status, note FROM rounds WHERE round_id=?", (task["round_id"],))
         assert st_[0] == "rejected" and "rolled back" in st_[1]
-        np.testing.assert_array_equal(t.agg.registry.params()["head/kernel"], p["head/kernel"])
+        np.testing.assert_array_equal(t.agg.registry.params()["classifier.w"], p["classifier.w"])

@@ -23,8 +23,9 @@ TABLES = ("meta", "devices", "rounds", "selections", "updates", "chunks", "model
 
 def small_params(seed: int = 0, dim: int = 64, classes: int = 37) -> dict:
     rng = np.random.default_rng(seed)
-    return {"head/kernel": (rng.standard_normal((dim, classes)) * 0.1).astype(np.float32),
-            "head/bias": np.zeros(classes, np.float32)}
+    return {"proj.w": np.eye(dim, dtype=np.float32), "proj.b": np.zeros(dim, np.float32),
+            "classifier.w": (rng.standard_normal((dim, classes)) * 0.1).astype(np.float32),
+            "classifier.b": np.zeros(classes, np.float32)}
 
 
 def make_state(tmp, cfg: AggregatorConfig, n_devices: int = 4, params=None, heldout=None,

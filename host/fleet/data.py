@@ -129,10 +129,13 @@ def partition_noniid(data: EmbeddingSet, n_devices: int, seed: int = 0, split: s
 
 
 def extract_head(bundle_dir=None) -> dict:
-    """The classifier head (final Dense, embedding -> classes) of a bundle as float32 arrays.
+    """The federated tail's starting point: identity projection + the bundle's classifier (float32).
 
-    Read from the float TFLite partition's constant tensors so the federated
-    starting point is exactly the shipped classifier; falls back to the int8
+    Same layout as ``edge.adapt.classifier_from_bundle`` (which recovers the
+    classifier by least squares on the float model's outputs, for devices);
+
+    here it is read from the float TFLite partition's constant tensors, exactly;
+    falls back to the int8
     partition's (dequantised) weights when no float partition exists.
     """
     from edge.bundle import load_bundle
@@ -168,6 +171,7 @@ def extract_head(bundle_dir=None) -> dict:
             elif shape == (n_cls,) and b is None and "Relu" not in d["name"]:
                 b = np.asarray(val, np.float32)
         if W is not None and b is not None:
-            return {"head/kernel": W.T.copy(), "head/bias": b.copy()}
+            return {"proj.w": np.eye(dim, dtype=np.float32), "proj.b": np.zeros(dim, np.float32),
+                    "classifier.w": W.T.copy(), "classifier.b": b.copy()}
     raise EdgelearnError(f"bundle {bundle.model_id} has no ({n_cls}, {dim}) classifier weights in a TFLite partition",
                          fix="rebuild the bundle with `edgelearn model`")

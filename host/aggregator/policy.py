@@ -39,14 +39,17 @@ def within_budget(recent_rounds: int, cfg) -> bool:
     return recent_rounds < cfg.max_rounds_per_window
 
 
-def retry_after(reason: str, population: int, needed_per_s: float, cfg, rng) -> float:
+def retry_after(reason: str, population: int, needed_per_s: float, cfg, rng, until_next: float | None = None) -> float:
     """Seconds until the device should check in again.
 
     Devices that cannot train (battery, network, heat) come back later than
     ones that merely found the round full. The base interval spreads the known
     population so check-ins arrive at roughly ``needed_per_s``.
     """
-    base = population / needed_per_s if needed_per_s > 0 else cfg.max_retry
+    # twice the needed rate: some returning devices are busy or ineligible (over-subscription)
+    base = population / (2 * needed_per_s) if needed_per_s > 0 else cfg.max_retry
+    if until_next is not None:  # the round is full: come back about when the next one opens
+        base = min(base, until_next)
     if reason.startswith(("battery", "temperature", "network")):
         base = max(base, 10 * cfg.min_retry)
     base = min(max(base, cfg.min_retry), cfg.max_retry)

@@ -154,8 +154,10 @@ class RoundManager:
         # check-ins needed per second: one selection wave per round (sync) or per concurrency slot
         need = (math.ceil(self.cfg.clients_per_round * self.cfg.overselect) / self.cfg.round_timeout if sync
                 else self.cfg.max_concurrency / self.cfg.round_timeout)
+        d = self.round["deadline"]
+        until = max(0.0, d - self.clock()) if d is not None and "fully selected" in reason else None
         return {"action": "wait", "reason": reason,
-                "retry_after": round(policy.retry_after(reason, n, need, self.cfg, self.rng), 3)}
+                "retry_after": round(policy.retry_after(reason, n, need, self.cfg, self.rng, until), 3)}
 
     def task(self, r) -> dict:
         t = {"round_id": r["round_id"], "model_version": r["model_version"] if self.cfg.mode == "sync"

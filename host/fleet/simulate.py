@@ -1,0 +1,209 @@
+"""A fleet of simulated devices running the real client code against a real aggregator on loopback.
+
+Each device is an ``edge.fl_client.FLClient`` (HTTP over a socket, wire
+frames, signed bundles installed through ``edge.store``) with its own
+non-IID data (one voice, a subset of the words; corpus embeddings cached by
+``host.fleet.data``), a battery that drains while training and charges in
+a daily window, a heavy-tailed (log-normal) training+upload latency, a chance
+of dropping out after training, and a slow minority. Simulated seconds are
+scaled by ``time_scale`` so an hour of fleet time takes ~a minute; the
+aggregator's deadline and retry hints are scaled the same way.
+
+    res = simulate(SimConfig(devices=40, rounds=10), out_dir="fleet-out")
+    res["rounds"][-1]["accuracy"]
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class SimConfig:
+    devices: int = 30
+    rounds: int = 10                 # stop after this many closed rounds (published or rejected)
+    mode: str = "sync"
+    strategy: str = "fedavg"
+    codec: str = "int8"
+    clients_per_round: int = 10
+    overselect: float = 1.3
+    buffer_size: int = 10
+    round_timeout: float = 60.0      # simulated seconds
+    median_latency: float = 10.0     # simulated seconds of local training + upload
+    latency_sigma: float = 0.6       # log-normal spread (heavy tail)
+    slow_fraction: float = 0.1       # these devices are 10x slower
+    drop_rate: float = 0.1           # chance a device trains but never uploads
+    time_scale: float = 0.02         # wall seconds per simulated second
+    fresh_head: bool = True          # start from a random classifier instead of the shipped one
+    local_epochs: int = 5
+    learning_rate: float = 0.1
+    eval_tolerance: float = 0.01
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class Device:
+    def __init__(self, i, client, rng, cfg: SimConfig):
+        self.i, self.client, self.rng = i, client, rng
+        self.slow = rng.random() < cfg.slow_fraction
+        self.phase = rng.uniform(0, 24)
+        self.battery = rng.uniform(0.3, 1.0)
+        self.next_at = rng.uniform(0, cfg.round_timeout * 0.2)  # simulated time of its next check-in
+        self.joined = 0
+
+    def state(self, t_sim):
+        hour = (t_sim / 3600 + self.phase) % 24
+        charging = hour < 8  # overnight on the charger
+        self.battery = min(1.0, self.battery + (0.05 if charging else -0.002))
+        return {"battery": round(self.battery, 3), "charging": charging, "network": "wifi",
+                "temperature": 30.0}
+
+
+def _serve(app, port):
+    import uvicorn
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+                                           access_log=False, lifespan="on"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    while not server.started:
+        time.sleep(0.01)
+    return server, th
+
+
+def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
+    """Run the fleet until ``cfg.rounds`` rounds have closed; returns rounds, devices and bytes."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edge.fl_client import FLClient, FLError
+    from host.aggregator.app import build_app, status_of
+    from host.aggregator.config import AggregatorConfig
+    from host.aggregator.testing import make_state, small_params
+    from host.fleet.data import extract_head, load_embeddings, partition_noniid
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = data or load_embeddings(progress=progress)
+    held = data.rows("test")
+    s = cfg.time_scale
+    acfg = AggregatorConfig(mode=cfg.mode, strategy=cfg.strategy, codec=cfg.codec,
+                            clients_per_round=cfg.clients_per_round, overselect=cfg.overselect,
+                            buffer_size=cfg.buffer_size, round_timeout=cfg.round_timeout * s,
+                            min_retry=1.0 * s, max_retry=600 * s, local_epochs=cfg.local_epochs,
+                            learning_rate=cfg.learning_rate, eval_tolerance=cfg.eval_tolerance,
+                            max_concurrency=int(cfg.clients_per_round * cfg.overselect) if cfg.mode == "async" else 30,
+                            fairness_window=10, max_rounds_per_window=10, synchronous="normal",
+                            seed=cfg.seed, **cfg.extra)
+    params = small_params(cfg.seed) if cfg.fresh_head else extract_head()
+    state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params,
+                             heldout=(data.X[held], data.y[held]))
+    parts = partition_noniid(data, cfg.devices, seed=cfg.seed)
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    app = build_app(state, tick_interval=max(0.02, 0.5 * s))
+    server, th = _serve(app, port)
+    agg = app.state.aggregator
+    rng = np.random.default_rng(cfg.seed)
+    devices = []
+    for i, (dev, key) in enumerate(keys.items()):
+        c = FLClient(f"http://127.0.0.1:{port}", dev, key, out / "devices" / dev, trusted_keys=state / "keys",
+                     data=(data.X[parts[i]], data.y[parts[i]]), seed=cfg.seed * 1000 + i)
+        devices.append(Device(i, c, np.random.default_rng([cfg.seed, i]), cfg))
+    t0 = time.monotonic()
+    stats = {"uploads": 0, "drops": 0, "errors": 0, "waits": 0}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def closed_rounds():
+        return agg.store.one("SELECT COUNT(*) FROM rounds WHERE status IN ('closed','rejected')")[0]
+
+    def life(d: Device):
+        while not stop.is_set():
+            now_sim = (time.monotonic() - t0) / s
+            if d.next_at > now_sim:
+                time.sleep(min(0.05, (d.next_at - now_sim) * s))
+                continue
+            st = d.state(now_sim)
+            try:
+                ans = d.client.checkin(st)
+            except FLError as e:
+                with lock:
+                    stats["errors"] += 1
+                    stats.setdefault("refused", {}).setdefault(f"checkin:{e.reason or e.status}", 0)
+                    stats["refused"][f"checkin:{e.reason or e.status}"] += 1
+                d.next_at = now_sim + 5
+                continue
+            if ans.get("action") != "train":
+                with lock:
+                    stats["waits"] += 1
+                d.next_at = now_sim + float(ans.get("retry_after", 5 * s)) / s
+                continue
+            task = ans["task"]
+            lat = cfg.median_latency * float(np.exp(d.rng.normal(0, cfg.latency_sigma))) * (10 if d.slow else 1)
+            try:
+                delta, n = d.client.train(task)
+                frame = d.client.encode(task, delta, n)
+            except FLError as e:
+                with lock:
+                    stats.setdefault("refused", {}).setdefault(f"train:{e.reason or e.status}", 0)
+                    stats["refused"][f"train:{e.reason or e.status}"] += 1
+                d.next_at = now_sim + 5
+                continue
+            d.battery = max(0.0, d.battery - 0.02)
+            time.sleep(lat * s)  # the device's compute and radio time
+            if d.rng.random() < cfg.drop_rate:
+                with lock:
+                    stats["drops"] += 1
+                d.next_at = (time.monotonic() - t0) / s + cfg.round_timeout
+                continue
+            try:
+                d.client.upload(frame, int(task.get("chunk_size", 0)))
+                d.joined += 1
+                with lock:
+                    stats["uploads"] += 1
+            except FLError as e:
+                with lock:
+                    stats["errors"] += 1  # e.g. 410: the round closed while this device trained
+                    stats.setdefault("refused", {}).setdefault(e.reason or str(e.status), 0)
+                    stats["refused"][e.reason or str(e.status)] += 1
+            d.next_at = (time.monotonic() - t0) / s + d.rng.uniform(1, 5)
+
+    # one thread per device: they spend most of their time asleep (simulated latency and back-off)
+    pool = ThreadPoolExecutor(max_workers=len(devices))
+    futs = [pool.submit(life, d) for d in devices]
+    last = 0.0
+    try:
+        while closed_rounds() < cfg.rounds:
+            time.sleep(0.05)
+            if progress and time.monotonic() - last > 0.5:
+                last = time.monotonic()
+                r = agg.rounds.round
+                print(f"\rfleet: round {r['round_id']} v{agg.registry.current} selected {r['selected']} "
+                      f"accepted {r['accepted']}/{r['target']}  closed {closed_rounds()}/{cfg.rounds}  "
+                      f"uploads {stats['uploads']} drops {stats['drops']} late/errors {stats['errors']}  "
+                      f"t_sim {(time.monotonic() - t0) / s:,.0f}s", end="", file=sys.stderr, flush=True)
+    finally:
+        stop.set()
+        for f in futs:
+            f.result()
+        pool.shutdown()
+        status = status_of(agg)
+        server.should_exit = True
+        th.join(timeout=10)
+    if progress:
+        print(file=sys.stderr)
+    rounds = sorted(status["rounds"], key=lambda r: r["round_id"])
+    for r in rounds:
+        r["duration_sim"] = None if r["closed"] is None else (r["closed"] - r["opened"]) / s
+    res = {"config": cfg.__dict__, "rounds": [r for r in rounds if r["status"] != "open"], "stats": stats,
+           "participation": [d.joined for d in devices], "bytes_up": sum(d.client.bytes_up for d in devices),
+           "initial_accuracy": status["models"][0]["accuracy"], "models": status["models"],
+           "wall_seconds": time.monotonic() - t0}
+    return res

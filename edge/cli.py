@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("host.partition.report", "per-layer memory, MACs, placement and training plan of a model or bundle"),
     "aggregator": ("host.aggregator.cli", "federated aggregator service: init, provision devices, serve, status"),
     "fleet": ("host.fleet.cli", "simulate a fleet of devices federating over loopback HTTP, with plots"),
+    "flash": ("host.flash", "deploy the MicroPython firmware and an MCU bundle to a board (or the pty rig)"),
 }
 
 # Optional packages and the extra that provides them, for a friendly message.

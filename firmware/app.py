@@ -147,7 +147,10 @@ class App:
         self.version = desc["version"]
         self.scale = array.array("f", desc["scale"])
         self.labels = desc["labels"]
-        self.dim = len(self.model.embedding)
+        emb = self.model.embedding
+        if emb is None:
+            raise AppError("the model has no embedding output", "deploy a bundle built by host/mcu_model.py")
+        self.dim = len(emb)
 
     def _load_state(self):
         b = self.board
@@ -165,14 +168,15 @@ class App:
             except ValueError:
                 self.events.append("state/head.bin unreadable; starting without custom keywords")
         raw = read_file(b.path("state/replay.bin"))
-        self.replay = None
+        replay = None
         if raw is not None:
             try:
-                self.replay = ReplayBuffer.from_bytes(raw)
+                replay = ReplayBuffer.from_bytes(raw)
             except ValueError:
                 self.events.append("state/replay.bin unreadable; starting an empty buffer")
-        if self.replay is None or self.replay.dim != self.dim:
-            self.replay = ReplayBuffer(self.dim, REPLAY_BYTES)
+        if replay is None or replay.dim != self.dim:
+            replay = ReplayBuffer(self.dim, REPLAY_BYTES)
+        self.replay = replay
         raw = read_file(b.path("state/sched.bin"))
         if raw is not None:
             try:
@@ -276,7 +280,10 @@ class App:
         if len(good) < 3:
             raise AppError("the shots disagree (%d outliers)" % len(bad), "record the keyword again, clearly")
         cos = loo_cosines(good)
-        lo = min(cos)
+        lo = 1.0
+        for i in range(len(cos)):
+            c = float(cos[i])
+            lo = c if c < lo else lo
         thr = max(0.5, min(0.95, lo - 0.05))
         head = ProtoHead.from_bytes(self.head.to_bytes(), MAX_KEYWORDS)
         names = list(self.names)

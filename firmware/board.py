@@ -17,11 +17,7 @@ so tests and the pty rig run the real main loop.
 import os
 import sys
 
-try:
-    from micropython import const
-except ImportError:
-    def const(x):
-        return x
+from edge.portable.compat import const
 
 _MIC_SCK = const(14)
 _MIC_WS = const(15)

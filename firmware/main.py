@@ -26,12 +26,13 @@ def run(board=None, app_factory=None, max_frames=-1):
     buf = bytearray(L.HEADER_LEN + L.MAX_PAYLOAD + 4)
     inp, out = board.stdin, board.stdout
     out_seq = 0
-    app, boot_error = None, None
+    app, boot_error = None, ""
     try:
         app = (app_factory or App)(board)
+        boot = "boot ok model=%s v=%d" % (app.model_id, app.version)
     except (AppError, ValueError, OSError) as e:
-        boot_error = "boot failed: %s" % getattr(e, "problem", e)
-    _send(out, buf, L.EVENT, out_seq, (boot_error or "boot ok model=%s v=%d" % (app.model_id, app.version)).encode())
+        boot = boot_error = "boot failed: %s" % getattr(e, "problem", e)
+    _send(out, buf, L.EVENT, out_seq, boot.encode())
     dec = L.Decoder()
     served = 0
     while served != max_frames:

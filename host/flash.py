@@ -1,0 +1,81 @@
+"""``edgelearn flash``: deploy the firmware and an MCU bundle to a board over its raw REPL.
+
+Compiles ``edge/portable`` and ``firmware`` to .mpy, copies them with the
+bundle's MicroPython blob, its graph and a ``bundle.json`` (into
+``bundle.new/``, ``bundle.json`` last), the device config and key, then runs
+the board's own check: the firmware verifies the digests, loads the model and
+only then swaps ``bundle.new`` in (keeping ``bundle.old``). A transfer that is
+cut short leaves the running bundle in place; run the command again.
+``--port pty`` flashes the unix port on a pseudo-terminal whose filesystem is
+``--fs DIR`` (the CI rig).
+
+    $ edgelearn flash --port /dev/ttyUSB0 --bundle models/kws-mcu-tcnn --device-key keys/esp32-07.key
+    $ edgelearn flash --port pty --fs build/pty-board
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from hil.board_fs import DEFAULT_BUNDLE
+
+CHECK = """
+from firmware.board import make_board
+from firmware.app import App
+a = App(make_board())
+print('MODEL', a.model_id, a.version)
+for e in a.events:
+    print('EVENT', e)
+"""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--port", required=True, help="serial port (/dev/ttyUSB0, COM3) or 'pty' for the unix-port rig")
+    p.add_argument("--bundle", type=Path, default=DEFAULT_BUNDLE, help="bundle with an mpy-blob partition")
+    p.add_argument("--device-id", default="esp32-01")
+    p.add_argument("--device-key", type=Path, help="provisioned device key file (edgelearn-hmac-key <hex>)")
+    p.add_argument("--fs", type=Path, help="with --port pty: the directory that is the board's filesystem")
+
+
+def flash(transport, bundle: Path, device_id: str, key: bytes | None, progress=None) -> list[str]:
+    """Deploy to an open ``hil.transport.BoardTransport``; returns the board's check output lines."""
+    from hil.board_fs import board_files
+
+    with tempfile.TemporaryDirectory() as work:
+        files = board_files(Path(work), bundle, device_id, key or b"")
+        if key is None:
+            files = [f for f in files if f[1] != "state/device.key"]
+        transport.deploy(files, progress=progress)
+        out = transport.exec(CHECK, timeout=120)
+    return out.strip().splitlines()
+
+
+def run(args) -> int:
+    from edge.bundle import load_hmac_key
+    from hil.rigs import open_rig
+
+    key = load_hmac_key(args.device_key) if args.device_key else None
+    if args.port == "pty":
+        from hil.rigs import PtyRig
+        if args.fs is None:
+            sys.stderr.write("flash: --port pty needs --fs DIR (the board's filesystem)\n")
+            return 2
+        args.fs.mkdir(parents=True, exist_ok=True)
+        rig = PtyRig(fs_dir=args.fs)
+    else:
+        rig = open_rig(args.port if args.port.startswith("serial:") else "serial:" + args.port)
+    with rig:
+        t = rig.transport()
+        try:
+            lines = flash(t, args.bundle, args.device_id, key,
+                          progress=lambda i, n, name: sys.stderr.write(f"\rflash: {i}/{n} {name:40s}"))
+        finally:
+            t.close()
+    sys.stderr.write("\n")
+    for line in lines:
+        print(line)
+    if key is None:
+        print("note: no --device-key given; the board cannot sign updates until one is provisioned")
+    return 0 if any(line.startswith("MODEL") for line in lines) else 1

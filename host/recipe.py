@@ -94,14 +94,24 @@ def build_manifest(work: Path, version: int, scale, train_m: dict, quant_m: dict
         ins, outs = tensor_io(work / fname)
         parts.append({"name": name, "role": "encoder", "file": fname, "format": fmt,
                       "placement": "cpu", "precision": prec, "inputs": ins, "outputs": outs})
+    ins, outs = tensor_io(work / "backbone_int8.tflite")
+    for o in outs:
+        o["role"] = "features"
+    parts.append({"name": "backbone", "role": "backbone", "file": "backbone_int8.tflite",
+                  "format": "tflite", "placement": "cpu", "precision": "int8", "inputs": ins,
+                  "outputs": outs})
     return {
         "model_id": MODEL_ID, "version": version, "labels": LABELS,
         "frontend": {**F.PARAMS, "normalize": {"kind": "window-mean-removal+scale",
                                                "scale": [float(s) for s in scale]}},
         "target": "generic",
         "partitions": parts,
-        "trainable": {"strategy": "prototypes+bias", "tensors": ["classifier"],
-                      "embedding_dim": 64},
+        "trainable": {"strategy": "prototypes+bias", "embedding_dim": 64,
+                      "tail": {"file": "tail.npz", "cut": "pw3_relu", "backbone": "backbone",
+                               "layers": ["dw4 (depthwise 3x3, BN folded)", "relu",
+                                          "pw4 (1x1, BN folded)", "relu", "global average pool",
+                                          "classifier (dense 64->37)", "softmax"],
+                               "arrays": ["dw4_w", "dw4_b", "pw4_w", "pw4_b", "cls_w", "cls_b"]}},
         "quantization": {"scheme": "full-integer int8, per-channel weights",
                          "calibration": "600 training-split clips", "fallback_layers": quant_m["fallback"]},
         "extra": {"labels12": LABELS12, "negatives": {"file": "negatives.npy", "dtype": "float16"},
@@ -124,6 +134,15 @@ def run(args) -> int:
         train(work, epochs=args.epochs, corpus=corpus)
     if not (args.reuse and (work / "quant_metrics.json").exists()):
         quantize(work, work, corpus=corpus)
+    if not (args.reuse and (work / "tail.npz").exists()):
+        from tensorflow import keras
+
+        from host.quantize import calibration_features
+        from host.tail_export import export_tail
+
+        scale0 = json.loads((work / "frontend.json").read_text())["scale"]
+        export_tail(keras.models.load_model(work / "model.keras"),
+                    calibration_features(corpus, scale0), work)
     scale = json.loads((work / "frontend.json").read_text())["scale"]
     train_m = json.loads((work / "metrics.json").read_text())
     quant_m = json.loads((work / "quant_metrics.json").read_text())
@@ -139,7 +158,7 @@ def run(args) -> int:
     (work / "MODEL_CARD.md").write_text(model_card.render(manifest, train_m, quant_m, cross))
     key = ensure_key(args.key, args.pubkey_out)
     files = {n: work / n for n in ("encoder_int8.tflite", "encoder_int8.onnx", "encoder_fp32.tflite",
-                                   "negatives.npy", "MODEL_CARD.md")}
+                                   "backbone_int8.tflite", "tail.npz", "negatives.npy", "MODEL_CARD.md")}
     build_bundle(args.out, files, manifest, key)
     print(f"model: wrote {args.out} (version {args.version}), signed with {key}")
     return 0

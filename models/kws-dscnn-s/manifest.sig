@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 28fa5f3ff2f380fe oZqkMtfl6My7dkUXUn2+4g0UmvKRuN1BmbYg+9YlF1UPY7NZTgYJn0uvRn68deczegs0BcLb/uIEs4U+xIZkBw==
+edgelearn-ed25519-signature 28fa5f3ff2f380fe gmXE2lss8LCLGfZD4f6sI3KhLKKLjdq+4t0365MTQVmoYGcB8JFUd6VzHvcsIn+fWyhyIX/Ie1l2A138jnqaDg==

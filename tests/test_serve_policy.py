@@ -159,9 +159,10 @@ def test_canary_rolls_back_on_errors_and_on_p99(clock):
     assert c.decide(_sum(100, err=0.01), _sum(4, err=1.0)) == HOLD  # 4 < rollback_min_requests
     assert c.decide(_sum(100, err=0.01), _sum(5, err=0.2)) == ROLLBACK
     assert "error rate 20.0%" in c.reason
-    c2 = CanaryPolicy(clock, min_requests=10, p99_factor=1.5, p99_slack=0.001)
-    assert c2.decide(_sum(100, p99=0.010), _sum(10, p99=0.0159)) != ROLLBACK
-    assert c2.decide(_sum(100, p99=0.010), _sum(10, p99=0.0161)) == ROLLBACK
+    c2 = CanaryPolicy(clock, min_requests=10, p99_factor=1.5, p99_slack=0.001, p99_min_requests=20)
+    assert c2.decide(_sum(100, p99=0.010), _sum(19, p99=0.5)) != ROLLBACK  # too few for a p99
+    assert c2.decide(_sum(100, p99=0.010), _sum(20, p99=0.0159)) != ROLLBACK
+    assert c2.decide(_sum(100, p99=0.010), _sum(20, p99=0.0161)) == ROLLBACK
     assert "p99 16.1 ms" in c2.reason
 
 

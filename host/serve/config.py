@@ -40,6 +40,7 @@ class ServeConfig:
     canary_min_step_seconds: float = 5.0
     canary_max_error_increase: float = 0.02
     canary_p99_factor: float = 1.5
+    canary_p99_min_requests: int = 100
     fault_injection: bool = False      # enables POST /v2/debug/... (tests and benchmarks only)
 
     def __post_init__(self) -> None:

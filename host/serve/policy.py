@@ -232,7 +232,7 @@ class CanaryPolicy:
     def __init__(self, clock: Clock, steps: Sequence[float] = (0.01, 0.10, 0.50, 1.0),
                  min_requests: int = 50, min_step_seconds: float = 5.0,
                  max_error_rate_increase: float = 0.02, p99_factor: float = 1.5,
-                 p99_slack: float = 0.005, rollback_min_requests: int = 5):
+                 p99_slack: float = 0.005, rollback_min_requests: int = 5, p99_min_requests: int = 100):
         if not steps or any(not (0 < s <= 1) for s in steps) or list(steps) != sorted(steps) or steps[-1] != 1.0:
             raise ValueError("canary steps must increase within (0, 1] and end at 1.0")
         self._clock = clock
@@ -241,6 +241,9 @@ class CanaryPolicy:
         self.max_error_rate_increase, self.p99_factor, self.p99_slack = (
             max_error_rate_increase, p99_factor, p99_slack)
         self.rollback_min_requests = rollback_min_requests
+        # A p99 from fewer samples is just the maximum: one scheduling hiccup would
+        # roll a good version back. Until then only the error rate can.
+        self.p99_min_requests = p99_min_requests
         self.step = 0
         self.step_started = clock()
         self.reason = ""
@@ -257,7 +260,7 @@ class CanaryPolicy:
                                f"at {self.weight:.0%} traffic")
                 return ROLLBACK
             if (not math.isnan(stable.p99) and not math.isnan(canary.p99)
-                    and canary.count >= self.min_requests
+                    and canary.count >= self.p99_min_requests
                     and canary.p99 > stable.p99 * self.p99_factor + self.p99_slack):
                 self.reason = (f"p99 {canary.p99 * 1e3:.1f} ms vs stable {stable.p99 * 1e3:.1f} ms "
                                f"at {self.weight:.0%} traffic")

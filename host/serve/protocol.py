@@ -19,6 +19,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+try:  # orjson parses a 490-float tensor ~10x faster than the stdlib, the largest cost per request
+    import orjson
+
+    def _loads(b: bytes):
+        return orjson.loads(b)
+
+    def _dumps(doc) -> bytes:
+        return orjson.dumps(doc)
+    _JSONError: tuple = (orjson.JSONDecodeError, UnicodeDecodeError)
+except ModuleNotFoundError:  # the stdlib is correct, only slower
+    def _loads(b: bytes):
+        return json.loads(b)
+
+    def _dumps(doc) -> bytes:
+        return json.dumps(doc, separators=(",", ":")).encode()
+    _JSONError = (json.JSONDecodeError, UnicodeDecodeError)
+
 # OIP datatype <-> numpy; BYTES is handled separately (length-prefixed strings).
 DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
@@ -90,8 +107,8 @@ def _json_header(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
             raise ProtocolError(400, f"Inference-Header-Content-Length is {n} but the body has {len(body)} bytes")
         json_bytes, rest = body[:n], body[n:]
     try:
-        header = json.loads(json_bytes)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = _loads(json_bytes)
+    except _JSONError as e:
         raise ProtocolError(400, f"request body is not valid JSON: {e}")
     if not isinstance(header, dict):
         raise ProtocolError(400, "request body must be a JSON object with an 'inputs' list")
@@ -161,7 +178,7 @@ def _decode_input(item, spec_by_name: dict[str, TensorSpec], model: str, rest: b
             flat = np.array([s.encode() if isinstance(s, str) else bytes(s)
                              for s in np.asarray(item["data"], dtype=object).ravel()], dtype=object)
         else:
-            flat = np.asarray(item["data"]).ravel()
+            flat = np.asarray(item["data"]).ravel()  # nested lists are allowed by the protocol
             if flat.dtype == object or (flat.size and flat.dtype.kind not in "biuf"):
                 raise ValueError("non-numeric data")
             if dt != "BOOL" and flat.dtype.kind == "b":
@@ -255,7 +272,7 @@ def encode_infer_response(model: str, version: str, req: InferRequest,
     doc: dict = {"model_name": model, "model_version": version, "outputs": outputs}
     if req.id is not None:
         doc["id"] = req.id
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    head = _dumps(doc)
     if not blobs:
         return head, {"content-type": "application/json"}
     return head + b"".join(blobs), {"content-type": "application/octet-stream",

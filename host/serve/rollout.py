@@ -118,7 +118,8 @@ class ServedModel:
         await mv.start()
         c = self.cfg
         self.policy = CanaryPolicy(self._clock, c.canary_steps, c.canary_min_requests,
-                                   c.canary_min_step_seconds, c.canary_max_error_increase, c.canary_p99_factor)
+                                   c.canary_min_step_seconds, c.canary_max_error_increase, c.canary_p99_factor,
+                                   p99_min_requests=c.canary_p99_min_requests)
         self.versions[mv.version] = mv
         self.canary = mv.version
         self._event(mv.version, "canary", f"{self.policy.weight:.0%}")

@@ -56,7 +56,7 @@ def model_under_test(tmp: Path) -> dict:
         served = load_bundle_models(shipped, default_trusted_keys(), work_dir=tmp)
         main = next(m for m in served.models if m.kind == "full")
         return {"bundle": shipped, "pub": default_trusted_keys(), "onnx": main.path, "name": main.name,
-                "input": main.spec.inputs[0], "label": f"shipped {served.model_id} v{served.version}"}
+                "input": main.spec.inputs[0], "version": served.version, "label": f"shipped {served.model_id} v{served.version}"}
     from host.keys import generate_keypair
     from host.serve.loader import spec_from_onnx
     from host.serve.toymodels import make_toy_bundle
@@ -64,6 +64,7 @@ def model_under_test(tmp: Path) -> dict:
     b = make_toy_bundle(tmp / "toy", priv, version=1, cloud_half=False)
     spec = spec_from_onnx(str(b / "model.onnx"), "kws-toy", "1")
     return {"bundle": b, "pub": pub, "onnx": str(b / "model.onnx"), "name": "kws-toy", "input": spec.inputs[0],
+            "version": "1",
             "label": "toy model (models/kws-dscnn-s not built yet)"}
 
 
@@ -114,7 +115,7 @@ def mlserver_exe() -> str:
     return found
 
 
-def start_mlserver(model: dict, tmp: Path, workers: int = 2) -> tuple[subprocess.Popen, int]:
+def start_mlserver(model: dict, tmp: Path, workers: int = 2, delay_ms: float = 0.0) -> tuple[subprocess.Popen, int]:
     port = free_port()
     d = tmp / "mlserver"
     (d / "kws").mkdir(parents=True, exist_ok=True)
@@ -123,7 +124,7 @@ def start_mlserver(model: dict, tmp: Path, workers: int = 2) -> tuple[subprocess
         "host": "127.0.0.1", "debug": False}))
     (d / "kws" / "model-settings.json").write_text(json.dumps({
         "name": model["name"], "implementation": "mlserver_onnx.OnnxRuntimeModel",
-        "parameters": {"uri": str(model["onnx"])}}))
+        "parameters": {"uri": str(model["onnx"]), "extra": {"delay_ms": delay_ms}}}))
     exe = mlserver_exe()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "bench")}
     proc = subprocess.Popen([exe, "start", str(d)], cwd=d, env=env, stdout=subprocess.DEVNULL,
@@ -206,15 +207,17 @@ async def open_loop(port: int, raws, rate: float, seconds: float, timeout: float
     idle: list[Conn] = []
     results: list[dict] = []
     tasks = []
+    busy = [0]
     n = int(rate * seconds)
     t0 = time.perf_counter()
 
     async def one(i):
         tag, raw = raws(i) if callable(raws) else ("", raws)
-        if not idle and len(tasks) > max_conns:
+        if not idle and busy[0] >= max_conns:
             results.append({"tag": tag, "status": 0, "latency": 0.0, "t": i / rate, "note": "client saturated"})
             return
         c = idle.pop() if idle else Conn(port)
+        busy[0] += 1
         t = time.perf_counter()
         try:
             status, headers, _ = await asyncio.wait_for(c.request(raw), timeout)
@@ -222,6 +225,8 @@ async def open_loop(port: int, raws, rate: float, seconds: float, timeout: float
         except asyncio.TimeoutError:
             c.close()
             status, headers = -1, {}
+        finally:
+            busy[0] -= 1
         results.append({"tag": tag, "status": status, "latency": time.perf_counter() - t,
                         "retry_after": headers.get("retry-after"), "t": t - t0})
 

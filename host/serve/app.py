@@ -119,6 +119,16 @@ class Server:
             raise ProtocolError(429, f"tenant '{tenant}' is over its quota of {rate:g} requests/s",
                                 {"Retry-After": str(max(1, math.ceil(wait)))})
 
+    def shed(self, model: ServedModel, version: str | None, tenant: str) -> None:
+        """Refuse before reading and parsing the body when the queue is already full:
+        under overload the parse is most of a rejection's cost."""
+        mv = model.get(version)
+        try:
+            mv.check_room()
+        except Overloaded as e:
+            self.metrics.rejections.labels(model.name, mv.version, self._tenant_label(tenant), "queue_full").inc()
+            raise ProtocolError(503, f"{e}; retry later", {"Retry-After": str(max(1, math.ceil(e.retry_after)))})
+
     async def run(self, model: ServedModel, version: str | None, inputs: dict, rows: int, tenant: str):
         """Execute with metrics; turns overload and replica failures into protocol errors."""
         t0 = self.clock()
@@ -166,6 +176,7 @@ class Server:
         spec = m.get(version).spec
         tenant = self.tenant(request)
         self.admit(m.name, tenant)
+        self.shed(m, version, tenant)
         body = await self.body(request)
         req = parse_infer_request(body, request.headers.get("inference-header-content-length"), spec,
                                   self.cfg.max_batch_size)

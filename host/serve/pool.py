@@ -204,13 +204,17 @@ class ModelVersion:
         return len(self._queue) + sum(len(b.items) for b in self._batches.values())
 
     # -- admission ---------------------------------------------------------------------------
-    async def infer(self, inputs: dict, rows: int) -> dict[str, np.ndarray]:
-        if self.stopping:
-            raise ReplicaError(f"{self.name} v{self.version} is shutting down")
+    def check_room(self) -> None:
+        """Raise Overloaded if the queue is at its bound (also called before a body is parsed)."""
         if len(self._queue) >= self.cfg.max_queue:
             live = max(1, sum(s.routable_health for s in self.slots))
             wait = self._batch_seconds * (len(self._queue) / self.cfg.max_batch_size + 1) / live
             raise Overloaded(f"{self.name} v{self.version}: queue is full ({self.cfg.max_queue} requests)", wait)
+
+    async def infer(self, inputs: dict, rows: int) -> dict[str, np.ndarray]:
+        if self.stopping:
+            raise ReplicaError(f"{self.name} v{self.version} is shutting down")
+        self.check_room()
         fut = asyncio.get_running_loop().create_future()
         self._queue.append(_Item(inputs, rows, fut, self._clock()))
         self._wake.set()

@@ -1,0 +1,252 @@
+"""The real trainable tail of the network: float dw4 -> pw4 -> pool -> classifier on the int8 backbone.
+
+The bundle's ``backbone`` partition (int8, frozen, never changed on the device)
+ends at ``pw3_relu``: a (25, 5, 64) feature map. ``tail.npz`` holds the rest in
+float32 with batch norm folded (``host/tail_export.py`` has the reference)::
+
+    a1 = dwconv3x3(x, dw4_w) + dw4_b ; y1 = relu(a1)             P = 125 positions, C = 64
+    a2 = y1 @ pw4_w + pw4_b [+ s (y1 A) B]   [+ relu(a2 Ad) Bd]  LoRA / residual adapter on pw4
+    y2 = relu(a2) ; e = mean_p(y2)                               e: the 64-d embedding
+    logits = e @ cls_w + cls_b [+ s (e A) B] [+ relu(l Ad) Bd]   LoRA / residual adapter on cls
+
+``delta`` overrides ``base`` by name (replaced tensors, LoRA and adapter factors),
+so contexts swap by swapping ``delta``. ``train_dw=False`` freezes dw4 into the
+forward (the tail the host's training-memory model describes: it cannot model a
+depthwise layer); the default trains the whole tail. ReLU masks are kept
+bit-packed (``np.packbits``) unless ``pack_masks=False`` (one byte each, the
+host model's definition). ``ConvTrainer`` is in ``edge.adapt.convtrain``.
+
+    >>> tail = ConvTail(load_tail(bundle))
+    >>> probs = tail.probs(tail.to_float(features_int8))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge.errors import EdgelearnError
+
+ARRAYS = ("dw4_w", "dw4_b", "pw4_w", "pw4_b", "cls_w", "cls_b")
+LINEAR = ("pw4", "cls")
+
+
+def load_tail(bundle) -> dict:
+    """The float tail arrays of a bundle (manifest ``trainable.tail``), checked for shape."""
+    spec = (bundle.manifest.get("trainable") or {}).get("tail")
+    if not spec:
+        raise EdgelearnError(f"bundle {bundle.model_id} v{bundle.version} carries no trainable tail",
+                             fix="use a bundle with a backbone partition and tail.npz (edgelearn model)")
+    try:
+        with np.load(bundle.path(spec.get("file", "tail.npz"))) as z:
+            t = {k: z[k].astype(np.float32) for k in ARRAYS}
+    except (OSError, ValueError, KeyError, EdgelearnError) as e:
+        raise EdgelearnError(f"bundle {bundle.model_id}: tail arrays unreadable ({e})",
+                             fix="rebuild the bundle") from None
+    c = t["dw4_b"].shape[0]
+    want = {"dw4_w": (3, 3, c), "pw4_w": (c, c), "pw4_b": (c,), "cls_w": (c, t["cls_b"].shape[0])}
+    bad = {k: t[k].shape for k, s in want.items() if t[k].shape != s}
+    if bad:
+        raise EdgelearnError(f"tail arrays have unexpected shapes {bad}", fix="rebuild the bundle")
+    return t
+
+
+def backbone_partition(bundle) -> dict:
+    parts = [p for p in bundle.partitions if p.get("role") == "backbone" and p["format"] == "tflite"]
+    if not parts:
+        raise EdgelearnError(f"bundle {bundle.model_id} has no backbone partition",
+                             fix="use a bundle with backbone_int8.tflite")
+    return parts[0]
+
+
+class Backbone:
+    """The frozen int8 backbone: normalised features -> int8 (N, 25, 5, 64) and its (scale, zero_point)."""
+
+    def __init__(self, bundle, backend: str = "auto", num_threads: int = 1):
+        from edge.backends import load, quantize
+
+        self._quantize = quantize
+        part = backbone_partition(bundle)
+        self.backend = load(bundle.path(part["file"]), backend=backend, num_threads=num_threads)
+        out = self.backend.outputs[0]
+        self.qparams = (float(out.scale), int(out.zero_point))
+
+    def __call__(self, feats: np.ndarray) -> np.ndarray:
+        x = np.asarray(feats, np.float32).reshape(-1, 49, 10, 1)
+        q = self._quantize(x, self.backend.inputs[0])
+        return self.backend.invoke(q)[0]
+
+
+def dwconv(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Depthwise 3x3, same padding, stride 1, on (B, H, W, C); no padded copy (slices instead)."""
+    b, h, wd, c = x.shape
+    y = np.zeros_like(x) if out is None else out
+    tmp = np.empty((b, h, wd, c), x.dtype)
+    for i in range(3):
+        di = i - 1
+        ys, xs = slice(max(0, -di), h - max(0, di)), slice(max(0, di), h + min(0, di))
+        for j in range(3):
+            dj = j - 1
+            yc, xc = slice(max(0, -dj), wd - max(0, dj)), slice(max(0, dj), wd + min(0, dj))
+            t = tmp[:, : ys.stop - ys.start, : yc.stop - yc.start]
+            np.multiply(x[:, xs, xc], w[i, j], out=t)
+            y[:, ys, yc] += t
+    return y
+
+
+def dwconv_grad(x: np.ndarray, dy: np.ndarray, out: np.ndarray) -> None:
+    """out[i, j, c] = sum over positions of x(shifted by (i-1, j-1)) * dy, for the 3x3 depthwise weight."""
+    _, h, wd, _ = x.shape
+    for i in range(3):
+        di = i - 1
+        ys, xs = slice(max(0, -di), h - max(0, di)), slice(max(0, di), h + min(0, di))
+        for j in range(3):
+            dj = j - 1
+            yc, xc = slice(max(0, -dj), wd - max(0, dj)), slice(max(0, dj), wd + min(0, dj))
+            out[i, j] = np.einsum("bhwc,bhwc->c", x[:, xs, xc], dy[:, ys, yc])
+
+
+class ConvTail:
+    """Forward/backward of the conv tail; ``delta`` overrides ``base``."""
+
+    def __init__(self, base: dict, delta: dict | None = None, lora_scale: float = 1.0,
+                 qparams: tuple | None = None, train_dw: bool = True, pack_masks: bool = True):
+        self.base, self.delta = base, dict(delta or {})
+        self.lora_scale, self.qparams = lora_scale, qparams
+        self.train_dw, self.pack_masks = train_dw, pack_masks
+
+    def p(self, name: str):
+        return self.delta[name] if name in self.delta else self.base.get(name)
+
+    @property
+    def channels(self) -> int:
+        return self.base["pw4_w"].shape[0]
+
+    @property
+    def n_classes(self) -> int:
+        return self.base["cls_w"].shape[1]
+
+    def to_float(self, x: np.ndarray) -> np.ndarray:
+        """int8 backbone output -> float32 (needs ``qparams``); float input passes through."""
+        x = np.asarray(x)
+        if x.dtype.kind == "f":
+            return x
+        if x.dtype != np.int8 or self.qparams is None:
+            raise EdgelearnError(f"tail input is {x.dtype}", fix="pass float32, or int8 with qparams")
+        s, zp = self.qparams
+        out = x.astype(np.float32)
+        out -= zp
+        out *= s
+        return out
+
+    def _linear(self, x, layer, keep, need_in):
+        w, b = self.p(f"{layer}_w"), self.p(f"{layer}_b")
+        y = x @ w
+        y += b
+        a = self.p(f"{layer}.lora_a")
+        if a is not None:
+            u = x @ a
+            t = u @ self.p(f"{layer}.lora_b")
+            t *= self.lora_scale
+            y += t
+            del t
+            if keep is not None:
+                keep[f"{layer}.u"] = u
+        if keep is not None and need_in:
+            keep[f"{layer}.x"] = x
+        ad = self.p(f"{layer}.adapter_a")
+        if ad is not None:
+            h = y @ ad
+            if keep is not None:
+                keep[f"{layer}.ma"] = h > 0
+                keep[f"{layer}.y"] = y
+            np.maximum(h, 0, out=h)
+            z = h @ self.p(f"{layer}.adapter_b")
+            z += y
+            if keep is not None:
+                keep[f"{layer}.h"] = h
+            y = z
+        return y
+
+    def _mask(self, a):
+        m = a > 0
+        return (np.packbits(m, axis=-1), m.shape) if self.pack_masks else (m, None)
+
+    def unmask(self, kept):
+        m, shape = kept
+        return m if shape is None else np.unpackbits(m, axis=-1, count=shape[-1]).view(bool)
+
+    def forward(self, x: np.ndarray, wanted: set | None = None):
+        """Logits, and (if ``wanted``: the trained tensor names) the tensors backward needs."""
+        keep = None if wanted is None else {}
+        w = wanted or set()
+        dw_train = self.train_dw and bool(w & {"dw4_w", "dw4_b"})
+        pw_deep = bool(w & {"pw4_w", "pw4.lora_a", "pw4.adapter_a"}) or dw_train
+        x = self.to_float(x)
+        b, hh, ww, c = x.shape
+        y1 = dwconv(x, self.p("dw4_w"))
+        y1 += self.p("dw4_b")
+        if keep is not None and dw_train:
+            keep["mask1"] = self._mask(y1)
+            if "dw4_w" in w:
+                keep["x"] = x
+        np.maximum(y1, 0, out=y1)
+        y1 = y1.reshape(b, hh * ww, c)
+        need_in = keep is not None and bool(w & {"pw4_w", "pw4.lora_a"})
+        a2 = self._linear(y1, "pw4", keep if keep is not None and pw_deep else None, need_in)
+        del y1
+        if keep is not None and (pw_deep or "pw4_b" in w):
+            if pw_deep:
+                keep["mask2"] = self._mask(a2)
+            else:  # TinyTL's lite path: per-channel active counts replace the P x C mask
+                keep["count2"] = (a2 > 0).sum(axis=1, dtype=np.float32)
+        np.maximum(a2, 0, out=a2)
+        e = a2.mean(axis=1)
+        del a2
+        need_e = keep is not None and bool(w & {"cls_w", "cls.lora_a"})
+        logits = self._linear(e, "cls", keep, need_e)
+        if keep is not None:
+            keep["P"] = hh * ww
+        return logits, keep, e
+
+    def probs(self, x: np.ndarray, batch: int = 256) -> np.ndarray:
+        return self.infer(x, batch)[1]
+
+    def infer(self, x: np.ndarray, batch: int = 256):
+        """(embedding, probs) in batches (the inference forward, nothing kept)."""
+        embs, probs = [], []
+        for i in range(0, len(x), batch):
+            logits, _, e = self.forward(x[i:i + batch])
+            logits -= logits.max(axis=1, keepdims=True)
+            p = np.exp(logits)
+            p /= p.sum(axis=1, keepdims=True)
+            embs.append(e)
+            probs.append(p)
+        return np.concatenate(embs), np.concatenate(probs)
+
+    def merged(self) -> dict:
+        """Delta with LoRA folded into the weights (zero extra inference cost)."""
+        out = {k: v for k, v in self.delta.items() if ".lora_" not in k}
+        for layer in LINEAR:
+            a = self.p(f"{layer}.lora_a")
+            if a is not None:
+                out[f"{layer}_w"] = (self.p(f"{layer}_w") + self.lora_scale * (a @ self.p(f"{layer}.lora_b"))
+                                     ).astype(np.float32)
+        return out
+
+
+class TailModel:
+    """Backbone + (adapted) conv tail with ``KeywordModel``'s interface: ``infer(feats) -> (emb, probs)``."""
+
+    def __init__(self, bundle, delta: dict | None = None, backend: str = "auto", num_threads: int = 1):
+        from edge.kws import KeywordModel
+
+        self.km = KeywordModel(bundle, backend=backend, num_threads=num_threads)
+        self.bundle, self.labels, self.scale = bundle, self.km.labels, self.km.scale
+        self.backbone = Backbone(bundle, backend=backend, num_threads=num_threads)
+        self.tail = ConvTail(load_tail(bundle), delta, qparams=self.backbone.qparams)
+
+    def features(self, pcm) -> np.ndarray:
+        return self.km.features(pcm)
+
+    def infer(self, feats: np.ndarray):
+        return self.tail.infer(self.backbone(feats))

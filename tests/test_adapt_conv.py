@@ -1,0 +1,218 @@
+"""The conv tail (dw4 -> pw4 -> pool -> classifier): exact gradients, LoRA merge, byte accounting,
+and measured step memory against ``host.partition.training``'s prediction through its hook."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from edge.adapt.conv import ConvTail, dwconv
+from edge.adapt.convtrain import ConvTrainer, choose_sparse, mix_replay
+from edge.errors import EdgelearnError
+
+STRATS = ("bias-only", "residual-adapter", "lora", "sparse", "full")
+
+
+def tail_arrays(c=8, k=5, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return {"dw4_w": rng.normal(0, .4, (3, 3, c)).astype(dtype), "dw4_b": rng.normal(0, .1, c).astype(dtype),
+            "pw4_w": rng.normal(0, .4, (c, c)).astype(dtype), "pw4_b": rng.normal(0, .1, c).astype(dtype),
+            "cls_w": rng.normal(0, .5, (c, k)).astype(dtype), "cls_b": rng.normal(0, .1, k).astype(dtype)}
+
+
+def data(n=6, h=5, w=3, c=8, k=5, seed=1, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return np.abs(rng.normal(0, 1, (n, h, w, c))).astype(dtype), rng.integers(0, k, n)
+
+
+def loss(tail, x, y):
+    logits, _, _ = tail.forward(x)
+    z = logits - logits.max(axis=1, keepdims=True)
+    return float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(y)), y]))
+
+
+def test_forward_matches_the_host_reference():
+    from host.tail_export import tail_forward
+
+    t = tail_arrays()
+    x, _ = data()
+    e_ref, p_ref = tail_forward(t, x)
+    e, p = ConvTail(t).infer(x)
+    np.testing.assert_allclose(e, e_ref, atol=1e-5)
+    np.testing.assert_allclose(p, p_ref, atol=1e-6)
+    pad = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref = sum(pad[:, i:i + 5, j:j + 3] * t["dw4_w"][i, j] for i in range(3) for j in range(3))
+    np.testing.assert_allclose(dwconv(x, t["dw4_w"]), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("train_dw", [True, False])
+@pytest.mark.parametrize("strategy", STRATS)
+def test_gradients_match_finite_differences(strategy, train_dw):
+    x, y = data(dtype=np.float64)
+    tail = ConvTail(tail_arrays(dtype=np.float64), train_dw=train_dw)
+    sw = ["pw4_w", "cls_w"] + (["dw4_w"] if train_dw else []) if strategy == "sparse" else ()
+    tr = ConvTrainer(tail, strategy, "sgd", sparse_weights=sw)
+    rng = np.random.default_rng(5)
+    for n in tr.names:  # move off the zero init so every path has a gradient
+        tail.delta[n] = tail.delta[n].astype(np.float64) + 0.1 * rng.standard_normal(tail.delta[n].shape)
+        tr.grads[n] = np.zeros_like(tail.delta[n])
+    tr.gradients(x, y)
+    for n in tr.names:
+        p = tail.delta[n]
+        for _ in range(3):
+            idx = tuple(rng.integers(0, s) for s in p.shape)
+            old = p[idx]
+            p[idx] = old + 1e-6
+            up = loss(tail, x, y)
+            p[idx] = old - 1e-6
+            down = loss(tail, x, y)
+            p[idx] = old
+            assert tr.grads[n][idx] == pytest.approx((up - down) / 2e-6, rel=1e-4, abs=1e-9), (n, idx)
+    assert ("dw4_b" in tr.names) == (train_dw and strategy in ("bias-only", "sparse", "full"))
+
+
+@pytest.mark.parametrize("strategy", STRATS)
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_training_reduces_loss_and_starts_from_base(strategy, optimizer):
+    x, y = data(n=12)
+    b = tail_arrays()
+    tail = ConvTail(b)
+    start = tail.probs(x)
+    tr = ConvTrainer(tail, strategy, optimizer, lr=0.05 if optimizer == "sgd" else 0.01,
+                     sparse_weights=["cls_w"] if strategy == "sparse" else ())
+    np.testing.assert_allclose(tail.probs(x), start, atol=1e-6)  # zero-init adapters: no change yet
+    losses = [tr.step(x, y) for _ in range(80)]
+    assert losses[-1] < losses[0] - 0.1 and losses[-1] == min(losses[-10:]) or losses[-1] < 0.8 * losses[0]
+    assert all(np.array_equal(b[k], tail_arrays()[k]) for k in b)  # the base is never modified
+
+
+def test_lora_merged_equals_unmerged_and_adds_nothing_at_inference():
+    x, y = data(n=12)
+    tail = ConvTail(tail_arrays())
+    tr = ConvTrainer(tail, "lora", "adam", rank=3)
+    for _ in range(40):
+        tr.step(x, y)
+    merged = ConvTail(tail_arrays(), tail.merged())
+    assert not any(".lora_" in k for k in merged.delta) and set(merged.delta) == {"pw4_w", "cls_w"}
+    assert not np.allclose(merged.delta["pw4_w"], tail_arrays()["pw4_w"])  # it did learn something
+    np.testing.assert_allclose(merged.probs(x), tail.probs(x), atol=1e-5)
+
+
+def test_int8_input_is_dequantised_with_the_backbone_qparams():
+    t = tail_arrays()
+    q = np.random.default_rng(3).integers(-128, 127, (4, 5, 3, 8)).astype(np.int8)
+    tail = ConvTail(t, qparams=(0.05, -128))
+    np.testing.assert_allclose(tail.probs(q), ConvTail(t).probs((q.astype(np.float32) + 128) * 0.05), atol=1e-6)
+    with pytest.raises(EdgelearnError, match="qparams"):
+        ConvTail(t).probs(q)
+
+
+def test_bias_only_keeps_only_bitpacked_masks():
+    x, y = data(n=4)
+    got = {}
+    for s in STRATS:
+        tr = ConvTrainer(ConvTail(tail_arrays()), s, "adam", sparse_weights=["pw4_w"] if s == "sparse" else ())
+        tr.step(x, y)
+        got[s] = tr.last_bytes
+        n = sum(tr.tail.delta[k].size for k in tr.names)
+        assert got[s]["params"] == got[s]["grads"] == 4 * n and got[s]["optimizer_state"] == 8 * n
+    positions = 4 * 5 * 3  # batch x H x W, C = 8 channels: one packed byte per position per mask
+    assert got["bias-only"]["activations"] == 2 * positions
+    total = {s: sum(v.values()) for s, v in got.items()}
+    assert total["bias-only"] < total["lora"] < total["full"]
+    assert total["bias-only"] < total["sparse"] < total["full"]
+
+
+def test_sparse_choice_respects_the_budget_and_always_trains_biases():
+    x, y = data(n=8)
+    tail = ConvTail(tail_arrays())
+    bias_bytes = 4 * 2 * (8 + 8 + 5)
+    chosen = choose_sparse(tail, x, y, memory_budget=bias_bytes + 4 * 2 * 8 * 5 + 4 * 8 * 8, optimizer="sgd")
+    assert chosen == ["cls_w"]
+    assert choose_sparse(tail, x, y, memory_budget=bias_bytes, optimizer="sgd") == []
+    assert len(choose_sparse(tail, x, y, memory_budget=10 ** 7, optimizer="adam")) == 3
+    with pytest.raises(EdgelearnError, match="biases"):
+        choose_sparse(tail, x, y, memory_budget=8, optimizer="sgd")
+    with pytest.raises(EdgelearnError, match="not trainable"):
+        ConvTrainer(tail, "sparse", sparse_weights=["bogus"])
+    with pytest.raises(EdgelearnError, match="labels"):
+        ConvTrainer(ConvTail(tail_arrays()), "full").step(x, np.full(len(x), 99))
+
+
+def test_replay_examples_are_mixed_in_as_tail_inputs():
+    from edge.portable.replay import ReplayBuffer
+
+    x, y = data(n=4)
+    rb = ReplayBuffer(5 * 3 * 8, 8192)
+    for v, lab in zip(x, y):
+        rb.add(list(v.ravel()), int(lab))
+    bx, by = mix_replay(x, y, rb, 3)
+    assert bx.shape == (7, 5, 3, 8) and set(by[4:]) <= set(y)
+    np.testing.assert_allclose(bx[4:].max(), x.max(), rtol=0.02)
+
+
+# --- measured memory vs the host's training-memory model ------------------------------------
+
+DOMAIN = np.lib.tracemalloc_domain
+
+
+def _numpy_bytes() -> int:
+    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, DOMAIN)])
+    return sum(s.size for s in snap.statistics("filename"))
+
+
+def measure_step(tail, strategy, optimizer, x, y, sparse_weights=()):
+    """numpy bytes a step holds beyond inference: peak from the end of the forward pass on,
+    minus what existed before the trainer (the host model's definition)."""
+    peak = [0]
+
+    def probe(_tag=None):
+        peak[0] = max(peak[0], _numpy_bytes())
+
+    base = _numpy_bytes()
+    tr = ConvTrainer(tail, strategy, optimizer, sparse_weights=sparse_weights)
+    tr.step(x, y, probe=probe)
+    return peak[0] - base, tr
+
+
+@pytest.fixture(scope="module")
+def shipped_shape():
+    from host.partition.training import TailOp
+
+    ops = [TailOp("linear", 0, "pw4", 125, 64, 64, True), TailOp("pool", 1, "pool", 125, 64, 64, False),
+           TailOp("linear", 2, "cls", 1, 64, 37, False)]
+    tracemalloc.start()
+    yield ops
+    tracemalloc.stop()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("strategy", STRATS)
+def test_measured_step_memory_matches_host_prediction(shipped_shape, strategy, optimizer):
+    """dw4 frozen (the tail the host model describes), one example, one-byte masks: within 10 %."""
+    from host.partition.training import check_measured, training_memory
+
+    x, y = data(n=1, h=25, w=5, c=64, k=37)
+    tail = ConvTail(tail_arrays(c=64, k=37), train_dw=False, pack_masks=False)
+    sw = ["cls_w"] if strategy == "sparse" else ()  # the host model's default: the last layer
+    measured, tr = measure_step(tail, strategy, optimizer, x, y, sw)
+    pred = training_memory(shipped_shape, strategy, optimizer, rank=4)
+    [r] = check_measured({strategy: pred}, {strategy: measured})
+    assert r["ok"], (pred.as_dict(), measured, tr.last_bytes)
+    acct = tr.step_bytes()  # the trainer's own accounting agrees with the measurement too
+    assert abs(acct - measured) <= 0.10 * measured, (tr.last_bytes, measured)
+
+
+def test_whole_tail_costs_more_than_the_host_model_and_bias_only_stays_small(shipped_shape):
+    """Training dw4 too (the real tail) needs pw4's P x C mask and gradient map, which the host
+    model (no depthwise layers) does not count; bias-only still needs no stored inputs."""
+    from host.partition.training import training_memory
+
+    x, y = data(n=1, h=25, w=5, c=64, k=37)
+    got = {}
+    for s in ("bias-only", "full"):
+        got[s], _ = measure_step(ConvTail(tail_arrays(c=64, k=37)), s, "adam", x, y)
+        assert got[s] > training_memory(shipped_shape, s, "adam").total
+    assert got["full"] > 6.5 * got["bias-only"]

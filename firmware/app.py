@@ -45,7 +45,7 @@ class AppError(Exception):
     """A command that cannot run; ``problem`` and ``fix`` go back over the link in a NAK."""
 
     def __init__(self, problem, fix=""):
-        Exception.__init__(self, problem)
+        super().__init__(problem)
         self.problem = problem
         self.fix = fix
 
@@ -196,7 +196,7 @@ class App:
         cfg["keywords"] = names
         self._save("head.bin", head.to_bytes())
         try:
-            atomic_write(self.board.path("config.json"), json.dumps(cfg))
+            atomic_write(self.board.path("config.json"), json.dumps(cfg).encode())
         except OSError:
             raise AppError("could not save config.json (filesystem full?)", "free space on the board and retry")
 
@@ -243,8 +243,9 @@ class App:
 
     def cmd_status(self, args):
         gc.collect()
+        free = gc.mem_free() if hasattr(gc, "mem_free") else -1  # -1: CPython has no fixed heap
         return "ok model=%s v=%d keywords=%d replay=%d heap_free=%d" % (
-            self.model_id, self.version, self.head.count, self.replay.count, gc.mem_free())
+            self.model_id, self.version, self.head.count, self.replay.count, free)
 
     def cmd_clip(self, args):
         self.ring.reset()

@@ -15,7 +15,7 @@ only itself. Both the firmware (MicroPython) and ``host/gateway.py``
     wire = encode(CMD, 7, b"status")
     dec = Decoder()
     dec.feed(wire)
-    kind, seq, payload = dec.next()          # (1, 7, memoryview(b"status"))
+    kind, seq, payload = dec.next()          # (1, 7, b"status")
 """
 
 import struct
@@ -47,7 +47,7 @@ class LinkError(ValueError):
     """A frame failed a check; ``problem`` says which."""
 
     def __init__(self, problem):
-        ValueError.__init__(self, problem)
+        super().__init__(problem)
         self.problem = problem
 
 
@@ -126,10 +126,7 @@ class Decoder:
         self._drop(i)
 
     def next(self):
-        """``(kind, seq, payload memoryview)`` or None; a bad frame raises LinkError once and is skipped.
-
-        The payload view is valid until the next call.
-        """
+        """``(kind, seq, payload bytes)`` or None; a bad frame raises LinkError once and is skipped."""
         if self.n and (self.n < 2 or self.buf[0] != 0xA5 or self.buf[1] != 0x5A):
             self._resync(0)
         if self.n < HEADER_LEN:

@@ -3,7 +3,7 @@
 Used by ``edgelearn flash`` (which copies the list over the raw REPL) and by
 tests that give the unix port a directory as its filesystem directly.
 Also the test clips: enrolment and detection WAVs of two custom phrases from
-the rendered corpus (one held-out voice), or synthetic voiced sounds when no
+the rendered corpus (held-out voices of one synthesizer), or synthetic voiced sounds when no
 corpus is rendered on this machine.
 
     files = board_files(Path("build/board"), Path("models/kws-mcu-tcnn"), "esp32-07", key)
@@ -51,7 +51,7 @@ def _voiced(f0: float, formant: float, seed: int) -> np.ndarray:
 
 
 def phrase_clips(n: int = 6):
-    """Two custom phrases, ``n`` clips each, one voice: ({phrase: [int16 clips]}, source)."""
+    """Two custom phrases, ``n`` clips each, one synthesizer (held-out voices): ({phrase: [int16 clips]}, source)."""
     try:
         from host.data.corpus import load_corpus
         cache = sorted((ROOT / ".cache" / "edgelearn").glob("corpus-*"))
@@ -60,7 +60,8 @@ def phrase_clips(n: int = 6):
         idx = c.select(("test", "unseen"), kinds=("custom",))
         by: dict[tuple[str, str], list[int]] = {}
         for i in idx:
-            by.setdefault((c.text[i] if hasattr(c, "text") else c.label_of(i), c.voice[i]), []).append(i)
+            # at most 4 renders per voice and phrase: group by synthesizer (several voices) instead
+            by.setdefault((str(c.text[i]), str(c.voice[i]).split(":")[0]), []).append(i)
         voices: dict[str, dict[str, list[int]]] = {}
         for (phrase, voice), ids in by.items():
             voices.setdefault(voice, {})[phrase] = ids
@@ -68,7 +69,7 @@ def phrase_clips(n: int = 6):
             good = [p for p, ids in sorted(phrases.items()) if len(ids) >= n]
             if len(good) >= 2:
                 return ({p: [fit_to_window(np.asarray(c.utterance(i))).astype(np.int16)
-                             for i in phrases[p][:n]] for p in good[:2]}, f"corpus voice {voice}")
+                             for i in phrases[p][:n]] for p in good[:2]}, f"corpus, {voice} voices")
     except Exception:  # no corpus here: fall through to synthetic sounds
         pass
     return ({"low-ah": [_voiced(110, 700, s) for s in range(n)],

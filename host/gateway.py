@@ -22,7 +22,8 @@ import struct
 import time
 
 from edge.errors import EdgelearnError
-from edge.portable.chunks import ChunkError, Reassembler
+from edge.portable.chunks import Reassembler
+from edge.portable.wire_errors import WireError
 from firmware import link as L
 
 
@@ -125,7 +126,7 @@ class BoardLink:
             for c in self.chunks:
                 try:
                     done = rs.add(c)
-                except ChunkError:
+                except WireError:  # ChunkError and the size/CRC checks
                     self.link_errors += 1
                     continue
                 if done is not None:

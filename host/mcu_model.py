@@ -133,7 +133,7 @@ def export(work: Path, corpus=None) -> dict:
     (work / "mcu_int8.tflite").write_bytes(_to_tflite(export_model(model), calib))
     g = load_graph(work / "mcu_int8.tflite")
     write_blob(g, work / "weights.elb")
-    (work / "graph.json").write_text(json.dumps(graph_spec(g), indent=1))
+    (work / "graph.json").write_text(json.dumps(graph_spec(g), separators=(",", ":")))
     metrics = evaluate_model(int8_predictor(work / "mcu_int8.tflite"), corpus, scale, ("espeak", "festival"))
     metrics.update(macs=int(g.total_macs), weight_bytes=int(g.weight_bytes),
                    tflite_bytes=(work / "mcu_int8.tflite").stat().st_size,
@@ -150,7 +150,7 @@ def int8_predictor(path: Path, batch: int = 256):
     inp = it.get_input_details()[0]
     it.resize_tensor_input(inp["index"], [batch, 49, 10, 1])
     it.allocate_tensors()
-    outs = sorted(it.get_output_details(), key=lambda o: o["shape"][-1])  # embedding (32) < logits (37)
+    outs = sorted(it.get_output_details(), key=lambda o: o["shape"][-1] != CHANNELS[-1])  # embedding first
 
     def predict(feats):
         embs, probs = [], []

@@ -78,7 +78,7 @@ def _check_len(name, buf, n):
 
 
 class Conv2D:
-    """CONV_2D with int8 OHWI weights (dilation 1); weights are kept HWIO so the channel loop is innermost."""
+    """CONV_2D with int8 OHWI weights (dilation 1)."""
 
     def __init__(self, weights, bias, in_shape, out_shape, kernel, stride, padding, in_q, w_scales, out_q,
                  act=(_I8_MIN, _I8_MAX)):
@@ -95,12 +95,9 @@ class Conv2D:
         if (oh, ow) != (self.oh, self.ow):
             raise ValueError("conv2d: output %dx%d does not follow from the input and padding (%dx%d)"
                              % (self.oh, self.ow, oh, ow))
-        taps = self.kh * self.kw * self.ic
-        w = zeros_i8(len(weights))
-        for o in range(self.oc):  # OHWI -> HWIO
-            for t in range(taps):
-                w[t * self.oc + o] = weights[o * taps + t]
-        self.w = w
+        # kept OHWI as stored (no re-laid-out copy: on a board that copy is the largest transient)
+        self.taps = self.kh * self.kw * self.ic
+        self.w = weights
         self.bias = bias if bias is not None else array.array("i", bytes(4 * self.oc))
         self.in_off = -in_q[1]
         self.out_zp = out_q[1]
@@ -111,7 +108,7 @@ class Conv2D:
     def run(self, x, y):
         ih, iw, ic, ow, oc = self.ih, self.iw, self.ic, self.ow, self.oc
         kh, kw, sh, sw, pt, pl = self.kh, self.kw, self.sh, self.sw, self.pt, self.pl
-        w, bias, acc, off = self.w, self.bias, self.acc, self.in_off
+        w, bias, acc, off, taps = self.w, self.bias, self.acc, self.in_off, self.taps
         mult, shift, zp, amin, amax = self.mult, self.shift, self.out_zp, self.amin, self.amax
         mbqm = multiply_by_quantized_multiplier
         o = 0
@@ -129,12 +126,13 @@ class Conv2D:
                     row = (y0 + fy) * iw
                     for fx in range(fx0, fx1):
                         p = (row + x0 + fx) * ic
-                        wb = (fy * kw + fx) * ic * oc
+                        t = (fy * kw + fx) * ic
                         for i in range(ic):
                             v = x[p + i] + off
+                            wi = t + i
                             for c in range(oc):
-                                acc[c] += w[wb + c] * v
-                            wb += oc
+                                acc[c] += w[wi] * v
+                                wi += taps
                 for c in range(oc):
                     r = mbqm(acc[c], mult[c], shift[c]) + zp
                     y[o] = amin if r < amin else (amax if r > amax else r)

@@ -90,29 +90,37 @@ class Tables:
                 self.dct[n * N_MFCC + k] = v * math.sqrt(0.5) if k == 0 else v
 
     def _mel(self):
+        # two passes (count, then fill a preallocated array): a list of boxed floats
+        # would cost ~12 KB of transient heap at boot
         lo = _hz_to_mel(FMIN)
         hi = _hz_to_mel(FMAX)
-        edges = [_mel_to_hz(lo + (hi - lo) * i / (N_MELS + 1)) for i in range(N_MELS + 2)]
         self.mel_start = array.array("H", bytes(2 * N_MELS))
         self.mel_len = array.array("H", bytes(2 * N_MELS))
-        weights = []
-        for m in range(N_MELS):
-            a, c, b = edges[m], edges[m + 1], edges[m + 2]
-            first = -1
-            row = []
-            for k in range(_BINS):
-                hz = SAMPLE_RATE / 2 * k / (_BINS - 1)
-                w = min((hz - a) / (c - a), (b - hz) / (b - c))
-                if w > 0.0:
-                    if first < 0:
-                        first = k
-                    row.append(w)
-                elif first >= 0:
-                    break
-            self.mel_start[m] = max(first, 0)
-            self.mel_len[m] = len(row)
-            weights.extend(row)
-        self.mel_w = array.array("f", weights)
+        self.mel_w = None
+        for fill in (False, True):
+            pos = 0
+            for m in range(N_MELS):
+                a = _mel_to_hz(lo + (hi - lo) * m / (N_MELS + 1))
+                c = _mel_to_hz(lo + (hi - lo) * (m + 1) / (N_MELS + 1))
+                b = _mel_to_hz(lo + (hi - lo) * (m + 2) / (N_MELS + 1))
+                first = -1
+                n = 0
+                for k in range(_BINS):
+                    hz = SAMPLE_RATE / 2 * k / (_BINS - 1)
+                    w = min((hz - a) / (c - a), (b - hz) / (b - c))
+                    if w > 0.0:
+                        if first < 0:
+                            first = k
+                        if fill:
+                            self.mel_w[pos + n] = w
+                        n += 1
+                    elif first >= 0:
+                        break
+                self.mel_start[m] = max(first, 0)
+                self.mel_len[m] = n
+                pos += n
+            if not fill:
+                self.mel_w = _f(pos)
 
 
 _TABLES = None

@@ -33,7 +33,7 @@ class ModelBlobError(ValueError):
     """The blob or graph is unreadable or does not belong together; ``fix`` says what to do."""
 
     def __init__(self, problem, fix="deploy the weights.elb and graph.json of one bundle (edgelearn flash --bundle ...)"):
-        ValueError.__init__(self, problem)
+        super().__init__(problem)
         self.problem = problem
         self.fix = fix
 
@@ -124,10 +124,10 @@ class McuModel:
         if nbytes != _count(tshape) * _ITEM[code]:
             raise ModelBlobError("tensor %s: %d bytes for shape %s" % (name, nbytes, list(tshape)))
         f.seek(data_start + off)
-        raw = f.read(nbytes)
-        if len(raw) != nbytes:
+        a = array.array(code, bytes(nbytes))   # the zero bytes are garbage at once; then read in place
+        if f.readinto(a) != nbytes:
             raise ModelBlobError("tensor blob is truncated (tensor %s)" % name)
-        return array.array(code, raw), tshape, scales
+        return a, tshape, scales
 
     def _add(self, op, index, f, data_start):
         kind = op["op"]

@@ -43,6 +43,7 @@ class AggregatorConfig:
     batch_size: int = 16
     codec: str = "int8"                # "dense_f32" | "int8" | "topk_int8"
     topk_fraction: float = 0.05
+    adapt_strategy: str = ""           # edge.adapt strategy for clients ("bias-only" sends subset frames); "" = client default
     # input limits
     max_frame_len: int = 262144
     max_update_norm: float = 100.0     # L2 norm of a delta above this is rejected (422)
@@ -67,6 +68,8 @@ class AggregatorConfig:
             problems.append(f"overselect={self.overselect} must be >= 1")
         if self.codec not in ("dense_f32", "int8", "topk_int8"):
             problems.append(f"codec={self.codec!r}")
+        if self.adapt_strategy not in ("", "bias-only", "residual-adapter", "lora", "sparse", "full"):
+            problems.append(f"adapt_strategy={self.adapt_strategy!r}")
         if not 0 < self.topk_fraction <= 1:
             problems.append(f"topk_fraction={self.topk_fraction}")
         if self.round_timeout <= 0:

@@ -166,6 +166,8 @@ class RoundManager:
              "local_epochs": self.cfg.local_epochs, "learning_rate": self.cfg.learning_rate,
              "batch_size": self.cfg.batch_size, "chunk_size": self.cfg.chunk_size,
              "strategy": self.strategy.name, **self.strategy.client_config()}
+        if self.cfg.adapt_strategy:
+            t["adapt_strategy"] = self.cfg.adapt_strategy
         if r["deadline"] is not None:
             t["deadline_in"] = round(max(0.0, r["deadline"] - self.clock()), 3)
         return t

@@ -67,17 +67,29 @@ class Server:
         async with self._load_lock:
             served = await asyncio.to_thread(load_bundle_models, bundle_path, self.trusted_keys,
                                              allow_unsigned=self.allow_unsigned, work_dir=Path(self._work.name))
-            started = []
+            # All-or-nothing: check every model of the bundle first, and withdraw the
+            # canaries already started if a later one fails its warm-up.
             for sm in served.models:
-                model = self.models.get(sm.name)
-                if model is None:
-                    model = self.models[sm.name] = ServedModel(sm.name, self.cfg, self.metrics, self.clock)
-                mv = ModelVersion(sm.name, sm.version, sm.path, sm.spec, self.cfg, self.metrics, sm.score_output)
-                mv.info = sm  # type: ignore[attr-defined]
-                mv.bundle = served  # type: ignore[attr-defined]
-                await model.begin_canary(mv)
-                started.append({"model": sm.name, "version": sm.version, "kind": sm.kind,
-                                "role": "stable" if model.stable == sm.version else "canary"})
+                if sm.name in self.models:
+                    self.models[sm.name].check_can_roll_out(sm.version)
+            started, canaries = [], []
+            try:
+                for sm in served.models:
+                    model = self.models.get(sm.name) or ServedModel(sm.name, self.cfg, self.metrics, self.clock)
+                    mv = ModelVersion(sm.name, sm.version, sm.path, sm.spec, self.cfg, self.metrics,
+                                      sm.score_output)
+                    mv.info = sm  # type: ignore[attr-defined]
+                    mv.bundle = served  # type: ignore[attr-defined]
+                    await model.begin_canary(mv)
+                    self.models.setdefault(sm.name, model)
+                    if model.canary == sm.version:
+                        canaries.append(model)
+                    started.append({"model": sm.name, "version": sm.version, "kind": sm.kind,
+                                    "role": "stable" if model.stable == sm.version else "canary"})
+            except BaseException as e:
+                for model in canaries:
+                    model.abort_canary(f"a sibling model of bundle v{served.version} failed: {e}")
+                raise
             self.bundles.setdefault(served.model_id, served)
             return {"model_id": served.model_id, "version": served.version, "models": started}
 
@@ -197,7 +209,10 @@ class Server:
         if not isinstance(bundle, str):
             raise ProtocolError(400, "load request needs parameters.bundle, the bundle path in the rollout directory")
         path = check_bundle_path(bundle, self.rollout_dir)
-        result = await self.load(path)
+        try:
+            result = await self.load(path)
+        except ReplicaError as e:
+            raise ProtocolError(400, f"new version refused: {e}")
         if result["model_id"] != request.path_params["model"]:
             raise ProtocolError(400, f"bundle holds model '{result['model_id']}', not "
                                      f"'{request.path_params['model']}' (it was loaded anyway)")

@@ -103,18 +103,24 @@ class ServedModel:
         self.stable = mv.version
         self._event(mv.version, "stable")
 
+    def check_can_roll_out(self, version: str) -> None:
+        """Raise ProtocolError(409) if ``version`` cannot start a canary now (changes nothing)."""
+        if self.stable is None:
+            return
+        if self.canary is not None:
+            raise ProtocolError(409, f"model '{self.name}' is already rolling out version {self.canary}; "
+                                     "wait for it to be promoted or rolled back")
+        if version in self.versions or (version.isdigit() and self.stable.isdigit()
+                                        and int(version) <= int(self.stable)):
+            raise ProtocolError(409, f"version {version} of '{self.name}' is not newer than the "
+                                     f"stable version {self.stable}")
+
     async def begin_canary(self, mv: ModelVersion) -> None:
         """Start ``mv`` (warm-up check included) and begin its rollout at the first step."""
         if self.stable is None:
             await self.add_stable(mv)
             return
-        if self.canary is not None:
-            raise ProtocolError(409, f"model '{self.name}' is already rolling out version {self.canary}; "
-                                     "wait for it to be promoted or rolled back")
-        if mv.version in self.versions or (mv.version.isdigit() and self.stable.isdigit()
-                                           and int(mv.version) <= int(self.stable)):
-            raise ProtocolError(409, f"version {mv.version} of '{self.name}' is not newer than the "
-                                     f"stable version {self.stable}")
+        self.check_can_roll_out(mv.version)
         await mv.start()
         c = self.cfg
         self.policy = CanaryPolicy(self._clock, c.canary_steps, c.canary_min_requests,
@@ -146,6 +152,14 @@ class ServedModel:
                 self._event(canary.version, "rolled back", why)
                 self.metrics.rollouts.labels(self.name, canary.version, "rolled_back").inc()
                 self._retire(canary.version, f"rolled back: {why}")
+
+    def abort_canary(self, why: str) -> None:
+        """Withdraw the running canary (a sibling model of its bundle failed to start)."""
+        if self.canary is None:
+            return
+        version, self.canary, self.policy = self.canary, None, None
+        self._event(version, "aborted", why)
+        self._retire(version, f"aborted: {why}")
 
     def _retire(self, version: str, why: str) -> None:
         """Stop routing to ``version`` now; its queued and in-flight requests still finish."""

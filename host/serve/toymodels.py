@@ -39,14 +39,16 @@ def _init(name, arr):
     return numpy_helper.from_array(np.asarray(arr), name)
 
 
-def make_full_model(path, n_labels: int = len(LABELS), broken: bool = False, seed: int = 0) -> Path:
+def make_full_model(path, n_labels: int = len(LABELS), broken: bool = False, seed: int = 0,
+                    dead: bool = False) -> Path:
+    """``dead=True``: zeroed classifier weights, so every answer is uniform (fails warm-up)."""
     from onnx import TensorProto, helper
 
     rng = np.random.default_rng(seed)
     w1 = (rng.standard_normal((490, EMBED)) / np.sqrt(490)).astype(np.float32)
-    w2 = (rng.standard_normal((EMBED, n_labels)) * 2.0 / np.sqrt(EMBED)).astype(np.float32)
+    w2 = (rng.standard_normal((EMBED, n_labels)) * 2.0 / np.sqrt(EMBED)).astype(np.float32) * (not dead)
     inits = [_init("shape", np.array([-1, 490], np.int64)), _init("w1", w1), _init("b1", np.zeros(EMBED, np.float32)),
-             _init("w2", w2), _init("b2", np.linspace(-0.5, 0.5, n_labels).astype(np.float32))]
+             _init("w2", w2), _init("b2", np.linspace(-0.5, 0.5, n_labels).astype(np.float32) * (not dead))]
     nodes = [helper.make_node("Reshape", ["features", "shape"], ["flat"]),
              helper.make_node("MatMul", ["flat", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["pre"]),
              helper.make_node("Relu", ["pre"], ["embedding"]),
@@ -83,7 +85,7 @@ def make_cloud_half(path, n_labels: int = len(LABELS), seed: int = 1) -> Path:
 
 
 def make_toy_bundle(out_dir, private_key_path, version: int = 1, broken: bool = False,
-                    cloud_half: bool = True, model_id: str = "kws-toy", seed: int = 0) -> Path:
+                    cloud_half: bool = True, model_id: str = "kws-toy", seed: int = 0, dead: bool = False) -> Path:
     """A signed bundle (host.bundle.build_bundle) with the full model and a cloud half."""
     import tempfile
 
@@ -91,7 +93,7 @@ def make_toy_bundle(out_dir, private_key_path, version: int = 1, broken: bool = 
 
     with tempfile.TemporaryDirectory(prefix="edgelearn-toy-") as tmp:
         tmp = Path(tmp)
-        files = {"model.onnx": make_full_model(tmp / "model.onnx", broken=broken, seed=seed)}
+        files = {"model.onnx": make_full_model(tmp / "model.onnx", broken=broken, seed=seed, dead=dead)}
         parts = [{"name": "full", "file": "model.onnx", "format": "onnx", "placement": "cpu", "precision": "fp32"}]
         if cloud_half:
             files["cloud.onnx"] = make_cloud_half(tmp / "cloud.onnx")

@@ -1,0 +1,1 @@
+edgelearn-ed25519-signature 28fa5f3ff2f380fe OTpw4w5nmiyp/FmSsPeFmkWD0b3ylIhrPjNvuFWUcdAXUtK8pS94k+p5tcT3G/0pjs6KCUsZDRzNQyFRI9AUCQ==

@@ -15,6 +15,7 @@ has no admission control, is the baseline for the admitted p99 and timeouts.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 import tempfile
 from pathlib import Path
@@ -125,6 +126,8 @@ def main() -> list[dict]:
                         baseline_unloaded_p99_ms=round(ref["unloaded_p99"] * ms, 3),
                         baseline_offered_rps=round(ref["rate"], 1), baseline_answered=ref["admitted"],
                         baseline_sent=ref["sent"], **common))
+    for r in rows:  # the machine is shared: say how busy it was
+        r["load_avg_1min"] = round(os.getloadavg()[0], 2)
     write_results("serve_overload", rows)
     return rows
 

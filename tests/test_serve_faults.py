@@ -152,3 +152,31 @@ def test_full_queue_answers_503_with_retry_after(bundle):
         assert "queue is full (2 requests)" in busy.json()["error"]
         text = httpx.get(f"{url}/metrics").text
         assert 'reason="queue_full"' in text
+
+
+def batch_stats(url) -> tuple[float, float, dict]:
+    count = total = 0.0
+    buckets = {}
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        if fam.name == "edgelearn_serve_batch_size":
+            for s in fam.samples:
+                if s.labels.get("model") != MODEL:
+                    continue
+                if s.name.endswith("_count"):
+                    count += s.value
+                elif s.name.endswith("_sum"):
+                    total += s.value
+                elif s.name.endswith("_bucket"):
+                    buckets[s.labels["le"]] = buckets.get(s.labels["le"], 0) + s.value
+    return count, total, buckets
+
+
+def test_requests_waiting_for_a_busy_replica_are_batched(bundle):
+    with serve(bundle, replicas=1, max_batch_size=4, max_inflight_per_replica=1, breaker_slow_call=10.0) as url:
+        fault(url, 0, delay=0.1)
+        c0, s0, _ = batch_stats(url)
+        assert [r.status_code for r in blast(url, 12, threads=12)] == [200] * 12
+        count, total, buckets = batch_stats(url)
+        assert total - s0 == 12                  # every row went through exactly once
+        assert count - c0 < 12                   # ... in fewer batches than requests
+        assert buckets["4.0"] == count           # none larger than max_batch_size

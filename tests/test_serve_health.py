@@ -13,7 +13,7 @@ import pytest
 from edge.errors import BundleError, EdgelearnError
 from host.keys import generate_keypair
 from host.serve.loader import check_bundle_path, load_bundle_models
-from host.serve.pool import check_output, known_input, to_probabilities
+from host.serve.health import check_output, known_input, to_probabilities
 from host.serve.protocol import ModelSpec, TensorSpec
 from host.serve.toymodels import make_toy_bundle
 

@@ -131,6 +131,7 @@ def test_bad_bundles_are_refused_and_change_nothing(env):
     make_toy_bundle(env.rollouts / "foreign", other_priv, version=3, cloud_half=False)
     shutil.copytree(env.v1, env.rollouts / "old")
     outside = make_toy_bundle(env.tmp / "outside", env.priv, version=4, cloud_half=False)
+    make_toy_bundle(env.rollouts / "dead", env.priv, version=5, dead=True)  # with a (healthy) cloud half
     with env.server() as url:
         r = load(url, "tampered")
         assert r.status_code == 400 and "model.onnx" in r.json()["error"]
@@ -140,6 +141,10 @@ def test_bad_bundles_are_refused_and_change_nothing(env):
         assert r.status_code == 409 and "not newer than the stable version 1" in r.json()["error"]
         r = load(url, str(outside))
         assert r.status_code == 400 and "outside the rollout directory" in r.json()["error"]
+        r = load(url, "dead")
+        assert r.status_code == 400 and "fails its warm-up check" in r.json()["error"]
+        assert "is uniform" in r.json()["error"]
+        assert httpx.get(f"{url}/v2/models/{MODEL}.cloud").status_code == 404  # nothing half-loaded
         r = httpx.post(f"{url}/v2/repository/models/{MODEL}/load", content=b"{nope")
         assert r.status_code == 400 and "parameters" in r.json()["error"]
         s = status(url)

@@ -17,7 +17,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from host.serve.pool import to_probabilities
+from host.serve.health import to_probabilities
 from host.serve.protocol import (ModelSpec, ProtocolError, TensorSpec, _json_header, encode_infer_response,
                                  parse_infer_request)
 

@@ -13,7 +13,6 @@ bound, and ``ReplicaError`` when no replica could answer after a retry.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections import deque
@@ -22,9 +21,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from host.serve.config import ServeConfig
+from host.serve.health import check_output, known_input
 from host.serve.metrics import Metrics
 from host.serve.policy import CircuitBreaker, Outcomes, power_of_two
-from host.serve.protocol import DTYPES, ModelSpec
+from host.serve.protocol import ModelSpec
 from host.serve.replica import Replica, ReplicaError
 
 
@@ -77,52 +77,6 @@ class Slot:
     routable_health = property(lambda self: self.healthy and self.replica.alive and not self.restarting)
 
 
-def known_input(spec: ModelSpec, rows: int = 2) -> dict[str, np.ndarray]:
-    """A fixed, seeded input for warm-up and deep checks (same every run)."""
-    rng = np.random.default_rng(20261107)
-    out = {}
-    for t in spec.inputs:
-        shape = [rows if d == -1 and i == 0 else (1 if d == -1 else d) for i, d in enumerate(t.shape)]
-        out[t.name] = rng.standard_normal(shape).astype(DTYPES[t.datatype])
-    return out
-
-
-def to_probabilities(scores: np.ndarray) -> np.ndarray:
-    """Class probabilities from a score output that is either logits or already a softmax.
-
-    An int8 softmax (QDQ, scale 1/256) sums to 1 only within its rounding, so
-    "already probabilities" allows 0.1 of slack; logits that happen to be
-    non-negative and sum to about 1 across every row are not a practical case.
-    """
-    s = scores.astype(np.float64)
-    if s.min() >= 0 and np.allclose(s.sum(-1), 1, atol=0.1):
-        p = s
-    else:
-        p = np.exp(s - s.max(-1, keepdims=True))
-    return p / p.sum(-1, keepdims=True)
-
-
-def check_output(outs: dict[str, np.ndarray], score_output: str | None, golden: dict | None) -> str:
-    """Empty string if the answer is plausible, else why not."""
-    for k, v in outs.items():
-        if v.dtype.kind == "f" and not np.isfinite(v).all():
-            return f"output {k} has NaN/Inf"
-    if score_output is not None and score_output in outs:
-        s = outs[score_output]
-        probs = to_probabilities(s)
-        entropy = float(-(probs * np.log(np.clip(probs, 1e-12, 1))).sum(-1).mean())
-        # A flat distribution on a fixed random input means the weights are gone
-        # (zeroed, or a constant output): the model answers but knows nothing.
-        if s.shape[-1] > 1 and entropy > 0.999 * math.log(s.shape[-1]):
-            return f"output {score_output} is uniform (entropy {entropy:.3f} nats = log {s.shape[-1]})"
-    if golden is not None:
-        for k, ref in golden.items():
-            if k in outs and ref.dtype.kind == "f" and not np.allclose(outs[k], ref, rtol=1e-3, atol=1e-3):
-                return f"output {k} differs from this version's reference answer (max |diff| " \
-                       f"{float(np.abs(outs[k] - ref).max()):.3g})"
-    return ""
-
-
 class ModelVersion:
     def __init__(self, name: str, version: str, model_path: str, spec: ModelSpec, config: ServeConfig,
                  metrics: Metrics, score_output: str | None = None, clock=time.monotonic,
@@ -135,7 +89,7 @@ class ModelVersion:
         self._batches: dict[int, _Batch] = {}
         self._direct_waiters: dict[int, asyncio.Future] = {}
         self._seq = 0
-        self._wake: asyncio.Event | None = None
+        self._wake = asyncio.Event()  # binds to a loop on first use (Python >= 3.10)
         self._tasks: list[asyncio.Task] = []
         self.golden: dict | None = None
         self.outcomes = Outcomes(clock)
@@ -151,7 +105,6 @@ class ModelVersion:
         return Slot(Replica(self.model_path, i, self._on_answer), br)
 
     async def start(self) -> None:
-        self._wake = asyncio.Event()
         self.slots = [self._new_slot(i) for i in range(self.cfg.replicas)]
         try:
             await asyncio.gather(*(s.replica.start() for s in self.slots))

@@ -132,26 +132,26 @@ class ServedModel:
         self._watcher = asyncio.create_task(self._watch())
 
     async def _watch(self) -> None:
-        while self.canary is not None:
+        while self.canary is not None and self.stable is not None and self.policy is not None:
             await asyncio.sleep(self.tick)
-            canary, stable = self.versions[self.canary], self.versions[self.stable]
-            decision = self.policy.decide(stable.outcomes.summary(),
-                                          canary.outcomes.summary(since=self.policy.step_started))
+            policy, stable_v = self.policy, self.stable
+            if self.canary is None or policy is None or stable_v is None:
+                return
+            canary, stable = self.versions[self.canary], self.versions[stable_v]
+            decision = policy.decide(stable.outcomes.summary(), canary.outcomes.summary(since=policy.step_started))
             if decision == ADVANCE:
-                self.policy.advance()
-                self._event(canary.version, "canary", f"{self.policy.weight:.0%}")
+                policy.advance()
+                self._event(canary.version, "canary", f"{policy.weight:.0%}")
             elif decision == PROMOTE:
-                old = self.stable
                 self.stable, self.canary, self.policy = canary.version, None, None
                 self._event(canary.version, "promoted")
                 self.metrics.rollouts.labels(self.name, canary.version, "promoted").inc()
-                self._retire(old, f"replaced by version {canary.version}")
+                self._retire(stable_v, f"replaced by version {canary.version}")
             elif decision == ROLLBACK:
-                why = self.policy.reason
                 self.canary, self.policy = None, None
-                self._event(canary.version, "rolled back", why)
+                self._event(canary.version, "rolled back", policy.reason)
                 self.metrics.rollouts.labels(self.name, canary.version, "rolled_back").inc()
-                self._retire(canary.version, f"rolled back: {why}")
+                self._retire(canary.version, f"rolled back: {policy.reason}")
 
     def abort_canary(self, why: str) -> None:
         """Withdraw the running canary (a sibling model of its bundle failed to start)."""

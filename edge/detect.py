@@ -31,13 +31,16 @@ NON_KEYWORDS = ("_silence_", "_unknown_")
 class Detector:
     def __init__(self, km, custom=None, keywords=None, stride: int = 4, smooth: int = 2,
                  threshold: float = 0.7, refractory_s: float = 1.0, peak_window_s: float = 0.4,
-                 head=None):
+                 head=None, on_event=None):
         """``km``: a KeywordModel; ``custom``: CustomKeywords or None; ``keywords``: base labels
         to report (default: the bundle's 12-class command words, else every word label);
-        ``head``: an adapted tail (``edge.adapt.Tail``) that replaces the bundle's base posteriors."""
+        ``head``: an adapted embedding head (``edge.adapt.Tail``) that replaces the bundle's base
+        posteriors (an adapted conv tail comes as ``km``: ``edge.adapt.TailModel``);
+        ``on_event(event, window)``: called with each event and the normalised (49, 10)
+        window of its peak, e.g. to feed confirmed detections to the replay buffer."""
         if stride < 1 or smooth < 1:
             raise EdgelearnError(f"stride ({stride}) and smooth ({smooth}) must be >= 1")
-        self.km, self.custom, self.head = km, custom, head
+        self.km, self.custom, self.head, self.on_event = km, custom, head, on_event
         labels = list(km.labels)
         if keywords is None:
             extra = (getattr(km.bundle, "manifest", {}) or {}).get("extra", {})
@@ -63,6 +66,7 @@ class Detector:
         self.n_inv = 0
         self.quiet_until = -1.0
         self.candidate = None  # (score, k, time_s, invocations left)
+        self._peak_window = None
         self.invocations = 0
 
     def _window(self) -> np.ndarray:
@@ -113,19 +117,24 @@ class Detector:
             score, ck, t, left = self.candidate
             if sm[ck] > score:
                 self.candidate = (float(sm[ck]), ck, self._keyword_end(win, end_s), left - 1)
+                self._peak_window = feats[0]
             else:
                 self.candidate = (score, ck, t, left - 1)
             if self.candidate[3] <= 0 or sm[ck] < self.thresholds[ck]:
                 out = self._emit()
         elif over[k] >= 0 and end_s >= self.quiet_until:
             self.candidate = (float(sm[k]), k, self._keyword_end(win, end_s), self.peak_hops)
+            self._peak_window = feats[0]
         return out
 
     def _emit(self):
         score, k, t, _ = self.candidate
         self.candidate = None
         self.quiet_until = t + self.refractory
-        return {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
+        ev = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
+        if self.on_event is not None:
+            self.on_event(ev, self._peak_window)
+        return ev
 
     @staticmethod
     def _keyword_end(win: np.ndarray, end_s: float) -> float:

@@ -35,6 +35,9 @@ def add_arguments(p) -> None:
             s.add_argument("--threshold", type=float, default=0.7, help="base keyword threshold")
             s.add_argument("--keywords", default=None, help="comma-separated base keywords, or 'all'")
             s.add_argument("--stride", type=int, default=4, help="hops (20 ms) between encoder runs")
+            s.add_argument("--confirm", type=float, default=0.9,
+                           help="base-keyword detections at or above this score feed the replay buffer")
+            s.add_argument("--no-replay", action="store_true", help="do not feed detections to the replay buffer")
         elif name == "enroll":
             s.add_argument("--keyword", required=True, help="the new word or short phrase")
             s.add_argument("--wav", type=Path, nargs="+", required=True, help="3-10 clips of it")
@@ -46,7 +49,8 @@ def add_arguments(p) -> None:
             s.add_argument("--optimizer", default="sgd", help="sgd | adam")
             s.add_argument("--steps", type=int, default=200)
             s.add_argument("--rank", type=int, default=4)
-            s.add_argument("--memory-budget", type=int, default=32 * 1024, help="bytes, for sparse")
+            s.add_argument("--memory-budget", type=int, default=256 * 1024, help="bytes, for sparse")
+            s.add_argument("--replay-bytes", type=int, default=1 << 20, help="replay buffer size (tail inputs)")
             s.add_argument("--context", default="default", help="name of this adapted context")
             s.add_argument("--sysfs-root", type=Path, default=Path("/"))
             s.add_argument("--force", action="store_true", help="train now, ignoring the scheduler")
@@ -65,53 +69,83 @@ def run(args) -> int:
     return {"detect": _detect, "enroll": _enroll, "adapt": _adapt, "status": _status}[args.action](args)
 
 
-def _head(bundle, state_dir):
-    from edge.adapt import Tail, classifier_from_bundle
+def _models(bundle, state_dir, backend):
+    """The model detection runs: the bundle's encoder, or backbone + the active adapted conv tail."""
+    from edge.adapt import Tail, TailModel, classifier_from_bundle
     from edge.adapt.store import AdaptStore
+    from edge.kws import KeywordModel
 
     delta = AdaptStore(state_dir, bundle).load()
-    return Tail(classifier_from_bundle(bundle), delta) if delta else None
+    if delta and any(k.startswith(("proj.", "classifier.")) for k in delta):  # an embedding-head context
+        return KeywordModel(bundle, backend=backend), Tail(classifier_from_bundle(bundle), delta)
+    if delta:
+        return TailModel(bundle, delta, backend=backend), None
+    return KeywordModel(bundle, backend=backend), None
+
+
+def _replay_feeder(bundle, state_dir, km, args):
+    """on_event hook: confirmed base-keyword detections go into the tail replay buffer (weak labels)."""
+    import numpy as np
+
+    from edge.adapt import Backbone
+    from edge.replay import TAIL_REPLAY, ReplayStore
+
+    bb = Backbone(bundle, backend=args.backend)
+    dim = int(np.prod(bb.backend.outputs[0].shape[1:]))
+    store = ReplayStore(state_dir, dim=dim, max_bytes=1 << 20, name=TAIL_REPLAY)
+    scale, zp = bb.qparams
+
+    def feed(ev, window):
+        if ev["keyword"] in km.labels and ev["score"] >= args.confirm and window is not None:
+            q = bb(window[None])[0]
+            store.add((q.astype(np.float32) - zp) * scale, km.labels.index(ev["keyword"]))
+
+    return feed, store
 
 
 def _detect(args) -> int:
+    import numpy as np
+
     from edge.audio import read_wav
     from edge.detect import Detector, detect_pcm
     from edge.enroll import DeviceState
     from edge.errors import EdgelearnError
-    from edge.kws import KeywordModel
 
     bundle = _bundle(args)
-    km = KeywordModel(bundle, backend=args.backend)
+    km, head = _models(bundle, args.state, args.backend)
     state = DeviceState.open(args.state, bundle)
     kws = None
     if args.keywords:
         kws = [w for w in km.labels if not w.startswith("_")] if args.keywords == "all" else \
             [w.strip() for w in args.keywords.split(",") if w.strip()]
+    feed, replay = (None, None) if args.no_replay else _replay_feeder(bundle, args.state, km, args)
     det = Detector(km, custom=state.custom(), keywords=kws, threshold=args.threshold,
-                   stride=args.stride, head=_head(bundle, args.state))
+                   stride=args.stride, head=head, on_event=feed)
 
     def show(ev):
         print(json.dumps(ev) if args.json else f"{ev['time_s']:9.2f} s  {ev['keyword']:<16} {ev['score']:.2f}",
               flush=True)
 
-    if args.wav:
-        for ev in detect_pcm(det, read_wav(args.wav, min_samples=1)):
-            show(ev)
-        return 0
-    if shutil.which("arecord") is None:
-        raise EdgelearnError("--mic needs `arecord` (ALSA utils), which is not installed",
-                             fix="apt install alsa-utils, or pass --wav FILE")
-    import numpy as np
-
-    proc = subprocess.Popen(["arecord", "-q", "-f", "S16_LE", "-r", "16000", "-c", "1", "-t", "raw"],
-                            stdout=subprocess.PIPE)
     try:
-        while chunk := proc.stdout.read(3200):
-            for ev in det.push(np.frombuffer(chunk[: len(chunk) // 2 * 2], "<i2")):
+        if args.wav:
+            for ev in detect_pcm(det, read_wav(args.wav, min_samples=1)):
                 show(ev)
+            return 0
+        if shutil.which("arecord") is None:
+            raise EdgelearnError("--mic needs `arecord` (ALSA utils), which is not installed",
+                                 fix="apt install alsa-utils, or pass --wav FILE")
+        proc = subprocess.Popen(["arecord", "-q", "-f", "S16_LE", "-r", "16000", "-c", "1", "-t", "raw"],
+                                stdout=subprocess.PIPE)
+        try:
+            while chunk := proc.stdout.read(3200):
+                for ev in det.push(np.frombuffer(chunk[: len(chunk) // 2 * 2], "<i2")):
+                    show(ev)
+        finally:
+            proc.terminate()
+        return 0
     finally:
-        proc.terminate()
-    return 0
+        if replay is not None:
+            replay.flush()  # batched writes; the last partial batch is written on the way out
 
 
 def _enroll(args) -> int:
@@ -149,16 +183,19 @@ def _load_data(km, root: Path):
             ys.append(km.labels.index(d.name))
     if not xs:
         raise EdgelearnError(f"no WAV clips under {root}/<label>/", fix="add labelled clips")
-    emb, _ = km.infer(km.features(np.stack(xs)))
-    return emb, np.array(ys)
+    return np.stack(xs), np.array(ys)
 
 
 def _adapt(args) -> int:
-    from edge.adapt import Tail, Trainer, choose_sparse, classifier_from_bundle
+    import numpy as np
+
+    from edge.adapt import Backbone, ConvTail, ConvTrainer, load_tail
+    from edge.adapt.convtrain import choose_sparse
+    from edge.adapt.fcache import cached_features
     from edge.adapt.run import train
     from edge.adapt.store import AdaptStore
     from edge.kws import KeywordModel
-    from edge.replay import ReplayStore
+    from edge.replay import TAIL_REPLAY, ReplayStore
     from edge.scheduler import Scheduler
 
     bundle = _bundle(args)
@@ -171,7 +208,7 @@ def _adapt(args) -> int:
         print(json.dumps({"active": store.meta["active"]}))
         return 0
     km = KeywordModel(bundle, backend=args.backend)
-    x, y = _load_data(km, args.data)
+    windows, y = _load_data(km, args.data)
     sched = Scheduler(args.state, sysfs_root=args.sysfs_root, idle_s=lambda: 10 ** 6)
     steps = args.steps
     if not args.force:
@@ -180,14 +217,18 @@ def _adapt(args) -> int:
             print(json.dumps({"status": "deferred", "reason": d.reason}))
             return 0
         steps = min(steps, d.steps)
-    tail = Tail(classifier_from_bundle(bundle), store.load(args.context))
-    chosen = choose_sparse(tail, x, y, args.memory_budget, args.optimizer) if args.strategy == "sparse" else None
-    tr = Trainer(tail, args.strategy, args.optimizer, rank=args.rank, sparse_tensors=chosen)
-    replay = ReplayStore(args.state)
-    res = train(tr, x, y, store, args.context, steps, replay=replay.buffer,
+    bb = Backbone(bundle, backend=args.backend)
+    x = cached_features(args.state, bb, km, windows)  # int8; epochs never rerun the backbone
+    tail = ConvTail(load_tail(bundle), store.load(args.context), qparams=bb.qparams)
+    chosen = choose_sparse(tail, x[:32], y[:32], args.memory_budget, args.optimizer) \
+        if args.strategy == "sparse" else ()
+    tr = ConvTrainer(tail, args.strategy, args.optimizer, rank=args.rank, sparse_weights=chosen)
+    replay = ReplayStore(args.state, dim=int(np.prod(x.shape[1:])), max_bytes=args.replay_bytes,
+                         name=TAIL_REPLAY)
+    res = train(tr, x, y, store, args.context, steps, replay=replay,
                 should_continue=(lambda: True) if args.force else sched.should_continue)
     sched.spend(res["steps_done"])
-    replay.add_many(x, y)
+    replay.add_many(tail.to_float(x), y)
     replay.flush()
     print(json.dumps({**res, "strategy": args.strategy, "tensors": tr.names, "step_bytes": tr.step_bytes()}))
     return 0
@@ -196,16 +237,24 @@ def _adapt(args) -> int:
 def _status(args) -> int:
     from edge.adapt.store import AdaptStore
     from edge.enroll import DeviceState
-    from edge.replay import ReplayStore
+    from edge.portable.replay import ReplayBuffer
+    from edge.replay import EMBEDDING_REPLAY, TAIL_REPLAY
 
     bundle = _bundle(args)
+    km_labels = list(bundle.labels)
     state = DeviceState.open(args.state, bundle)
     adapt = AdaptStore(args.state, bundle)
     log = Path(args.state) / "scheduler.log"
     last = log.read_text().splitlines()[-1] if log.exists() and log.stat().st_size else None
-    rb = ReplayStore(args.state).buffer
+    replay = {}
+    for name in (EMBEDDING_REPLAY, TAIL_REPLAY):
+        path = Path(args.state) / name
+        if path.exists():
+            rb = ReplayBuffer.from_bytes(path.read_bytes())
+            replay[name] = {"count": rb.count, "capacity": rb.capacity, "bytes": rb.nbytes,
+                            "classes": {km_labels[k] if k < len(km_labels) else k: n
+                                        for k, n in sorted(rb.class_counts().items())}}
     print(json.dumps({"bundle": f"{bundle.model_id} v{bundle.version}", "keywords": state.names(),
-                      "adapt": adapt.meta, "replay": {"count": rb.count, "capacity": rb.capacity,
-                                                      "bytes": rb.nbytes},
+                      "adapt": adapt.meta, "replay": replay,
                       "last_schedule": json.loads(last) if last else None}, indent=1))
     return 0

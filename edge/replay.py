@@ -1,50 +1,110 @@
-"""The replay buffer on a Linux board: ``edge.portable.replay`` plus atomic, batched persistence.
+"""The replay buffer on a Linux board: ``edge.portable.replay`` plus numpy access and atomic, batched persistence.
 
-Adds go to memory; the file ``<state>/replay.bin`` is rewritten (temp file +
-fsync + os.replace) only every ``flush_every`` adds or on ``flush()``, so an SD
-card or flash sees one write per batch, and a power cut loses at most the last
-unflushed batch, never the file.
+Adds go to memory; the file ``<state>/<name>`` is rewritten (temp file + fsync +
+os.replace) only every ``flush_every`` adds or on ``flush()``, so an SD card or
+flash sees one write per batch, and a power cut loses at most the last unflushed
+batch, never the file. The byte layout is the portable buffer's (the ESP32 reads
+the same file); ``add`` and ``sample_arrays`` do the per-value work in numpy,
+because tail inputs are 8000 values and the portable loops are written for 64-d
+vectors on a microcontroller. ``add`` gives byte-identical slots.
 
-    >>> rs = ReplayStore("state", dim=64, max_bytes=64 * 1024)
-    >>> rs.add(embedding, label)        # flushed every 32 adds
+Two buffers live side by side: ``replay.bin`` (64-d embeddings, the enrolment
+head's inputs) and ``replay_tail.bin`` (the conv tail's inputs: backbone outputs).
+
+    >>> rs = ReplayStore("state", dim=8000, max_bytes=1 << 20, name=TAIL_REPLAY)
+    >>> rs.add(features, label)         # flushed every 32 adds
+    >>> x, y = rs.sample_arrays(16)     # class-balanced, dequantised
     >>> rs.flush()
 """
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import numpy as np
 
 from edge.errors import EdgelearnError
-from edge.portable.replay import ReplayBuffer, ReplayError
+from edge.portable.replay import _SLOT_FMT, SLOT_OVERHEAD, ReplayBuffer, ReplayError
 from edge.store import atomic_write
+
+EMBEDDING_REPLAY = "replay.bin"
+TAIL_REPLAY = "replay_tail.bin"
 
 
 class ReplayStore:
-    def __init__(self, state_dir, dim: int = 64, max_bytes: int = 64 * 1024, flush_every: int = 32):
-        self.path = Path(state_dir) / "replay.bin"
+    def __init__(self, state_dir, dim: int = 64, max_bytes: int = 64 * 1024, flush_every: int = 32,
+                 name: str = EMBEDDING_REPLAY):
+        self.path = Path(state_dir) / name
         self.flush_every = flush_every
         if self.path.exists():
             try:
                 self.buffer = ReplayBuffer.from_bytes(self.path.read_bytes())
-            except ReplayError as e:
+            except (ReplayError, OSError) as e:
                 raise EdgelearnError(f"{self.path}: {e}",
                                      fix="delete the file to start an empty replay buffer") from None
             if self.buffer.dim != dim:
                 raise EdgelearnError(f"{self.path} holds {self.buffer.dim}-d vectors, the model gives {dim}",
                                      fix="delete the file; it was made for another encoder")
         else:
-            self.buffer = ReplayBuffer(dim, max_bytes)
+            try:
+                self.buffer = ReplayBuffer(dim, max_bytes)
+            except ReplayError as e:
+                raise EdgelearnError(str(e), fix="raise the replay byte budget") from None
 
-    def add(self, vec, label: int) -> None:
-        self.buffer.add([float(v) for v in np.asarray(vec, np.float32)], int(label))
-        if self.buffer.changes >= self.flush_every:
+    @property
+    def count(self) -> int:
+        return self.buffer.count
+
+    @property
+    def dim(self) -> int:
+        return self.buffer.dim
+
+    def _body(self) -> np.ndarray:
+        b = self.buffer
+        return np.frombuffer(b.body, np.uint8).reshape(b.capacity, b.slot_bytes)
+
+    def add(self, vec, label: int) -> int:
+        """Quantise and store one vector (same bytes as the portable ``add``); flushes every batch."""
+        b = self.buffer
+        v = np.asarray(vec, np.float32).astype(np.float64).ravel()
+        if v.size != b.dim:
+            raise EdgelearnError(f"replay vector has {v.size} values, the buffer holds {b.dim}",
+                                 fix="store the same kind of tensor the buffer was made for")
+        if not 0 <= int(label) < 0xFFFF:
+            raise EdgelearnError(f"replay label {label} is out of range", fix="use the bundle's label ids")
+        if not np.isfinite(v).all():
+            raise EdgelearnError("replay vector contains NaN or inf", fix="check the model's output")
+        peak = float(np.abs(v).max())
+        scale = peak / 127.0 if peak > 0 else 1.0
+        q = v * (1.0 / scale)
+        q = np.where(q >= 0, np.floor(q + 0.5), -np.floor(-q + 0.5))  # the portable rounding
+        q = np.clip(q, -127, 127).astype(np.int8)
+        slot = b._victim(int(label))
+        if b.label_at(slot) < 0:
+            b.count += 1
+        struct.pack_into(_SLOT_FMT, b.body, slot * b.slot_bytes, int(label), b.next_seq, scale)
+        self._body()[slot, SLOT_OVERHEAD:] = q.view(np.uint8)
+        b.next_seq = (b.next_seq + 1) & 0xFFFFFFFF
+        b.changes += 1
+        if b.changes >= self.flush_every:
             self.flush()
+        return slot
 
     def add_many(self, x: np.ndarray, y: np.ndarray) -> None:
         for v, lab in zip(x, y):
             self.add(v, lab)
+
+    def arrays(self, slots) -> tuple[np.ndarray, np.ndarray]:
+        """Dequantised vectors (n, dim) float32 and labels of the given slots."""
+        body = self._body()[np.asarray(slots, np.int64)]
+        labels = body[:, :2].copy().view("<u2")[:, 0].astype(np.int64)
+        scales = body[:, 6:10].copy().view("<f4")[:, 0]
+        return body[:, SLOT_OVERHEAD:].view(np.int8).astype(np.float32) * scales[:, None], labels
+
+    def sample_arrays(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` class-balanced examples (the portable sampler), dequantised."""
+        return self.arrays(list(self.buffer.sample(n)))
 
     def flush(self) -> None:
         if self.buffer.changes == 0 and self.path.exists():

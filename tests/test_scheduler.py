@@ -92,7 +92,7 @@ def test_budget_survives_a_restart(tmp_path):
 
 def test_energy_from_profile():
     pj = profile_pj_per_mac(ROOT / "host/profiles/rpi4.toml")
-    assert pj > 0 and joules_per_step(pj) == pytest.approx(3 * 32 * (64 * 64 + 64 * 37) * pj * 1e-12)
+    assert pj > 0 and joules_per_step(pj) == pytest.approx(3 * 32 * (125 * 64 * 73 + 64 * 37) * pj * 1e-12)
 
 
 class FakeBundle:

@@ -1,6 +1,10 @@
-"""On-device adaptation of the trainable tail on top of the frozen int8 encoder.
+"""On-device adaptation: the conv tail on the int8 backbone, and the embedding head.
 
-- ``tail``: the tail (identity-initialised projection + the bundle's classifier on the
+- ``conv`` / ``convtrain``: the network's real tail (float dw4 -> pw4 -> pool ->
+  classifier from the bundle's ``tail.npz``) on the frozen int8 backbone, and its
+  trainers (bias-only, adapter, LoRA, sparse, full; SGD/Adam; exact bytes). This is
+  what ``edgelearn device adapt`` trains. ``fcache``: int8 backbone outputs cached.
+- ``tail``: the embedding-level head (identity-initialised projection + the bundle's classifier on the
   64-d embedding), forward/backward, LoRA merge, classifier recovery from a bundle.
 - ``trainer``: bias-only, residual adapter, LoRA, sparse (contribution analysis under
   a memory budget) and full updates with SGD or Adam, exact per-step byte accounting,
@@ -8,10 +12,12 @@
 - ``store``: adapted parameters per context, versioned, rollback, pause checkpoints.
 - ``run``: the pausable training loop the scheduler drives.
 
-    >>> from edge.adapt import Tail, Trainer, classifier_from_bundle
-    >>> tr = Trainer(Tail(classifier_from_bundle(bundle)), "bias-only")
-    >>> tr.step(embeddings, labels)
+    >>> from edge.adapt import ConvTail, ConvTrainer, load_tail
+    >>> tr = ConvTrainer(ConvTail(load_tail(bundle), qparams=backbone.qparams), "bias-only")
+    >>> tr.step(backbone_int8_features, labels)
 """
 
 from edge.adapt.tail import Tail, classifier_from_bundle  # noqa: F401
 from edge.adapt.trainer import STRATEGIES, Trainer, choose_sparse, mix_replay  # noqa: F401
+from edge.adapt.conv import Backbone, ConvTail, TailModel, load_tail  # noqa: F401
+from edge.adapt.convtrain import ConvTrainer  # noqa: F401

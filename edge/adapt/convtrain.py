@@ -237,7 +237,8 @@ class ConvTrainer:
         (m2, shape2), (m1, shape1) = keep.pop("mask2"), keep.pop("mask1")
         p = keep["P"]
         m1 = m1.reshape(b, p, -1)  # (B, H, W, C or C/8) -> positions flattened, like mask2
-        step = max(1, self.workspace_budget // (2 * b * c * 4))
+        # at least 8 positions per chunk: fewer makes the Python loop, not the maths, the cost
+        step = max(8, self.workspace_budget // (2 * b * c * 4))
         g["pw4_b"].fill(0)
         g["dw4_b"].fill(0)
         w_t = t.p("pw4_w").T
@@ -277,6 +278,10 @@ class ConvTrainer:
             g *= lr_t
             p -= g
             del tmp
+
+    def mix_replay(self, x, y, replay, n: int):
+        """Append ``n`` replay examples (tail inputs) to a batch; see ``mix_replay``."""
+        return mix_replay(x, y, replay, n, to_float=self.tail.to_float)
 
     # -- pause / resume ------------------------------------------------------------------
     def state(self) -> dict:

@@ -36,7 +36,8 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
             store.save_checkpoint(trainer.state(), {**info, "done": done})
             return {"status": "paused", "steps_done": done, "loss": losses[-1] if losses else None}
         idx = order[(done * batch + np.arange(batch)) % len(x)]
-        bx, by = mix_replay(x[idx], y[idx], replay, replay_n)
+        mix = getattr(trainer, "mix_replay", None) or mix_replay  # the conv tail mixes tail inputs
+        bx, by = mix(x[idx], y[idx], replay, replay_n)
         losses.append(trainer.step(bx, by))
         done += 1
         if done % checkpoint_every == 0 and done < steps:

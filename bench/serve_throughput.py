@@ -2,7 +2,7 @@
 
 Both servers run as subprocesses on 127.0.0.1 with two model workers each
 (edgelearn: ``--replicas 2``; MLServer 1.7.1: ``parallel_workers: 2`` and the
-ONNX Runtime runtime in bench/mlserver_onnx.py), serve the same ONNX file and
+ONNX Runtime runtime in bench/_mlserver_onnx.py), serve the same ONNX file and
 get the same JSON OIP requests (batch 1) from the same closed-loop load
 generator at several concurrencies. Reported: throughput at equal p99 (the
 p99 MLServer reaches at its saturating concurrency) and the p50 each adds over
@@ -123,7 +123,7 @@ def start_mlserver(model: dict, tmp: Path, workers: int = 2, delay_ms: float = 0
         "http_port": port, "grpc_port": free_port(), "metrics_endpoint": None, "parallel_workers": workers,
         "host": "127.0.0.1", "debug": False}))
     (d / "kws" / "model-settings.json").write_text(json.dumps({
-        "name": model["name"], "implementation": "mlserver_onnx.OnnxRuntimeModel",
+        "name": model["name"], "implementation": "_mlserver_onnx.OnnxRuntimeModel",
         "parameters": {"uri": str(model["onnx"]), "extra": {"delay_ms": delay_ms}}}))
     exe = mlserver_exe()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "bench")}

@@ -20,7 +20,8 @@ import time
 def add_arguments(parser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle directory or .zip to serve")
     parser.add_argument("--pubkey", action="append", default=None,
-                        help="trusted Ed25519 public key(s) (.pub file or directory); repeatable")
+                        help="trusted Ed25519 public key(s) (.pub file or directory); repeatable "
+                             "(default: $EDGELEARN_KEYS, /etc/edgelearn/keys, then models/keys)")
     parser.add_argument("--allow-unsigned", action="store_true", help="serve an unsigned bundle (local experiments)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
@@ -60,6 +61,9 @@ def run(args) -> int:
 
     from edge.bundle import load_bundle
 
+    if args.pubkey is None and not args.allow_unsigned:
+        from edge.kws import default_trusted_keys
+        args.pubkey = [str(default_trusted_keys())]
     # Verify before binding the port, so a bad bundle is one clear line, not a traceback.
     load_bundle(args.bundle, trusted_keys=args.pubkey, allow_unsigned=args.allow_unsigned)
     server = build(args)

@@ -1,10 +1,13 @@
 """A minimal MLServer runtime for ONNX Runtime, the reference in bench/serve_*.py.
 
+Not a benchmark itself (hence the leading underscore); it runs inside MLServer's
+own virtualenv (.venv-mlserver), never imported by the project.
+
 MLServer ships no ONNX runtime of its own; this is the smallest faithful one:
 one session per worker with one intra-op thread (as the edgelearn replicas),
 inputs decoded and outputs encoded with MLServer's own NumpyCodec.
 
-    model-settings.json: {"name": "kws", "implementation": "mlserver_onnx.OnnxRuntimeModel",
+    model-settings.json: {"name": "kws", "implementation": "_mlserver_onnx.OnnxRuntimeModel",
                           "parameters": {"uri": "/path/model.onnx"}}
 """
 

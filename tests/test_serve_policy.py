@@ -170,3 +170,11 @@ def test_canary_rejects_bad_steps(clock):
     for steps in [(), (0.5, 0.1, 1.0), (0.1, 0.5), (0.0, 1.0)]:
         with pytest.raises(ValueError, match="canary steps"):
             CanaryPolicy(clock, steps=steps)
+
+
+def test_canary_of_an_idle_model_walks_on_time_alone(clock):
+    c = CanaryPolicy(clock, min_requests=10, min_step_seconds=5)
+    assert c.decide(_sum(0), _sum(0)) == HOLD
+    clock.advance(5)
+    assert c.decide(_sum(0), _sum(0)) == ADVANCE
+    assert c.decide(_sum(3), _sum(0)) == HOLD  # stable has traffic: the canary must earn its step

@@ -265,7 +265,13 @@ class CanaryPolicy:
                 self.reason = (f"p99 {canary.p99 * 1e3:.1f} ms vs stable {stable.p99 * 1e3:.1f} ms "
                                f"at {self.weight:.0%} traffic")
                 return ROLLBACK
-        if canary.count < self.min_requests or self._clock() - self.step_started < self.min_step_seconds:
+        if self._clock() - self.step_started < self.min_step_seconds:
+            return HOLD
+        # A model nobody calls (e.g. a split model's cloud half before devices use
+        # it) would otherwise hold its canary forever and block the next rollout;
+        # with no traffic on either version there is nothing to compare or risk.
+        idle = canary.count == 0 and stable.count == 0
+        if canary.count < self.min_requests and not idle:
             return HOLD
         if self.step == len(self.steps) - 1:
             return PROMOTE

@@ -92,7 +92,7 @@ def main() -> list[dict]:
     ]
     exe = Path(sys.executable).with_name("micropython")
     if exe.exists():
-        res = subprocess.run([str(exe), "-X", "heapsize=100k", "-c",
+        res = subprocess.run([str(exe), "-X", "heapsize=1m", "-c",
                               TIMING % (str(MCU / "weights.elb"), str(MCU / "graph.json"))],
                              capture_output=True, text=True, cwd=ROOT, env={"MICROPYPATH": str(ROOT)}, timeout=300)
         if res.returncode == 0:
@@ -101,6 +101,8 @@ def main() -> list[dict]:
                      row("mcu_ops", "unixport_inference", inf / 1000, "ms"),
                      row("mcu_ops", "unixport_realtime_load", (mf * FRAMES_PER_S + inf * INFER_PER_S) / 1e6,
                          "s per s of audio")]
+        else:
+            print(f"unix-port timing failed: {res.stderr.strip()[-300:]}")
     write_results("mcu_ops", rows)
     return rows
 

@@ -30,7 +30,7 @@ def run(board=None, app_factory=None, max_frames=-1):
     try:
         app = (app_factory or App)(board)
         boot = "boot ok model=%s v=%d" % (app.model_id, app.version)
-    except (AppError, ValueError, OSError) as e:
+    except (AppError, ValueError, OSError, MemoryError) as e:
         boot = boot_error = "boot failed: %s" % getattr(e, "problem", e)
     _send(out, buf, L.EVENT, out_seq, boot.encode())
     dec = L.Decoder()

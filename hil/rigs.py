@@ -43,7 +43,10 @@ class PtyRig:
     kind = "pty"
     soft_reset_ok = False   # Ctrl-D in the unix port's raw REPL exits the process
 
-    def __init__(self, heap: str = "100k", fs_dir: Path | None = None):
+    # 256 KB, not the ESP32's 100 KB: on the 64-bit unix port the firmware's .mpy code
+    # alone takes ~100 KB of heap (frozen into flash on a board); the data working set
+    # is bounded separately in tests/test_firmware_micropython.py.
+    def __init__(self, heap: str = "256k", fs_dir: Path | None = None):
         exe = micropython_exe()
         if exe is None:
             raise RigError("the MicroPython unix port is not installed",

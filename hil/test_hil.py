@@ -64,7 +64,7 @@ def wavs(tmp_path):
 def test_on_board_checks(board):
     _, t = board
     out = t.exec(ON_BOARD_CHECKS)
-    assert "TAMPER-OK" in out and "WIRE-OK [0.5, -0.25, 0.13]" in out and "PAD (12, 1)" in out
+    assert "TAMPER-OK" in out and "WIRE-OK [0.5, -0.25, 0.13]" in out and "PAD (12, 2)" in out
 
 
 def test_enrol_detect_update_over_serial(board, tmp_path):

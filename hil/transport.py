@@ -89,8 +89,16 @@ class BoardTransport:
 
     def stop_firmware(self, link) -> str:
         """Send ``quit`` and collect what the raw REPL prints when run() returns."""
-        reply = link.command("quit")
-        self.t.follow(timeout=10)
+        import time
+
+        reply = link.command("quit", drain=False)
+        tail = link.leftover()
+        deadline = time.time() + 10
+        while not tail.endswith(b"\x04>") and time.time() < deadline:
+            tail += self.t.serial.read(max(1, self.t.serial.in_waiting))
+        if not tail.endswith(b"\x04>"):
+            raise TransportError("the firmware loop did not return to the raw REPL after quit",
+                                 fix="reset the board")
         return reply
 
     def close(self) -> None:

@@ -28,6 +28,9 @@ a = App(make_board())
 print('MODEL', a.model_id, a.version)
 for e in a.events:
     print('EVENT', e)
+del a  # the raw REPL keeps globals: free the check's App before the firmware starts its own
+import gc
+gc.collect()
 """
 
 

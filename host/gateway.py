@@ -34,6 +34,8 @@ class LinkFailed(EdgelearnError):
 class BoardLink:
     def __init__(self, ser, timeout: float = 10.0, retries: int = 3, on_event=None):
         self.ser = ser
+        if getattr(ser, "timeout", 0) is None:
+            ser.timeout = 0.05  # reads must return so resends can happen (mpremote opens without a timeout)
         self.timeout = timeout
         self.retries = retries
         self.seq = int(time.time()) & 0x7FFF  # a fresh range after a host restart, so seqs do not collide
@@ -62,7 +64,7 @@ class BoardLink:
             if data:
                 self.dec.feed(data)
 
-    def request(self, kind: int, payload: bytes, corrupt=None) -> str:
+    def request(self, kind: int, payload: bytes, corrupt=None, drain: bool = True) -> str:
         """Send one frame and wait for its reply; resend on timeout or a NAK for a damaged frame."""
         self.seq = (self.seq + 1) & 0xFFFF
         wire = L.encode(kind, self.seq, payload)
@@ -86,7 +88,8 @@ class BoardLink:
                     if k == L.NAK:
                         raise LinkFailed(f"board refused {payload[:40]!r}: {text}",
                                          fix="see the reason; the board kept its previous state")
-                    self._drain()
+                    if drain:
+                        self._drain()
                     return text
         raise LinkFailed(f"no reply from the board after {self.retries + 1} tries ({last})",
                          fix="check the cable/port and that the firmware loop is running (edgelearn flash)")
@@ -103,6 +106,10 @@ class BoardLink:
         self.events.append(text)
         if self.on_event:
             self.on_event(text)
+
+    def leftover(self) -> bytes:
+        """Bytes read past the last frame (e.g. the raw REPL's end markers after ``quit``)."""
+        return bytes(self.dec.buf[:self.dec.n])
 
     def command(self, text: str, **kw) -> str:
         return self.request(L.CMD, text.encode(), **kw)

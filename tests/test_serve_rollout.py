@@ -108,6 +108,8 @@ def test_broken_canary_rolls_back_without_losing_requests(env):
 def test_good_canary_walks_1_10_50_100_and_is_promoted(env):
     make_toy_bundle(env.rollouts / "v2", env.priv, version=2, cloud_half=False)
     with env.server() as url:
+        for _ in range(5):  # stable traffic first: an idle model would advance on time alone
+            assert httpx.post(f"{url}/v2/models/{MODEL}/infer", json=ONES).status_code == 200
         assert load(url, str(env.rollouts / "v2")).status_code == 200
         with Traffic(url) as t:
             wait_for(lambda: status(url)["stable"] == "2", what="promotion",

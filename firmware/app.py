@@ -317,6 +317,12 @@ class App:
         self.head = head
         self.replay.add(self.emb, label if label >= 0 else 0xFFFE)
         self.policy.spend(1, self.now_s)
+        try:  # the replay buffer and the day's energy spend are best-effort: the head is saved already
+            self._save("replay.bin", (self.replay.header(), self.replay.body))
+            self._save("sched.bin", self.policy.state_bytes())
+            self.replay.mark_saved()
+        except AppError as e:
+            self.events.append("replay not saved: %s" % e.problem)
         return "ok adapted loss=%.4f" % loss
 
     def cmd_update(self, args):

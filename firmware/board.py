@@ -29,11 +29,15 @@ _ENOSPC = const(28)
 
 
 def atomic_write(path, data):
-    """Write ``data`` to ``path`` so a power cut leaves the old file or the new one, never half."""
+    """Write ``data`` (bytes, or a tuple of parts) to ``path``: after a power cut the old file or the new one."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            if isinstance(data, tuple):  # parts written in turn: no joined copy on the heap
+                for part in data:
+                    f.write(part)
+            else:
+                f.write(data)
         os.rename(tmp, path)
     except OSError as e:
         try:

@@ -75,6 +75,7 @@ def test_enrol_detect_adapt_and_update_verifies_on_host(fs, clips):
     bias0 = d.app.head.bias[0]
     kind, text, _ = d.cmd("feedback 0")
     assert kind == L.ACK and "adapted" in text and d.app.head.bias[0] != bias0
+    assert Driver(fs).app.replay.count == d.app.replay.count == 6   # 5 shots + the confirmed one, persisted
     kind, text, extra = d.cmd("update 4 9")
     assert kind == L.ACK, text
     from edge.portable.chunks import Reassembler

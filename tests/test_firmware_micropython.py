@@ -3,7 +3,7 @@
 The board filesystem is a directory with the firmware compiled to .mpy (as
 deployed), the MCU bundle, config and key. The script first imports every
 module and records the heap the *code* takes: on an ESP32 build the modules
-are frozen into flash (firmware/board_manifest.py) and cost no heap, but the
+are frozen into flash (a board build's freeze manifest) and cost no heap, but the
 unix port loads .mpy into the heap, and its 64-bit objects make that ~90 KB,
 which alone fills a 100 KB heap. So the working set is measured above that
 baseline: the script enrols a keyword from 5 clips, detects, adapts and

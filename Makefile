@@ -19,5 +19,11 @@ test: setup
 model: setup
 	$(PY) -m edge.cli model --out models/kws-dscnn-s
 
-bench: setup
+bench: setup .venv-mlserver/bin/mlserver
 	$(PY) -m edge.cli bench
+
+# MLServer pins starlette < 0.47 and breaks with uvloop >= 0.22, so the
+# serving benchmark's reference lives in its own virtualenv.
+.venv-mlserver/bin/mlserver:
+	python3 -m venv .venv-mlserver
+	.venv-mlserver/bin/pip install -q mlserver==1.7.1 onnxruntime 'uvloop<0.22'

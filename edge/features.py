@@ -49,10 +49,15 @@ def _mel_to_hz(mel):
     return 700.0 * (10.0 ** (np.asarray(mel, dtype=np.float64) / 2595.0) - 1.0)
 
 
-def mel_matrix() -> np.ndarray:
-    """(N_FFT//2+1, N_MELS) float32 triangular HTK-mel filterbank."""
+def mel_matrix(warp: float = 1.0) -> np.ndarray:
+    """(N_FFT//2+1, N_MELS) float32 triangular HTK-mel filterbank.
+
+    ``warp`` != 1 scales every filter edge in Hz (vocal tract length
+    perturbation); it exists for training augmentation only — the front end
+    itself always uses 1.0.
+    """
     fft_hz = np.linspace(0.0, SAMPLE_RATE / 2, N_FFT // 2 + 1)
-    edges = _mel_to_hz(np.linspace(_hz_to_mel(FMIN), _hz_to_mel(FMAX), N_MELS + 2))
+    edges = _mel_to_hz(np.linspace(_hz_to_mel(FMIN), _hz_to_mel(FMAX), N_MELS + 2)) * warp
     lower, center, upper = edges[:-2], edges[1:-1], edges[2:]
     up = (fft_hz[:, None] - lower) / (center - lower)
     down = (upper - fft_hz[:, None]) / (upper - center)
@@ -89,11 +94,11 @@ def to_float(samples) -> np.ndarray:
     raise TypeError(f"audio must be int16 PCM or float in [-1, 1], got dtype {a.dtype}")
 
 
-def frames_to_mfcc(frames: np.ndarray) -> np.ndarray:
+def frames_to_mfcc(frames: np.ndarray, mel_fb: np.ndarray | None = None) -> np.ndarray:
     """(..., FRAME_LENGTH) float32 frames -> (..., N_MFCC) float32 MFCC."""
     spec = np.fft.rfft(frames * _WINDOW, n=N_FFT, axis=-1)
     power = (spec.real * spec.real + spec.imag * spec.imag).astype(np.float32)
-    mel = power @ _MEL
+    mel = power @ (_MEL if mel_fb is None else mel_fb)
     return (np.log(np.maximum(mel, LOG_FLOOR)) @ _DCT).astype(np.float32)
 
 
@@ -107,7 +112,7 @@ def frame(signal: np.ndarray) -> np.ndarray:
     return win[..., : (count - 1) * HOP_LENGTH + 1 : HOP_LENGTH, :]
 
 
-def mfcc(samples) -> np.ndarray:
+def mfcc(samples, mel_fb: np.ndarray | None = None) -> np.ndarray:
     """One second (or a batch ``(N, 16000)``) of 16 kHz audio -> ``(..., 49, 10)`` float32.
 
     Accepts int16 PCM or float32 in [-1, 1]. Shorter input is an error (pad it
@@ -119,7 +124,7 @@ def mfcc(samples) -> np.ndarray:
             f"mfcc needs {WINDOW_SAMPLES} samples (1 s at 16 kHz), got {x.shape[-1]}; "
             "pad with edge.features.fit_to_window"
         )
-    return frames_to_mfcc(frame(x))
+    return frames_to_mfcc(frame(x), mel_fb)
 
 
 def fit_to_window(samples: np.ndarray, length: int = WINDOW_SAMPLES) -> np.ndarray:

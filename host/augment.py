@@ -4,7 +4,8 @@ Waveform: speed perturbation (resampling by 0.85-1.15, which moves pitch and
 formants together, as Kaldi's speed perturbation), random placement (time
 shift) in the 1 s window, gain, spectral tilt (first-order pre/de-emphasis),
 reverberation with synthetic rooms, and noise (white/pink/brown/babble) at a
-random SNR. Features: SpecAugment time and coefficient masks. The issue's note
+random SNR. Features: vocal tract length perturbation (a warped mel
+filterbank per clip) and SpecAugment time and coefficient masks. The issue's note
 on why: the corpus and augmentation matter more than the network for voices
 the model never heard.
 
@@ -70,24 +71,38 @@ def spec_augment(rng, feats: np.ndarray, time_masks=2, max_t=6, coef_masks=1, ma
     return out
 
 
-def features_for(clips: np.ndarray, scale, batch: int = 2048) -> np.ndarray:
-    """(N, 16000) float/int16 clips -> (N, 49, 10) normalised float32 model inputs."""
+def features_for(clips: np.ndarray, scale, batch: int = 2048, warps=None) -> np.ndarray:
+    """(N, 16000) float/int16 clips -> (N, 49, 10) normalised float32 model inputs.
+
+    ``warps``: optional per-clip frequency-warp factors (VTLP, training only).
+    """
     out = np.empty((len(clips), F.N_FRAMES, F.N_MFCC), np.float32)
-    for a in range(0, len(clips), batch):
-        c = clips[a:a + batch].astype(np.float32) / 32768.0  # int16 scale in, either dtype
-        out[a:a + batch] = F.normalize(F.mfcc(c), scale)
+    if warps is None:
+        for a in range(0, len(clips), batch):
+            c = clips[a:a + batch].astype(np.float32) / 32768.0  # int16 scale in, either dtype
+            out[a:a + batch] = F.normalize(F.mfcc(c), scale)
+        return out
+    warps = np.asarray(warps)
+    for w in np.unique(warps):
+        rows = np.nonzero(warps == w)[0]
+        fb = F.mel_matrix(float(w))
+        for a in range(0, len(rows), batch):
+            r = rows[a:a + batch]
+            out[r] = F.normalize(F.mfcc(clips[r].astype(np.float32) / 32768.0, fb), scale)
     return out
 
 
 class Augmenter:
     def __init__(self, utterances: list, labels: np.ndarray, babble_pool: list, scale,
                  silence_label: int, silence_share: float = 1 / 37, seed: int = 0,
-                 reverb_share: float = 0.3, clean_share: float = 0.15, specaug: bool = True):
+                 reverb_share: float = 0.3, clean_share: float = 0.15, specaug: bool = True,
+                 vtlp_share: float = 0.8):
         self.utts, self.labels, self.pool = utterances, np.asarray(labels), babble_pool
         self.scale, self.silence_label = scale, silence_label
         self.n_sil = max(1, int(len(utterances) * silence_share))
         self.rng = np.random.default_rng(seed)
         self.reverb_share, self.clean_share, self.specaug = reverb_share, clean_share, specaug
+        self.vtlp_share = vtlp_share
 
     def epoch(self):
         rng = self.rng
@@ -104,7 +119,11 @@ class Augmenter:
                            snr=(0.0, 30.0))
         x = np.clip(x, -32768, 32767)
         y = np.concatenate([self.labels, np.full(self.n_sil, self.silence_label)])
-        feats = features_for(x, self.scale)
+        # VTLP: warp the mel axis per clip (9 factors, 0.88-1.12) so the model
+        # sees vocal tracts between the few voices each synthesizer has.
+        warps = np.where(rng.random(len(y)) < self.vtlp_share,
+                         rng.choice(np.linspace(0.88, 1.12, 9), len(y)), 1.0)
+        feats = features_for(x, self.scale, warps=warps)
         if self.specaug:
             feats = spec_augment(rng, feats)
         perm = rng.permutation(len(y))

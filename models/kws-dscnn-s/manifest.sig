@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 28fa5f3ff2f380fe gmXE2lss8LCLGfZD4f6sI3KhLKKLjdq+4t0365MTQVmoYGcB8JFUd6VzHvcsIn+fWyhyIX/Ie1l2A138jnqaDg==
+edgelearn-ed25519-signature 28fa5f3ff2f380fe nzYIJvPOjQm/J7RZ6WEKe4nLUztyUAz90zCU4DyBC7EWNCtG3wWx9X/H+0T38Rx95ImThFYYcUUKr4jnql9GAg==

@@ -124,8 +124,11 @@ def host_check(base, qparams, x, y, rows):
 
 
 def main():
-    from threadpoolctl import threadpool_limits
-
+    try:  # optional: present wherever scikit-learn is; otherwise set OPENBLAS_NUM_THREADS=1
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        print("note: threadpoolctl missing; set OPENBLAS_NUM_THREADS=1 for one BLAS thread")
+        return _main()
     with threadpool_limits(limits=1):
         return _main()
 

@@ -140,7 +140,7 @@ class Detector:
     def _keyword_end(win: np.ndarray, end_s: float) -> float:
         c0 = win[:, 0]
         mid = 0.5 * (float(c0.max()) + float(c0.min()))
-        last = int(np.nonzero(c0 > mid)[0][-1])
+        last = int(np.nonzero(c0 >= mid)[0][-1])  # >=: a flat window (digital silence) has no frame above
         frames_after = F.N_FRAMES - 1 - last
         return end_s - frames_after * F.HOP_LENGTH / F.SAMPLE_RATE
 

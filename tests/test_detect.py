@@ -92,3 +92,8 @@ def test_cli_json_lines(km, long_clip, tmp_path):
     events = [json.loads(line) for line in out.splitlines()]
     assert [e["keyword"] for e in events] == [k for k, _ in truth]
     assert all(set(e) == {"keyword", "time_s", "score"} for e in events)
+
+
+def test_keyword_end_of_a_flat_window_is_the_window_end():
+    """Digital silence (every frame equal) once crashed the end-time search."""
+    assert Detector._keyword_end(np.zeros((F.N_FRAMES, F.N_MFCC), np.float32), 2.5) == 2.5

@@ -20,7 +20,8 @@ class AggregatorConfig:
     strategy: str = "fedavg"
     strategy_options: dict = field(default_factory=dict)
     clients_per_round: int = 10        # quorum: the round closes when this many updates arrived
-    overselect: float = 1.3            # select this many times the quorum (stragglers and drop-outs)
+    overselect: float = 1.3            # select at least this many times the quorum (stragglers and drop-outs)
+    max_overselect: float = 3.0        # ... and at most this many, as observed drop-outs and latency demand
     min_updates: int = 0               # at the deadline, close with at least this many (0: half the quorum)
     round_timeout: float = 120.0       # seconds from opening to the deadline
     buffer_size: int = 10              # FedBuff: aggregate every K updates
@@ -64,8 +65,9 @@ class AggregatorConfig:
             problems.append(f"mode={self.mode!r} (use sync or async)")
         if self.clients_per_round < 1 or self.buffer_size < 1:
             problems.append("clients_per_round and buffer_size must be >= 1")
-        if self.overselect < 1:
-            problems.append(f"overselect={self.overselect} must be >= 1")
+        if self.overselect < 1 or self.max_overselect < self.overselect:
+            problems.append(f"overselect={self.overselect}, max_overselect={self.max_overselect}: "
+                            "need 1 <= overselect <= max_overselect")
         if self.codec not in ("dense_f32", "int8", "topk_int8"):
             problems.append(f"codec={self.codec!r}")
         if self.adapt_strategy not in ("", "bias-only", "residual-adapter", "lora", "sparse", "full"):

@@ -36,6 +36,9 @@ STATUS = [(we.OversizedFrame, 413), (we.UnknownDevice, 401), (we.AuthError, 401)
           (we.StaleRound, 410), (we.StaleModel, 409), (we.ChunkError, 400), (we.WireError, 400)]
 
 
+HISTORY = 10  # rounds of arrival evidence kept for over-selection
+
+
 class Reject(Exception):
     """A request refused with an HTTP status, a machine-readable reason and a one-line problem/fix."""
 
@@ -71,6 +74,9 @@ class RoundManager:
         self.strategy.load_state(self.reg.strategy_state(self.reg.current))
         self.round = None
         self.acc = None
+        # arrivals of recent rounds (round id -> selected, {device: seconds from selection to upload}),
+        # late uploads included: the evidence for adaptive over-selection (policy.plan_selection)
+        self.arrivals = json.loads(self.store.get_meta("arrivals") or "{}")
         self.recover()
 
     # --- rounds ---------------------------------------------------------------
@@ -119,10 +125,27 @@ class RoundManager:
         if r["deadline"] is not None and self.clock() >= r["deadline"]:
             self._close("deadline")
 
+    def _note_arrival(self, round_id: int, device_id: str, selected: int | None = None) -> None:
+        h = self.arrivals.get(str(round_id))
+        if h is None:
+            if selected is None:
+                return  # too old to matter
+            h = self.arrivals[str(round_id)] = {"selected": selected, "lat": {}}
+        row = self.store.one("SELECT selected_at FROM selections WHERE round_id=? AND device_id=?",
+                             (round_id, device_id))
+        if row is not None and device_id not in h["lat"]:
+            h["lat"][device_id] = round(self.clock() - row[0], 4)
+
     def _close(self, why: str) -> None:
         r = self.round
         ok = self.acc.count >= (self.cfg.quorum_floor if why == "deadline" else 1)
         with self.store.tx() as c:
+            if r["selected"]:
+                h = self.arrivals.setdefault(str(r["round_id"]), {"selected": 0, "lat": {}})
+                h["selected"] = r["selected"]
+                for rid in sorted(self.arrivals, key=int)[:-HISTORY]:
+                    del self.arrivals[rid]
+                self.store.set_meta("arrivals", json.dumps(self.arrivals))
             if not ok:
                 c.execute("UPDATE rounds SET status='failed', closed=?, note=? WHERE round_id=?",
                           (self.clock(), f"{why}: {self.acc.count} of {r['target']} updates", r["round_id"]))
@@ -151,11 +174,17 @@ class RoundManager:
     def _wait(self, reason: str) -> dict:
         n = self.store.one("SELECT COUNT(*) FROM devices")[0]
         sync = self.cfg.mode == "sync"
-        # check-ins needed per second: one selection wave per round (sync) or per concurrency slot
-        need = (math.ceil(self.cfg.clients_per_round * self.cfg.overselect) / self.cfg.round_timeout if sync
-                else self.cfg.max_concurrency / self.cfg.round_timeout)
-        d = self.round["deadline"]
-        until = max(0.0, d - self.clock()) if d is not None and "fully selected" in reason else None
+        until = None
+        if sync:
+            # a round should take ~1.5 device latencies: fill its selection in a quarter of one
+            lat = max(self.cfg.min_retry, min(self.cfg.round_timeout,
+                                              policy.median_latency(self.arrivals, self.cfg.round_timeout)))
+            need = self.selection_target() / (0.25 * lat)
+            if "fully selected" in reason:  # come back about when this round should be over
+                r = self.round
+                until = max(0.0, min(r["deadline"], r["opened"] + 1.5 * lat) - self.clock())
+        else:
+            need = self.cfg.max_concurrency / self.cfg.round_timeout
         return {"action": "wait", "reason": reason,
                 "retry_after": round(policy.retry_after(reason, n, need, self.cfg, self.rng, until), 3)}
 
@@ -189,7 +218,7 @@ class RoundManager:
         if sel:
             return {"action": "train", "task": self.task(r)}  # a repeated check-in gets the same task
         if self.cfg.mode == "sync":
-            if r["selected"] >= math.ceil(r["target"] * self.cfg.overselect):
+            if r["selected"] >= self.selection_target():
                 return self._wait(f"round {r['round_id']} is fully selected")
         else:
             out = self.store.one("SELECT COUNT(*) FROM selections s WHERE s.selected_at > ? AND NOT EXISTS "
@@ -207,6 +236,10 @@ class RoundManager:
             c.execute("UPDATE rounds SET selected=selected+1 WHERE round_id=?", (r["round_id"],))
         r["selected"] += 1
         return {"action": "train", "task": self.task(r)}
+
+    def selection_target(self) -> int:
+        """Devices to select for the open sync round (adaptive over-selection)."""
+        return policy.plan_selection(self.round["target"], self.arrivals, self.cfg)
 
     # --- uploads --------------------------------------------------------------
     def key_of(self, device_id: str):
@@ -258,6 +291,8 @@ class RoundManager:
             c.execute("UPDATE rounds SET accepted=accepted+1, bytes=bytes+? WHERE round_id=?",
                       (len(frame), r["round_id"]))
         self.acc.add(delta, n, weight)
+        if self.cfg.mode == "sync":
+            self._note_arrival(r["round_id"], hdr.device_id, r["selected"])
         r["accepted"] += 1
         answer = {"status": "accepted", "round_id": r["round_id"], "accepted": r["accepted"]}
         if r["accepted"] >= r["target"]:
@@ -270,6 +305,7 @@ class RoundManager:
                                      (r["round_id"], hdr.device_id))
         if self.cfg.mode == "sync":
             if hdr.round_id != r["round_id"]:
+                self._note_arrival(hdr.round_id, hdr.device_id)  # a late upload: latency evidence only
                 raise we.StaleRound(f"frame from {hdr.device_id!r} is for round {hdr.round_id}; round "
                                     f"{r['round_id']} is open" + (" (that round is closed)" if hdr.round_id < r["round_id"] else ""),
                                     fix="drop it and check in for the current round")

@@ -92,14 +92,14 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
     data = data or load_embeddings(progress=progress)
     held = data.rows("test")
     s = cfg.time_scale
-    acfg = AggregatorConfig(mode=cfg.mode, strategy=cfg.strategy, codec=cfg.codec,
-                            clients_per_round=cfg.clients_per_round, overselect=cfg.overselect,
-                            buffer_size=cfg.buffer_size, round_timeout=cfg.round_timeout * s,
-                            min_retry=1.0 * s, max_retry=600 * s, local_epochs=cfg.local_epochs,
-                            learning_rate=cfg.learning_rate, eval_tolerance=cfg.eval_tolerance,
-                            max_concurrency=int(cfg.clients_per_round * cfg.overselect) if cfg.mode == "async" else 30,
-                            fairness_window=10, max_rounds_per_window=10, synchronous="normal",
-                            seed=cfg.seed, **cfg.extra)
+    settings = dict(mode=cfg.mode, strategy=cfg.strategy, codec=cfg.codec,
+                    clients_per_round=cfg.clients_per_round, overselect=cfg.overselect,
+                    buffer_size=cfg.buffer_size, round_timeout=cfg.round_timeout * s,
+                    min_retry=1.0 * s, max_retry=600 * s, local_epochs=cfg.local_epochs,
+                    learning_rate=cfg.learning_rate, eval_tolerance=cfg.eval_tolerance,
+                    max_concurrency=int(cfg.clients_per_round * cfg.overselect) if cfg.mode == "async" else 30,
+                    fairness_window=10, max_rounds_per_window=10, synchronous="normal", seed=cfg.seed)
+    acfg = AggregatorConfig(**{**settings, **cfg.extra})  # extra: any other aggregator setting, or an override
     params = small_params(cfg.seed) if cfg.fresh_head else extract_head()
     state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params,
                              heldout=(data.X[held], data.y[held]))
@@ -117,7 +117,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
                      data=(data.X[parts[i]], data.y[parts[i]]), seed=cfg.seed * 1000 + i)
         devices.append(Device(i, c, np.random.default_rng([cfg.seed, i]), cfg))
     t0 = time.monotonic()
-    stats = {"uploads": 0, "drops": 0, "errors": 0, "waits": 0}
+    stats = {"uploads": 0, "drops": 0, "errors": 0, "waits": 0, "latencies": []}
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -146,6 +146,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
                 d.next_at = now_sim + float(ans.get("retry_after", 5 * s)) / s
                 continue
             task = ans["task"]
+            t_task = time.monotonic()
             lat = cfg.median_latency * float(np.exp(d.rng.normal(0, cfg.latency_sigma))) * (10 if d.slow else 1)
             try:
                 delta, n = d.client.train(task)
@@ -157,8 +158,11 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
                 d.next_at = now_sim + 5
                 continue
             d.battery = max(0.0, d.battery - 0.02)
-            time.sleep(lat * s)  # the device's compute and radio time
-            if d.rng.random() < cfg.drop_rate:
+            # the device's compute and radio time; our real training time is part of it
+            time.sleep(max(0.0, lat * s - (time.monotonic() - t_task)))
+            with lock:
+                stats["latencies"].append(round((time.monotonic() - t_task) / s, 3))
+            if d.rng.random() < cfg.drop_rate:  # trained, then lost power or network: never uploads
                 with lock:
                     stats["drops"] += 1
                 d.next_at = (time.monotonic() - t0) / s + cfg.round_timeout

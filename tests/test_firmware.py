@@ -75,7 +75,7 @@ def test_enrol_detect_adapt_and_update_verifies_on_host(fs, clips):
     bias0 = d.app.head.bias[0]
     kind, text, _ = d.cmd("feedback 0")
     assert kind == L.ACK and "adapted" in text and d.app.head.bias[0] != bias0
-    assert Driver(fs).app.replay.count == d.app.replay.count == 6   # 5 shots + the confirmed one, persisted
+    assert Driver(fs).app.replay_count == d.app.replay_count == 6   # 5 shots + the confirmed one, persisted
     kind, text, extra = d.cmd("update 4 9")
     assert kind == L.ACK, text
     from edge.portable.chunks import Reassembler
@@ -128,7 +128,8 @@ def test_full_filesystem_is_reported_and_changes_nothing(fs, clips, monkeypatch)
 def test_bad_commands_get_a_reason(fs):
     d = Driver(fs)
     for cmd, why in (("fly", "unknown command"), ("shot", "no enrolment"), ("detect", "frames of audio"),
-                     ("feedback 3", "feedback label"), ("update x", "ROUND SEQ")):
+                     ("feedback 3", "feedback label"), ("update x", "ROUND [SEQ]"),
+                     ("update 1", "nothing learned")):
         kind, text, _ = d.cmd(cmd)
         assert kind == L.NAK and why in text, (cmd, text)
     assert d.send(L.AUDIO, b"\x01\x02\x03")[0][0] == L.NAK

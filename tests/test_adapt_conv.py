@@ -216,3 +216,19 @@ def test_whole_tail_costs_more_than_the_host_model_and_bias_only_stays_small(shi
         got[s], _ = measure_step(ConvTail(tail_arrays(c=64, k=37)), s, "adam", x, y)
         assert got[s] > training_memory(shipped_shape, s, "adam").total
     assert got["full"] > 6.5 * got["bias-only"]
+
+
+@pytest.mark.parametrize("strategy", STRATS)
+def test_chunked_forward_gives_the_same_gradients_and_keeps_the_same_bytes(strategy):
+    x, y = data(n=7)
+    q = np.round(x * 20).astype(np.int8)  # int8 input: the dequantised copy is kept in chunks too
+    got = []
+    for chunk in (None, 3):
+        tail = ConvTail(tail_arrays(), qparams=(0.05, 0))
+        tr = ConvTrainer(tail, strategy, "sgd", sparse_weights=["dw4_w"] if strategy == "sparse" else (),
+                         forward_chunk=chunk)
+        tr.gradients(q, y)
+        got.append(({k: g.copy() for k, g in tr.grads.items()}, tr._kept))
+    for k in got[0][0]:
+        np.testing.assert_allclose(got[0][0][k], got[1][0][k], rtol=1e-5, atol=1e-7)
+    assert got[0][1] == got[1][1]

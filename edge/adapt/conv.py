@@ -175,8 +175,36 @@ class ConvTail:
         m, shape = kept
         return m if shape is None else np.unpackbits(m, axis=-1, count=shape[-1]).view(bool)
 
-    def forward(self, x: np.ndarray, wanted: set | None = None):
-        """Logits, and (if ``wanted``: the trained tensor names) the tensors backward needs."""
+    def forward(self, x: np.ndarray, wanted: set | None = None, chunk: int | None = None):
+        """Logits, the kept tensors backward needs (if ``wanted``: trained tensor names), embeddings.
+
+        ``chunk`` runs the forward that many examples at a time: its working memory is then
+        one chunk's, and only what backward needs is kept for the whole batch (for bias-only
+        that is bit-packed masks, so training memory no longer grows with the batch's forward).
+        """
+        n = len(x)
+        if chunk is None or n <= chunk:
+            return self._forward(x, wanted)
+        float_in = np.asarray(x).dtype.kind == "f"
+        logits, embs, keep = [], [], None
+        for a in range(0, n, chunk):
+            lg, kc, e = self._forward(x[a:a + chunk], wanted)
+            logits.append(lg)
+            embs.append(e)
+            if kc is None:
+                continue
+            if float_in:
+                kc.pop("x", None)  # the caller's own array is kept whole below, not copied
+            if keep is None:
+                keep = {k: _alloc(v, n) for k, v in kc.items()}
+            for k, v in kc.items():
+                _put(keep[k], v, a)
+            del kc
+        if keep is not None and float_in and "dw4_w" in wanted and self.train_dw:
+            keep["x"] = x
+        return np.concatenate(logits), keep, np.concatenate(embs)
+
+    def _forward(self, x: np.ndarray, wanted: set | None = None):
         keep = None if wanted is None else {}
         w = wanted or set()
         dw_train = self.train_dw and bool(w & {"dw4_w", "dw4_b"})
@@ -232,6 +260,22 @@ class ConvTail:
                 out[f"{layer}_w"] = (self.p(f"{layer}_w") + self.lora_scale * (a @ self.p(f"{layer}.lora_b"))
                                      ).astype(np.float32)
         return out
+
+
+def _alloc(v, n):
+    """A whole-batch buffer for one chunk's kept value (array, packed mask or a plain number)."""
+    if isinstance(v, tuple):
+        return np.empty((n,) + v[0].shape[1:], v[0].dtype), (n,) + tuple(v[1][1:])
+    if isinstance(v, np.ndarray):
+        return np.empty((n,) + v.shape[1:], v.dtype)
+    return v
+
+
+def _put(dst, v, a):
+    if isinstance(v, tuple):
+        dst[0][a:a + len(v[0])] = v[0]
+    elif isinstance(v, np.ndarray):
+        dst[a:a + len(v)] = v
 
 
 class TailModel:

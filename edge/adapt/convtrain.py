@@ -64,7 +64,8 @@ def init_delta(tail: ConvTail, strategy: str, rank: int, rng) -> dict:
 
 class ConvTrainer:
     def __init__(self, tail: ConvTail, strategy: str, optimizer: str = "sgd", lr: float | None = None,
-                 rank: int = 4, sparse_weights=(), seed: int = 0, workspace_budget: int = 16 * 1024):
+                 rank: int = 4, sparse_weights=(), seed: int = 0, workspace_budget: int = 16 * 1024,
+                 forward_chunk: int | None = 1):
         if strategy not in STRATEGIES:
             raise EdgelearnError(f"strategy {strategy!r} is unknown", fix=f"choose one of {STRATEGIES}")
         if optimizer not in OPTIMIZERS:
@@ -74,7 +75,7 @@ class ConvTrainer:
             raise EdgelearnError(f"sparse weights {bad} are not trainable tail weights",
                                  fix=f"choose from {WEIGHTS} (pick them with choose_sparse())")
         self.tail, self.strategy, self.optimizer = tail, strategy, optimizer
-        self.workspace_budget = workspace_budget
+        self.workspace_budget, self.forward_chunk = workspace_budget, forward_chunk
         self.lr = lr if lr is not None else (0.005 if optimizer == "adam" else 0.05)
         for k, v in init_delta(tail, strategy, rank, np.random.default_rng(seed)).items():
             tail.delta.setdefault(k, v)
@@ -125,7 +126,7 @@ class ConvTrainer:
             raise EdgelearnError(f"labels must be 0..{self.tail.n_classes - 1}, got {y.min()}..{y.max()}",
                                  fix="use the bundle's label ids")
         wanted = set(self.names)
-        logits, keep, e = self.tail.forward(x, wanted)
+        logits, keep, e = self.tail.forward(x, wanted, chunk=self.forward_chunk)
         del e
         z = logits - logits.max(axis=1, keepdims=True)
         loss = float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(y)), y]))

@@ -29,6 +29,7 @@ import sys
 
 from edge.portable.compat import const
 from edge.portable.mfcc import N_FRAMES, N_MFCC, FeatureRing, MfccStream
+from edge.portable.model import McuModel, ModelBlobError
 from edge.portable.proto import ProtoHead
 from firmware import link as L
 from firmware.board import atomic_write, read_file
@@ -37,7 +38,7 @@ MAX_KEYWORDS = const(4)
 # modules that stay loaded; everything else a command imports is dropped after it
 RESIDENT = ("edge", "edge.portable", "edge.portable.compat", "edge.portable.quant", "edge.portable.kernels",
             "edge.portable.mfcc", "edge.portable.model", "edge.portable.proto", "firmware", "firmware.link",
-            "firmware.board", "firmware.app", "firmware.main", "firmware.net", "__main__")
+            "firmware.board", "firmware.app", "firmware.main", "__main__")
 
 
 class AppError(Exception):
@@ -70,6 +71,14 @@ def unload():
     gc.collect()
 
 
+def _byte_view(arr, nbytes):
+    """A writable bytes view of an array's memory (MicroPython's memoryview cannot cast)."""
+    if sys.implementation.name == "micropython":
+        import uctypes
+        return uctypes.bytearray_at(uctypes.addressof(arr), nbytes)
+    return memoryview(arr).cast("B")
+
+
 class App:
     def __init__(self, board, policy=None):
         self.board = board
@@ -78,11 +87,30 @@ class App:
         self.policy = policy          # None: firmware/learn.py builds the default from state/sched.bin
         self.update_len = 0
         self.update_buf = None
-        self.replay_count = phase("learn").replay_count(self)
+        self.pending_update = None    # (round, seq) of an update the Wi-Fi path has yet to deliver
+        if read_file(board.path("bundle.new/bundle.json")) is not None:
+            phase("install").install_pending(self)
+            unload()
+        # the model before anything else: its weights need the largest contiguous block
+        if read_file(board.path("bundle/bundle.json")) is None:
+            raise AppError("no bundle in bundle", "deploy one: edgelearn flash --port PORT --bundle B")
+        try:
+            self.model = McuModel(board.path("bundle/weights.elb"), board.path("bundle/graph.json"))
+        except OSError:
+            raise AppError("a file of the running bundle is missing", "deploy the bundle again")
+        except ModelBlobError as e:
+            raise AppError(e.problem, e.fix)
         unload()
+        # then the other long-lived buffers, before phase code cuts the heap into pieces
+        self.ring = FeatureRing()
+        self.stream = MfccStream(self.ring)
+        self.feats = array.array("f", bytes(4 * N_FRAMES * N_MFCC))
+        self.emb = array.array("f", bytes(4 * len(self.model.embedding)))
+        self.probs = array.array("f", bytes(4 * len(self.model.logits)))
+        self.pcm = array.array("h", bytes(L.MAX_PAYLOAD))   # audio frames land here, not in new arrays
+        self.pcm_bytes = _byte_view(self.pcm, L.MAX_PAYLOAD)
         inst = phase("install")
-        inst.install_pending(self)
-        inst.load_bundle(self, "bundle")
+        inst.load_bundle(self, "bundle")   # digests and description; a mismatch drops the model again
         cfg = json.loads(read_file(board.path("config.json")) or b"{}")
         self.device_id = cfg.get("device_id", "esp32-unprovisioned")
         self.names = cfg.get("keywords", [])
@@ -90,12 +118,8 @@ class App:
         self.head = inst.load_head(self, MAX_KEYWORDS)
         del inst
         unload()
-        # the large buffers after the phase code is gone, so they do not land between its pieces
-        self.ring = FeatureRing()
-        self.stream = MfccStream(self.ring)
-        self.feats = array.array("f", bytes(4 * N_FRAMES * N_MFCC))
-        self.emb = array.array("f", bytes(4 * self.dim))
-        self.probs = array.array("f", bytes(4 * len(self.labels)))
+        self.replay_count = phase("learn").replay_count(self)
+        unload()
         self.live = False
         self.since_detect = 0
         self.shots = []
@@ -112,9 +136,9 @@ class App:
                            "free space on the board (delete old bundles) and retry")
 
     # --- audio and inference -------------------------------------------------
-    def push_audio(self, pcm):
-        """int16 samples (array('h') or memoryview); runs detection every 0.5 s in live mode."""
-        new = self.stream.push(pcm)
+    def push_audio(self, pcm, n=None):
+        """The first ``n`` (default all) int16 samples of ``pcm``; runs detection every 0.5 s in live mode."""
+        new = self.stream.push(pcm, 0, n)
         if self.live and new:
             self.since_detect += new
             if self.ring.full() and self.since_detect >= N_FRAMES // 2:
@@ -211,7 +235,9 @@ class App:
             if kind == L.AUDIO:
                 if len(payload) % 2:
                     raise AppError("audio payload has an odd byte count", "send whole int16 samples")
-                reply = "ok frames=%d" % self.push_audio(memoryview(array.array("h", payload)))
+                n = len(payload)
+                self.pcm_bytes[0:n] = payload
+                reply = "ok frames=%d" % self.push_audio(self.pcm, n // 2)
             elif kind == L.CMD:
                 words = bytes(payload).decode().split()
                 name = words[0] if words else ""

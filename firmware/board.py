@@ -1,6 +1,6 @@
 """Everything board-specific in one place; the rest of the firmware runs on the unix port too.
 
-``Esp32Board`` uses ``machine.I2S`` (an I2S MEMS microphone, 16 kHz, 16-bit
+``Esp32Board`` (firmware/esp32_board.py, imported only on a board) uses ``machine.I2S`` (an I2S MEMS microphone, 16 kHz, 16-bit
 mono), the battery through a 1:2 divider on an ADC1 pin (``ADC.read_uv()``,
 calibrated; ADC2 is unusable while Wi-Fi runs), the die temperature
 (``esp32.mcu_temperature()`` on S2/S3/C3, ``esp32.raw_temperature()`` in °F
@@ -15,16 +15,11 @@ so tests and the pty rig run the real main loop.
 """
 
 import os
+import struct
 import sys
 
 from edge.portable.compat import const
 
-_MIC_SCK = const(14)
-_MIC_WS = const(15)
-_MIC_SD = const(32)
-_BATT_PIN = const(35)        # ADC1_CH7; ADC2 pins read garbage while Wi-Fi is on
-_BATT_EMPTY_UV = 3300000     # LiPo cell voltage (after the 1:2 divider it reads half)
-_BATT_FULL_UV = 4200000
 _ENOSPC = const(28)
 
 
@@ -64,47 +59,10 @@ def _mkdir(path):
         pass
 
 
-class Esp32Board:
-    """An ESP32 with an I2S microphone, a battery divider and littlefs."""
+class BoardBase:
+    """What every board shares: paths under ``root`` and the state directories."""
 
-    name = "esp32"
-
-    def __init__(self, root="/"):
-        import machine
-
-        self.root = root
-        self._machine = machine
-        self.mic = machine.I2S(0, sck=machine.Pin(_MIC_SCK), ws=machine.Pin(_MIC_WS), sd=machine.Pin(_MIC_SD),
-                               mode=machine.I2S.RX, bits=16, format=machine.I2S.MONO, rate=16000, ibuf=8192)
-        self.adc = machine.ADC(machine.Pin(_BATT_PIN), atten=machine.ADC.ATTN_11DB)
-        self.stdin = sys.stdin.buffer
-        self.stdout = sys.stdout.buffer
-        import micropython
-        micropython.kbd_intr(-1)  # 0x03 inside a binary frame must not raise KeyboardInterrupt
-
-    def read_audio(self, buf):
-        """Fill ``buf`` (bytearray, int16 LE mono) from the microphone; returns bytes read."""
-        return self.mic.readinto(buf)
-
-    def battery_pct(self):
-        uv = 2 * self.adc.read_uv()
-        pct = (uv - _BATT_EMPTY_UV) * 100 // (_BATT_FULL_UV - _BATT_EMPTY_UV)
-        return 0 if pct < 0 else (100 if pct > 100 else pct)
-
-    def charging(self):
-        return None  # no charge-status pin on the reference wiring: the policy treats it as unknown
-
-    def temp_c(self):
-        import esp32
-        if hasattr(esp32, "mcu_temperature"):
-            return float(esp32.mcu_temperature())
-        return (esp32.raw_temperature() - 32) / 1.8
-
-    def light_sleep(self, ms):
-        self._machine.lightsleep(ms)
-
-    def deep_sleep(self, ms):
-        self._machine.deepsleep(ms)
+    root = ""
 
     def path(self, name):
         return self.root + name
@@ -114,19 +72,30 @@ class Esp32Board:
         _mkdir(self.path("bundle"))
 
 
-class FakeBoard:
-    """The unix port's stand-in: readings are attributes, audio comes from a buffer, files from a directory."""
+class FakeBoard(BoardBase):
+    """The unix port's stand-in: readings are attributes, files a directory, the microphone a WAV file.
+
+    ``wav`` is a 16 kHz mono 16-bit PCM WAV that ``read_audio`` plays once
+    (``loop=True``: over and over), as ``machine.I2S.readinto`` would fill the
+    buffer from the microphone; at its end ``read_audio`` returns 0.
+    """
 
     name = "fake"
 
-    def __init__(self, root="", battery=90, charging=True, temp=35.0, stdin=None, stdout=None):
+    def __init__(self, root="", battery=90, charging=True, temp=35.0, stdin=None, stdout=None, wav=None,
+                 loop=False):
         self.root = root
         self.battery = battery
         self.is_charging = charging
         self.temp = temp
-        self.audio = None
-        self.audio_pos = 0
         self.slept_ms = 0
+        self.wifi = None
+        self.mic = None
+        self.loop = loop
+        if wav is not None:
+            self.mic = open(wav, "rb")
+            self.data_start, self.data_len = wav_data(self.mic, wav)
+            self.left = self.data_len
         self.stdin = stdin if stdin is not None else getattr(sys.stdin, "buffer", sys.stdin)
         self.stdout = stdout if stdout is not None else getattr(sys.stdout, "buffer", sys.stdout)
         try:
@@ -136,12 +105,16 @@ class FakeBoard:
             pass
 
     def read_audio(self, buf):
-        if self.audio is None:
+        """Fill ``buf`` (a bytes-like view, int16 LE) from the WAV; returns bytes read, 0 at its end."""
+        if self.mic is None:
             return 0
-        n = min(len(buf), len(self.audio) - self.audio_pos)
-        buf[0:n] = self.audio[self.audio_pos:self.audio_pos + n]
-        self.audio_pos += n
-        return n
+        if self.left <= 0 and self.loop:
+            self.mic.seek(self.data_start)
+            self.left = self.data_len
+        n = len(buf) if len(buf) < self.left else self.left
+        k = self.mic.readinto(memoryview(buf)[:n]) or 0 if n else 0
+        self.left -= k
+        return k
 
     def battery_pct(self):
         return self.battery
@@ -158,16 +131,41 @@ class FakeBoard:
     def deep_sleep(self, ms):
         self.slept_ms += ms
 
-    def path(self, name):
-        return self.root + name
+    def connect_wifi(self, ssid, password, timeout_ms=15000):
+        self.wifi = ssid    # the unix port uses the host's network
+        return True
 
-    def ensure_dirs(self):
-        _mkdir(self.path("state"))
-        _mkdir(self.path("bundle"))
+
+def wav_data(f, name="WAV"):
+    """(offset, length) of the PCM data of an open WAV; ValueError unless 16 kHz mono 16-bit PCM."""
+    head = f.read(12)
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        raise ValueError("%s is not a WAV file" % name)
+    fmt_ok = False
+    while True:
+        ck = f.read(8)
+        if len(ck) < 8:
+            raise ValueError("%s has no data chunk (truncated?)" % name)
+        tag, size = ck[:4], struct.unpack("<I", ck[4:])[0]
+        if tag == b"fmt ":
+            fmt = f.read(size)
+            codec, ch, rate = struct.unpack_from("<HHI", fmt, 0)
+            bits = struct.unpack_from("<H", fmt, 14)[0]
+            if (codec, ch, rate, bits) != (1, 1, 16000, 16):
+                raise ValueError("%s is %d Hz, %d channel(s), %d-bit (codec %d); the board needs 16 kHz mono "
+                                 "16-bit PCM" % (name, rate, ch, bits, codec))
+            fmt_ok = True
+        elif tag == b"data":
+            if not fmt_ok:
+                raise ValueError("%s has its data before its format chunk" % name)
+            return f.tell(), size - size % 2
+        else:
+            f.seek(size + (size & 1), 1)
 
 
 def make_board(**kw):
     """The board this code runs on: ``Esp32Board`` under MicroPython on an ESP32, else ``FakeBoard``."""
     if sys.platform == "esp32":
+        from firmware.esp32_board import Esp32Board
         return Esp32Board(**kw)
     return FakeBoard(**kw)

@@ -88,9 +88,12 @@ def install_pending(app):
 
 
 def load_bundle(app, d):
-    desc = verify_bundle(app.board, d)
-    app.model = None   # a reload (after an update) frees the old weights before reading the new
-    app.model = McuModel(app.board.path(d + "/weights.elb"), app.board.path(d + "/graph.json"))
+    """Check the digests of the files ``app.model`` was just read from; describe the bundle on ``app``."""
+    try:
+        desc = verify_bundle(app.board, d)
+    except AppError:
+        app.model = None   # read from files that do not match their digests: never run it
+        raise
     app.model_id = desc["model_id"]
     app.version = desc["version"]
     app.scale = array.array("f", desc["scale"])

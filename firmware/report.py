@@ -73,13 +73,18 @@ def chunks(app):
     return out
 
 
-def checkin(app, args):
+def checkin_parts(app, network="serial"):
+    """(JSON body, hex HMAC-SHA256 of it under the device key): a check-in anyone may carry."""
     _need_key(app)
     from edge.portable.hmac256 import hmac_sha256
     b = app.board
     state = {"device_id": app.device_id, "tier": "mcu", "battery": b.battery_pct() / 100,
-             "charging": b.charging(), "temperature": b.temp_c(), "network": args[0] if args else "serial",
+             "charging": b.charging(), "temperature": b.temp_c(), "network": network,
              "model_version": app.version}
     body = json.dumps(state)
-    mac = "".join("%02x" % x for x in hmac_sha256(app.key, body.encode()))
+    return body, "".join("%02x" % x for x in hmac_sha256(app.key, body.encode()))
+
+
+def checkin(app, args):
+    body, mac = checkin_parts(app, args[0] if args else "serial")
     return "ok mac=%s body=%s" % (mac, body)

@@ -5,9 +5,9 @@ waits for its ACK or NAK, and is resent with the *same* sequence number when
 the reply is lost or the frame was corrupted on the way (the board answers a
 resend without applying it twice). Update frames arrive as ELCK chunks
 (edge/portable/chunks.py) and are reassembled; a missing chunk is asked for
-again with ``update`` (the board re-sends the same bytes). ``Gateway.relay``
-verifies nothing itself (the aggregator holds the device keys) but checks the
-frame is whole before POSTing it.
+again with ``update`` (the board re-sends the same bytes). ``Gateway``
+carries the board's signed check-ins and updates to the aggregator; it holds
+no key (the aggregator does) and only checks that a frame is whole.
 
     from host.gateway import BoardLink
     link = BoardLink.open("/dev/ttyUSB0")           # or a serial object (hil rigs)
@@ -18,6 +18,7 @@ frame is whole before POSTing it.
 
 from __future__ import annotations
 
+import json
 import struct
 import time
 
@@ -124,12 +125,18 @@ class BoardLink:
             frames += int(reply.split("frames=")[1].split()[0])
         return frames
 
-    def collect_update(self, round_id: int, seq: int, max_tries: int = 3) -> bytes:
-        """Ask the board to encode an update and reassemble its chunks into one frame."""
+    def collect_update(self, round_id: int, seq: int | None = None, max_tries: int = 3) -> bytes:
+        """Ask the board to encode an update and reassemble its chunks into one frame.
+
+        Without ``seq`` the board numbers the update itself (one above the last
+        it sent) and a retry asks for that same number, so the bytes repeat.
+        """
         rs = Reassembler()
         for _ in range(max_tries):
             self.chunks = []
-            self.command(f"update {round_id} {seq}")
+            reply = self.command(f"update {round_id}" + ("" if seq is None else f" {seq}"))
+            if seq is None and "seq=" in reply:
+                seq = int(reply.split("seq=")[1].split()[0])
             for c in self.chunks:
                 try:
                     done = rs.add(c)
@@ -144,25 +151,111 @@ class BoardLink:
         self.ser.close()
 
 
+class RelayRefused(LinkFailed):
+    """The aggregator refused the board's check-in or update (4xx): final for that frame; ``status`` and ``error`` say why."""
+
+    def __init__(self, status: int, error: str, problem: str, fix: str | None = None):
+        super().__init__(f"the aggregator refused it ({status} {error}): {problem}", fix=fix)
+        self.status, self.error = status, error
+
+
 class Gateway:
-    """Relays board updates to the aggregator (HTTP POST of the raw frame)."""
+    """Carries one board's check-ins and updates to the aggregator (docs/protocol.md) over HTTP.
 
-    def __init__(self, link: BoardLink, url: str, client=None):
+    The board signs its check-in and its update frames with its own key; the
+    gateway holds no key and verifies nothing itself, it only checks a frame
+    is whole (the chunk CRCs) before sending it. ``relay()`` = check in, and
+    when the aggregator hands out a task, have the board encode the update for
+    that round (the board numbers it, ``state/seq.bin``), collect its chunks and
+    POST the frame: to ``/v1/updates`` whole, or as ELCK chunks to
+    ``/v1/chunks`` when it is larger than the task's ``chunk_size``. Network
+    faults and 5xx are retried with the *same* bytes (the aggregator answers a
+    resend as ``duplicate``); a 4xx is final and raised as ``RelayRefused``.
+
+        gw = Gateway(BoardLink.open("/dev/ttyUSB0"), "http://127.0.0.1:8470")
+        gw.relay()       # {"status": "accepted", "round_id": 3, ...} or {"action": "wait", ...}
+    """
+
+    def __init__(self, link: BoardLink, url: str, client=None, retries: int = 3, backoff: float = 0.5):
         self.link = link
-        self.url = url
+        self.url = url.rstrip("/")
         self.client = client
+        self.retries = retries
+        self.backoff = backoff
 
-    def relay(self, round_id: int, seq: int) -> int:
-        frame = self.link.collect_update(round_id, seq)
+    def _client(self):
+        if self.client is None:
+            import httpx
+            self.client = httpx.Client(timeout=10)
+        return self.client
+
+    def _post(self, path: str, body: bytes, headers: dict) -> tuple[int, dict]:
         import httpx
-        client = self.client or httpx.Client(timeout=10)
-        for attempt in range(3):
+        last = ""
+        for attempt in range(self.retries):
             try:
-                r = client.post(self.url, content=frame, headers={"content-type": "application/octet-stream"})
-            except httpx.HTTPError:
-                time.sleep(0.5 * (attempt + 1))
-                continue
-            if r.status_code < 500:
-                return r.status_code
-        raise LinkFailed(f"the aggregator at {self.url} did not accept the update",
-                         fix="check that it runs; the frame is safe to resend (same seq)")
+                r = self._client().post(self.url + path, content=body, headers=headers)
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+            else:
+                try:
+                    ans = r.json()
+                except ValueError:
+                    ans = {"problem": r.text[:200]}
+                if r.status_code < 500:
+                    if r.status_code >= 400:
+                        raise RelayRefused(r.status_code, ans.get("error", "?"), ans.get("problem", ""), ans.get("fix"))
+                    return r.status_code, ans
+                last = f"HTTP {r.status_code}: {ans.get('problem', '')}"
+            time.sleep(self.backoff * (attempt + 1))
+        raise LinkFailed(f"the aggregator at {self.url} did not answer {path} ({last})",
+                         fix="check that it runs; relay() again sends the same bytes (safe to resend)")
+
+    def checkin(self) -> dict:
+        """The board's signed state to ``/v1/checkin``; the aggregator's answer (task or wait)."""
+        reply = self.link.command("checkin")
+        try:
+            mac = reply.split("mac=", 1)[1].split()[0]
+            body = reply.split(" body=", 1)[1].encode()
+            device = json.loads(body)["device_id"]
+        except (IndexError, ValueError, KeyError):
+            raise LinkFailed(f"the board's check-in reply is not understood: {reply[:80]!r}",
+                             fix="flash firmware that matches this gateway (edgelearn flash)") from None
+        _, ans = self._post("/v1/checkin", body, {"X-Edgelearn-Device": device, "X-Edgelearn-Mac": mac,
+                                                  "Content-Type": "application/json"})
+        return ans
+
+    def relay(self, round_id: int | None = None, seq: int | None = None) -> dict:
+        """Check in; on a task, relay one update. Returns the aggregator's answer (a wait answer when no task).
+
+        ``round_id``/``seq`` skip the check-in and re-send a known update
+        (the board re-encodes the same bytes for the same round and seq).
+        """
+        task = {}
+        if round_id is None:
+            ans = self.checkin()
+            if ans.get("action") != "train":
+                return ans
+            task = ans["task"]
+            round_id = task["round_id"]
+        frame = self.link.collect_update(round_id, seq)
+        hdr_device = _frame_device(frame)
+        headers = {"X-Edgelearn-Device": hdr_device, "Content-Type": "application/octet-stream"}
+        chunk = int(task.get("chunk_size", 0) or 0)
+        if chunk and len(frame) > chunk:
+            from edge.portable.chunks import split_chunks
+            ans: dict = {}
+            for c in split_chunks(frame, chunk):
+                _, ans = self._post("/v1/chunks", c, headers)
+            return ans
+        return self._post("/v1/updates", frame, headers)[1]
+
+
+def _frame_device(frame: bytes) -> str:
+    """The device id in an update frame's header (docs/wire-format.md), for the X-Edgelearn-Device header."""
+    from edge.portable.wire_decode import parse_header
+    try:
+        return parse_header(frame)[0].device_id
+    except WireError as e:
+        raise LinkFailed(f"the board's update frame is malformed: {e.problem}",
+                         fix="the board keeps its state; ask it again (relay) or re-flash it") from None

@@ -27,7 +27,7 @@ _STRUCT_ERROR = getattr(struct, "error", ValueError)
 
 
 def read_index(f):
-    """The blob's index: {name: (dtype code, shape, axis, scales, zero points, offset, nbytes)} and data_start."""
+    """The blob's index: {name: (dtype code, shape, axis, scales, None, offset, nbytes)} and data_start."""
     head = f.read(12)
     if len(head) < 12 or head[:4] != MAGIC:
         raise ModelBlobError("not an edgelearn tensor blob (magic %r)" % (bytes(head[:4]),))
@@ -51,14 +51,14 @@ def read_index(f):
             pos += 4 * ndim
             ns = struct.unpack_from("<H", index, pos)[0]
             pos += 2
-            scales = struct.unpack_from("<%df" % ns, index, pos)
-            zps = struct.unpack_from("<%di" % ns, index, pos + 4 * ns)
-            pos += 8 * ns
+            # one float32 array, not a tuple of boxed floats (per-channel scales are most of the index)
+            scales = array.array("f", index[pos:pos + 4 * ns])
+            pos += 8 * ns   # zero points follow; weights are symmetric (zero point 0), so they are not kept
             off, nbytes = struct.unpack_from("<II", index, pos)
             pos += 8
             if dt not in _DTYPE_CODES:
                 raise ModelBlobError("tensor %s has unknown dtype code %d" % (name, dt))
-            out[name] = (_DTYPE_CODES[dt], shape, axis, scales, zps, off, nbytes)
+            out[name] = (_DTYPE_CODES[dt], shape, axis, scales, None, off, nbytes)
     except (IndexError, ValueError, _STRUCT_ERROR):
         raise ModelBlobError("tensor blob index is damaged or truncated")
     return out, data_start
@@ -74,21 +74,22 @@ def _count(shape):
 
 def build(m, blob_path, graph_path):
     """Fill ``m`` (an McuModel) with layers and preallocated activations; ModelBlobError on a mismatch."""
-    with open(graph_path) as f:
-        try:
-            spec = json.load(f)
-        except ValueError:
-            raise ModelBlobError("graph %s is not valid JSON" % graph_path)
-    if spec.get("format") != GRAPH_FORMAT or spec.get("version") != 1:
-        raise ModelBlobError("graph %s is not an edgelearn MCU graph v1" % graph_path)
-    m.input_scale, m.input_zp = spec["input"]["q"]
-    m.layers = []
-    m.input = K.zeros_i8(_count(spec["input"]["shape"]))
-    acts = {spec["input"]["name"]: m.input}
     with open(blob_path, "rb") as f:
         index, data_start = read_index(f)
+        arenas = _arenas(index)   # before the graph's JSON is parsed, while the heap is least cut up
+        with open(graph_path) as g:
+            try:
+                spec = json.load(g)
+            except ValueError:
+                raise ModelBlobError("graph %s is not valid JSON" % graph_path)
+        if spec.get("format") != GRAPH_FORMAT or spec.get("version") != 1:
+            raise ModelBlobError("graph %s is not an edgelearn MCU graph v1" % graph_path)
+        m.input_scale, m.input_zp = spec["input"]["q"]
+        m.layers = []
+        m.input = K.zeros_i8(_count(spec["input"]["shape"]))
+        acts = {spec["input"]["name"]: m.input}
         for op in spec["ops"]:
-            _add(m, acts, op, index, f, data_start)
+            _add(m, acts, op, (index, f, data_start, arenas))
     m.embedding = m.logits = None
     for o in spec["outputs"]:
         if o["name"] not in acts:
@@ -99,23 +100,41 @@ def build(m, blob_path, graph_path):
         raise ModelBlobError("graph must name an embedding and a logits output")
 
 
-def _tensor(index, f, data_start, name, shape=None):
+def _arenas(index):
+    """One array per dtype for every constant tensor in the blob, allocated before anything else.
+
+    A board's heap fragments as code loads; several 5 KB weight arrays then
+    find no contiguous block, one arena allocated first does. Layers get
+    memoryview slices of it (same indexing, no copies).
+    """
+    need = {}
+    for name in index:
+        code, tshape, nbytes = index[name][0], index[name][1], index[name][6]
+        if nbytes != _count(tshape) * _ITEM[code]:
+            raise ModelBlobError("tensor %s: %d bytes for shape %s" % (name, nbytes, list(tshape)))
+        need[code] = need.get(code, 0) + nbytes // _ITEM[code]
+    out = {}
+    for code in need:
+        out[code] = [memoryview(array.array(code, bytes(need[code] * _ITEM[code]))), 0]
+    return out
+
+
+def _tensor(src, name):
+    index, f, data_start, arenas = src
     if name not in index:
         raise ModelBlobError("the tensor blob has no tensor %r: it belongs to another model or version" % name)
     code, tshape, axis, scales, zps, off, nbytes = index[name]
-    if shape is not None and list(tshape) != list(shape):
-        raise ModelBlobError("tensor %s has shape %s in the blob, the graph expects %s: another model version"
-                             % (name, list(tshape), list(shape)))
-    if nbytes != _count(tshape) * _ITEM[code]:
-        raise ModelBlobError("tensor %s: %d bytes for shape %s" % (name, nbytes, list(tshape)))
+    arena = arenas[code]
+    n = nbytes // _ITEM[code]
+    a = arena[0][arena[1]:arena[1] + n]
+    arena[1] += n
     f.seek(data_start + off)
-    a = array.array(code, bytes(nbytes))   # the zero bytes are garbage at once; then read in place
     if f.readinto(a) != nbytes:
         raise ModelBlobError("tensor blob is truncated (tensor %s)" % name)
     return a, tshape, scales
 
 
-def _add(m, acts, op, index, f, data_start):
+def _add(m, acts, op, src_blob):
     kind = op["op"]
     src = acts.get(op["inputs"][0])
     if src is None:
@@ -132,8 +151,8 @@ def _add(m, acts, op, index, f, data_start):
     in_q, out_q = op["in_q"], op["out_q"]
     act = K.act_range(op.get("activation"), out_q[0], out_q[1])
     if kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-        w, wshape, wsc = _tensor(index, f, data_start, op["inputs"][1])
-        b = _tensor(index, f, data_start, op["inputs"][2])[0] if len(op["inputs"]) > 2 else None
+        w, wshape, wsc = _tensor(src_blob, op["inputs"][1])
+        b = _tensor(src_blob, op["inputs"][2])[0] if len(op["inputs"]) > 2 else None
         if op.get("dilation", [1, 1]) != [1, 1]:
             raise ModelBlobError("dilated convolutions have no portable kernel")
         args = (w, b, (ih, iw, ic), tuple(oshape[1:4]), (wshape[1], wshape[2]), tuple(op["stride"]),
@@ -143,8 +162,8 @@ def _add(m, acts, op, index, f, data_start):
         layer = K.AvgPool2D((ih, iw, ic), tuple(oshape[1:4]), tuple(op["kernel"]), tuple(op["stride"]),
                             op["padding"], act)
     elif kind == "FULLY_CONNECTED":
-        w, wshape, wsc = _tensor(index, f, data_start, op["inputs"][1])
-        b = _tensor(index, f, data_start, op["inputs"][2])[0] if len(op["inputs"]) > 2 else None
+        w, wshape, wsc = _tensor(src_blob, op["inputs"][1])
+        b = _tensor(src_blob, op["inputs"][2])[0] if len(op["inputs"]) > 2 else None
         layer = K.Dense(w, b, wshape[1], wshape[0], in_q, wsc, out_q, act)
     else:
         raise ModelBlobError("op %s has no portable int8 kernel" % kind,

@@ -1,0 +1,141 @@
+"""The serial gateway end to end: a MicroPython board on the pty rig, a live aggregator on loopback.
+
+The board (the unix port behind a pseudo-terminal, flashed like a real one)
+enrols a keyword from 5 clips streamed over serial, adapts on feedback,
+and the gateway relays its signed check-in and its update to a real
+aggregator (uvicorn on 127.0.0.1), which accepts it. A resend is a duplicate;
+a tampered frame, a second update in the same round and an unprovisioned
+board are refused with the aggregator's reason, and the board keeps its state.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hil.board_fs import DEFAULT_BUNDLE, phrase_clips
+from hil.rigs import micropython_exe, open_rig
+
+pytestmark = [pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(), reason="MCU bundle not built"),
+              pytest.mark.skipif(micropython_exe() is None, reason="MicroPython unix port not installed")]
+KEY = bytes(range(40, 72))
+DEVICE = "esp32-gw"
+
+
+class LiveAggregator:
+    """``host.aggregator`` served by uvicorn on a loopback port in a thread."""
+
+    def __init__(self, state):
+        import uvicorn
+
+        from host.aggregator.app import build_app
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.app = build_app(state)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.05)
+        assert self.server.started, "uvicorn did not start"
+
+    def updates(self):
+        return self.app.state.aggregator.store.all("SELECT device_id, seq, round_id FROM updates ORDER BY seq")
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def aggregator_state(tmp_path):
+    from host.aggregator.config import AggregatorConfig
+    from host.aggregator.setup import init_state, provision
+    state = tmp_path / "agg"
+    # the MCU fleet federates what the board trains: the bias-only prototype head
+    init_state(state, AggregatorConfig(mode="async", buffer_size=10, tiers=["mcu"], min_battery=0.2),
+               bundle=DEFAULT_BUNDLE, params={"proto/bias": np.zeros(4, np.float32)})
+    provision(state, DEVICE, key=KEY, tier="mcu")
+    return state
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from host.flash import flash
+    tmp = tmp_path_factory.mktemp("gw")
+    agg = LiveAggregator(aggregator_state(tmp))
+    rig = open_rig("pty")
+    t = rig.transport()
+    lines = flash(t, DEFAULT_BUNDLE, DEVICE, KEY)
+    assert any(line.startswith("MODEL") for line in lines), lines
+    link = t.start_firmware()
+    yield agg, link
+    t.stop_firmware(link)
+    t.close()
+    rig.close()
+    agg.close()
+
+
+def test_board_update_relayed_and_accepted_bad_frames_refused(setup):
+    from edge.portable.wire import AuthError, decode_update
+    from host.gateway import Gateway, LinkFailed, RelayRefused
+    agg, link = setup
+    gw = Gateway(link, agg.url)
+    with pytest.raises(LinkFailed, match="nothing learned"):     # the board has nothing to report yet
+        gw.relay()
+
+    clips = list(phrase_clips(6)[0].values())[0]
+    link.command("enrol kw")
+    for pcm in clips[:5]:
+        link.command("clip")
+        link.send_audio(pcm)
+        link.command("shot")
+    assert "keyword kw id=0" in link.command("enrolled")
+    link.command("clip")
+    link.send_audio(clips[5])
+    link.command("detect")
+    assert "adapted" in link.command("feedback 0")
+    before = link.command("status")
+
+    ans = gw.relay()
+    assert ans["status"] == "accepted", ans
+    (dev, seq, rnd), = agg.updates()
+    assert dev == DEVICE and seq == 1
+    assert gw.relay(round_id=rnd, seq=seq)["status"] == "duplicate"     # a resend, same bytes
+
+    frame = link.collect_update(rnd)                                       # the board numbers it: seq 2
+    assert decode_update(frame, KEY).header.seq == 2
+    bad = bytearray(frame)
+    bad[len(bad) // 2] ^= 1
+    with pytest.raises(AuthError):
+        decode_update(bytes(bad), KEY)
+    hdr = {"X-Edgelearn-Device": DEVICE}
+    with pytest.raises(RelayRefused) as e:
+        gw._post("/v1/updates", bytes(bad), hdr)
+    assert e.value.status == 401
+    with pytest.raises(RelayRefused) as e:                                 # honest, but one per round
+        gw._post("/v1/updates", frame, hdr)
+    assert e.value.status == 409 and e.value.error == "AlreadyContributed"
+    assert len(agg.updates()) == 1
+    assert link.command("status").split("heap_free")[0] == before.split("heap_free")[0]
+
+
+def test_unprovisioned_board_is_refused_at_checkin(setup, tmp_path):
+    from host.gateway import Gateway, RelayRefused
+    agg, link = setup
+
+    class OtherBoard:  # the same link, but the check-in claims a device the aggregator does not know
+        def command(self, text):
+            reply = link.command(text)
+            return reply.replace(DEVICE, "esp32-stranger") if text == "checkin" else reply
+
+    with pytest.raises(RelayRefused) as e:
+        Gateway(OtherBoard(), agg.url).relay()
+    assert e.value.status == 401
+    assert json.loads(link.command("checkin").split(" body=", 1)[1])["device_id"] == DEVICE

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import row, write_results
+from edge.detect import count_events
 
 SHOTS, HELD_OUT = 5, 3
 STREAM_HOURS = 2.05
@@ -121,8 +122,10 @@ def render_audio(path: Path):
     return audio
 
 
-def negative_stream(pieces: list[np.ndarray], seconds: float, seed: int = 7, block_s: int = 60):
-    """Continuous negative speech in blocks of ``block_s`` s: pieces with short gaps, over noise."""
+def negative_stream(pieces: list[np.ndarray], seconds: float, seed: int = 7, block_s: int = 60,
+                    timeline: list | None = None):
+    """Continuous negative speech in blocks of ``block_s`` s: pieces with short gaps, over noise.
+    ``timeline`` (a list) receives (start_s, end_s, piece index) of every piece placed."""
     from host.data import noise as N
 
     rng = np.random.default_rng(seed)
@@ -132,8 +135,11 @@ def negative_stream(pieces: list[np.ndarray], seconds: float, seed: int = 7, blo
         x = np.zeros(n, np.float32)
         t = int(rng.uniform(0.05, 0.4) * sr)
         while t < n:
-            u = pieces[rng.integers(len(pieces))].astype(np.float32) * rng.uniform(0.3, 1.0)
+            k = rng.integers(len(pieces))
+            u = pieces[k].astype(np.float32) * rng.uniform(0.3, 1.0)
             x[t:t + len(u)] += u[: n - t]
+            if timeline is not None:
+                timeline.append(((done + t) / sr, (done + min(n, t + len(u))) / sr, int(k)))
             t += len(u) + int((rng.uniform(0.05, 0.35) if rng.random() < 0.85 else rng.uniform(0.5, 2.0)) * sr)
         kind = rng.integers(4)
         bg = (N.coloured_noise(rng, ("white", "pink", "brown")[kind], (n,)) if kind < 3
@@ -175,38 +181,10 @@ def stream_embeddings(km, blocks, stride: int = 4, quiet: bool = False):
     return np.concatenate(embs), np.asarray(ends)
 
 
-def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0):
-    """The Detector's trigger, step for step, on one keyword's score series (``ends``: (T, 2) window
-    end and keyword-end times): smoothing over ``smooth`` runs, a candidate opens at the threshold
-    outside the refractory period, follows its peak for ``peak_hops`` runs or until the score falls
-    below the threshold, and the event starts ``refractory_s`` from its keyword end. Only runs at or
-    above the threshold can open a candidate, so the loop visits those and the candidates' windows."""
-    sm = np.convolve(scores, np.ones(smooth) / smooth)[: len(scores)]
-    sm[: smooth - 1] = np.cumsum(scores[: smooth - 1]) / np.arange(1, smooth)
-    events, quiet, nxt, n = 0, -1.0, 0, len(sm)
-    for j in np.nonzero(sm >= thr)[0]:
-        if j < nxt or ends[j, 0] < quiet:
-            continue
-        score, t, left, i = sm[j], ends[j, 1], peak_hops, j
-        while i + 1 < n:
-            i += 1
-            left -= 1
-            if sm[i] > score:
-                score, t = sm[i], ends[i, 1]
-            if left <= 0 or sm[i] < thr:
-                break
-        events += 1
-        quiet, nxt = t + refractory_s, i + 1
-    return events
-
-
-def _file_sha(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
-
-
 def stream_cache(km, audio, root: Path):
     """(embeddings (T, 64) float16, window end times, hours) of the negative stream, cached per encoder."""
-    path = root / f"stream-v3-{_file_sha(km.bundle.path(km.part['file']))}.npz"
+    sha = hashlib.sha256(Path(km.bundle.path(km.part["file"])).read_bytes()).hexdigest()[:12]
+    path = root / f"stream-v3-{sha}.npz"
     if path.exists():
         with np.load(path) as z:
             return z["emb"], z["ends"], float(z["hours"])
@@ -261,6 +239,50 @@ def check_counter(km, audio, models, res, minutes=6):
     want = count_events(m["stream"][:n], m["thr"], m["ends"][:n])
     return row("kws_fewshot", f"events in the first {minutes} min: real Detector vs the bench's counter "
                f"({voice}, {phrase!r})", got, "events", "count_events on cached scores", want, ratio=None)
+
+
+def kind_of(text: str) -> str:
+    from host.data.words import FILLERS, SPEECH_COMMANDS
+
+    if any(text in v for v in NEAR_MISS.values()):
+        return "near-miss"
+    return "speech-commands word" if text in SPEECH_COMMANDS else "filler" if text in FILLERS else "word run"
+
+
+def fa_sources(audio, fa_times, phrases, root: Path):
+    """What the 1 s window of each false accept mostly held: {kind: share}, and the speech-time shares."""
+    keys = [k for k in sorted(audio) if k.startswith("neg|")]
+    path = root / "stream-timeline.json"
+    if path.exists():
+        timeline = json.loads(path.read_text())
+    else:
+        timeline = []
+        for _ in negative_stream([audio[k] for k in keys], STREAM_HOURS * 3600, timeline=timeline):
+            pass
+        path.write_text(json.dumps(timeline))
+    tl = np.asarray(timeline)
+    starts = tl[:, 0]
+    counts, own = {}, 0
+    for t, ph in zip(fa_times, phrases):
+        lo = max(0, int(np.searchsorted(starts, t - 2.5)))
+        hi = int(np.searchsorted(starts, t))
+        best, kind = 0.0, "no speech (noise)"
+        for a, b, k in tl[lo:hi]:
+            ov = min(b, t) - max(a, t - 1.0)
+            if ov > best:
+                best, text = ov, keys[int(k)].split("|")[2]
+                kind = kind_of(text)
+        if best > 0 and text in NEAR_MISS.get(ph, ()):
+            own += 1
+        counts[kind] = counts.get(kind, 0) + 1
+    speech = {}
+    for a, b, k in tl:
+        kd = kind_of(keys[int(k)].split("|")[2])
+        speech[kd] = speech.get(kd, 0.0) + (b - a)
+    tot = sum(speech.values())
+    n = max(1, len(fa_times))
+    return ({k: round(v / n, 3) for k, v in sorted(counts.items())},
+            {k: round(v / tot, 3) for k, v in sorted(speech.items())}, round(own / n, 3))
 
 
 def _sigmoid(z):
@@ -324,6 +346,7 @@ def main():
     pieces = [audio[k] for k in sorted(audio) if k.startswith("neg|")]
     pos_voices, _ = eval_voices()
     rng = np.random.default_rng(11)
+    fa_times, fa_phrase = [], []
     res, models = [], []  # res: (voice, phrase, misses, held-out, fa, fa proto, misses proto, outliers)
     for v in pos_voices:
         for ph in CUSTOM_PHRASES:
@@ -340,7 +363,10 @@ def main():
                 misses += not any(e["keyword"] == ph for e in detect_pcm(det, snip))
             thr = float(custom.thresholds[0])
             stream_scores = custom.scores(emb)[:, 0]
-            fa = count_events(stream_scores, thr, ends)
+            times = []
+            fa = count_events(stream_scores, thr, ends, times=times)
+            fa_times += times
+            fa_phrase += [ph] * len(times)
             pos_emb = [stream_embeddings(km, [s], quiet=True) for s in snippets]
             models.append({"thr": thr, "stream": stream_scores, "ends": ends,
                            "pos": [custom.scores(e)[:, 0] for e, _ in pos_emb]})
@@ -387,6 +413,13 @@ def main():
                     "goal", 10.0, offset_logit=None if at_goal is None else at_goal[0]))
     rows.append(row("kws_fewshot", "FA/h at FRR <= 10 % (same caveat)", None if at_frr is None else
                     round(at_frr[2], 3), "FA/h", "goal", 0.5, offset_logit=None if at_frr is None else at_frr[0]))
+    by_kind, speech_share, own = fa_sources(audio, fa_times, fa_phrase, root)
+    for kind, share in by_kind.items():
+        rows.append(row("kws_fewshot", f"share of false accepts whose window is mostly a {kind}",
+                        round(100 * share, 1), "%", "share of the stream's speech time",
+                        None if kind not in speech_share else round(100 * speech_share[kind], 1), ratio=None))
+    rows.append(row("kws_fewshot", "share of false accepts on the keyword's own near-miss phrases",
+                    round(100 * own, 1), "%", None, None))
     (root / "per_keyword.json").write_text(json.dumps(res, default=str, indent=0))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "kws_fewshot_curve.json").write_text(json.dumps(curve))

@@ -151,3 +151,32 @@ def detect_pcm(det: Detector, pcm: np.ndarray, chunk: int = 1600) -> list[dict]:
     for start in range(0, len(pcm), chunk):
         events.extend(det.push(pcm[start : start + chunk]))
     return events + det.flush()
+
+
+def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, times=None):
+    """The Detector's trigger, step for step, on one keyword's precomputed score series.
+
+    For evaluating many keyword models on one long stream without rerunning the encoder.
+    ``ends``: (T, 2) window end and keyword-end times per run. Smoothing over ``smooth`` runs, a candidate opens at the threshold
+    outside the refractory period, follows its peak for ``peak_hops`` runs or until the score falls
+    below the threshold, and the event starts ``refractory_s`` from its keyword end. Only runs at or
+    above the threshold can open a candidate, so the loop visits those and the candidates' windows."""
+    sm = np.convolve(scores, np.ones(smooth) / smooth)[: len(scores)]
+    sm[: smooth - 1] = np.cumsum(scores[: smooth - 1]) / np.arange(1, smooth)
+    events, quiet, nxt, n = 0, -1.0, 0, len(sm)
+    for j in np.nonzero(sm >= thr)[0]:
+        if j < nxt or ends[j, 0] < quiet:
+            continue
+        score, t, left, i = sm[j], ends[j, 1], peak_hops, j
+        while i + 1 < n:
+            i += 1
+            left -= 1
+            if sm[i] > score:
+                score, t = sm[i], ends[i, 1]
+            if left <= 0 or sm[i] < thr:
+                break
+        events += 1
+        if times is not None:
+            times.append(float(ends[j, 0]))  # the end of the window that opened the candidate
+        quiet, nxt = t + refractory_s, i + 1
+    return events

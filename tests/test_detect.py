@@ -97,3 +97,39 @@ def test_cli_json_lines(km, long_clip, tmp_path):
 def test_keyword_end_of_a_flat_window_is_the_window_end():
     """Digital silence (every frame equal) once crashed the end-time search."""
     assert Detector._keyword_end(np.zeros((F.N_FRAMES, F.N_MFCC), np.float32), 2.5) == 2.5
+
+
+def test_count_events_replays_the_detector_on_a_score_series():
+    """count_events (the benchmarks' trigger on cached scores) == the Detector on the same scores."""
+    from edge.detect import count_events
+
+    rng = np.random.default_rng(4)
+    n_runs = 400
+    script = np.clip(rng.normal(0.2, 0.15, n_runs), 0, 1)
+    for at in rng.choice(n_runs - 10, 25, replace=False):  # bursts of various length and height
+        script[at:at + rng.integers(1, 9)] = rng.uniform(0.6, 1.0)
+
+    class Scripted:
+        labels = ["yes", "_silence_", "_unknown_"]
+        scale = np.ones(10, np.float32)
+        bundle = None
+
+        def __init__(self):
+            self.i = 0
+
+        def infer(self, feats):
+            p = np.array([[script[self.i], 0.0, 1 - script[self.i]]], np.float32)
+            self.i += 1
+            return np.zeros((1, 64), np.float32), p
+
+    pcm = (rng.standard_normal((48 + 4 * (n_runs - 1)) * 320 + 480) * 3000).astype(np.int16)
+    pcm[:: 3000] = 20000  # some energy structure for the keyword-end search
+    det = Detector(Scripted(), keywords=["yes"])
+    events = detect_pcm(det, pcm)
+    frames = F.MfccStream().push(pcm)
+    ends = []
+    for c in range(F.N_FRAMES, len(frames) + 1, 4):
+        end = ((c - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
+        ends.append((end, Detector._keyword_end(frames[c - F.N_FRAMES:c], end)))
+    ends = np.array(ends[:n_runs])
+    assert len(events) == count_events(script, 0.7, ends) > 3

@@ -1,16 +1,17 @@
-"""The firmware on the MicroPython unix port with an ESP32 heap: memory bounds and steady state.
+"""The firmware on the MicroPython unix port: heap per step, the data working set, steady state.
 
 The board filesystem is a directory with the firmware compiled to .mpy (as
-deployed), the MCU bundle, config and key. The script first imports every
-module and records the heap the *code* takes: on an ESP32 build the modules
-are frozen into flash (a board build's freeze manifest) and cost no heap, but the
-unix port loads .mpy into the heap, and its 64-bit objects make that ~90 KB,
-which alone fills a 100 KB heap. So the working set is measured above that
-baseline: the script enrols a keyword from 5 clips, detects, adapts and
-encodes one update, sampling ``gc.mem_alloc()`` after a collection at every
-step (≤ 64 KB), then runs again in a heap of code + 120 KB (the margin over
-64 KB is the fragmentation that loading .mpy into the same heap causes). Then it streams audio in live mode and checks the heap after
-each hop is the same one detection period later (no growth per frame).
+deployed), the MCU bundle, config and key. The script imports the resident
+modules (their code is the baseline: on an ESP32 build they are frozen or in
+ROMFS and cost little heap; on the 64-bit unix port they load into the heap),
+then enrols a keyword from 5 clips, detects, adapts and encodes one update,
+sampling ``gc.mem_alloc()`` after a collection at every step. Phase modules
+(install, learn, report and the wire codec) are imported per command and
+unloaded after; what they leave behind are interned names (qstrs), counted
+apart. The data working set (live heap minus resident code minus qstr pool
+growth) stays within 64 KB, and the whole sequence, code included, runs in a
+192 KB heap. A second script streams audio in live mode and checks the heap
+after each hop equals the heap one detection period later (no growth per frame).
 """
 
 from __future__ import annotations
@@ -27,25 +28,20 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(),
 KEY = bytes(range(32))
 
 SCRIPT = r"""
-import gc
+import gc, micropython
+abuf = bytearray(2048)          # the harness's own buffers, before the baseline
+amv = memoryview(abuf)
 gc.collect()
 base = gc.mem_alloc()
+def mark(what):
+    # the live heap, then the qstr pools' size (qstr_info prints it; the host parses both)
+    gc.collect()
+    print('MARK', what, gc.mem_alloc() - base)
+    micropython.qstr_info()
 from firmware import link as L
 from firmware.board import FakeBoard
 from firmware.app import App
-import edge.portable.wire, edge.portable.chunks, edge.portable.wire_topk
-gc.collect()
-code = gc.mem_alloc() - base
-print('CODE', code)
-base = gc.mem_alloc()
-peak = [0]
-marks = []
-def mark(what):
-    gc.collect()
-    a = gc.mem_alloc() - base
-    peak[0] = max(peak[0], a)
-    marks.append((what, a))
-    return a
+mark('code')
 app = App(FakeBoard(root=FS))
 mark('boot')
 seq = [0]
@@ -59,10 +55,10 @@ def clip(name, hop=2048):
     h(L.CMD, b'clip')
     with open(FS + name, 'rb') as f:
         while True:
-            b = f.read(hop)
-            if not b:
+            n = f.readinto(amv[:hop])
+            if not n:
                 break
-            h(L.AUDIO, b)
+            h(L.AUDIO, amv[:n])
 h(L.CMD, b'enrol kw')
 for i in range(5):
     clip('a%d.pcm' % i)
@@ -75,25 +71,37 @@ h(L.CMD, b'detect')
 mark('detect')
 h(L.CMD, b'feedback 0')
 mark('adapt')
-out = h(L.CMD, b'update 1 1')
+out = h(L.CMD, b'update 1')
 mark('update')
 print('CHUNKS', len(out) - 1)
+"""
+
+STEADY = r"""
+import gc
+from firmware import link as L
+from firmware.board import FakeBoard
+from firmware.app import App
+app = App(FakeBoard(root=FS))
+buf = bytearray(640)
+mv = memoryview(buf)
+steady = [0] * 150
+seq = [0]
+def h(kind, payload):
+    seq[0] += 1
+    if app.handle(kind, seq[0], payload)[0][0] != L.ACK:
+        raise RuntimeError('NAK')
 h(L.CMD, b'live on')
-steady = [0] * 150   # preallocated: a growing list would show up as growth
 k = 0
 for rep in range(3):
     with open(FS + 'b0.pcm', 'rb') as f:
         while True:
-            b = f.read(640)
-            if not b:
+            n = f.readinto(buf)
+            if not n:
                 break
-            h(L.AUDIO, b)
-            b = None
+            h(L.AUDIO, mv[:n])
             gc.collect()
-            steady[k] = gc.mem_alloc() - base
+            steady[k] = gc.mem_alloc()
             k += 1
-print('MARKS', marks)
-print('PEAK', peak[0], 'BASE', base)
 print('STEADY', steady)
 """
 
@@ -107,25 +115,46 @@ def fs(tmp_path_factory):
     for i, c in enumerate(clips[0]):
         (tmp / "fs" / f"a{i}.pcm").write_bytes(c.astype("<i2").tobytes())
     (tmp / "fs" / "b0.pcm").write_bytes(clips[1][0].astype("<i2").tobytes())
+    (tmp / "fs" / "config.0.json").write_bytes((tmp / "fs" / "config.json").read_bytes())
     return tmp / "fs"
 
 
-def run(micropython, fs, heap):
-    out = micropython(f"FS = {str(fs) + '/'!r}\n" + SCRIPT, heap=heap, path=[fs], cwd=fs, timeout=300)
-    res = {}
+def run(micropython, fs, heap, script=SCRIPT):
+    import shutil
+    for name in ("head.bin", "replay.bin", "seq.bin", "sched.bin"):   # a fresh board each run
+        (fs / "state" / name).unlink(missing_ok=True)
+    shutil.copyfile(fs / "config.0.json", fs / "config.json")
+    out = micropython(f"FS = {str(fs) + '/'!r}\n" + script, heap=heap, path=[fs], cwd=fs, timeout=300)
+    res, marks = {}, []
     for line in out.splitlines():
         key, _, rest = line.partition(" ")
-        res[key] = rest
-    return res
+        if key == "MARK":
+            what, live = rest.split()
+            marks.append([what, int(live)])
+        elif line.startswith("qstr pool:"):
+            marks[-1].append(int(line.split("n_total_bytes=")[1].split()[0]))
+        else:
+            res[key] = rest
+    return res, marks
 
 
-def test_enrol_detect_update_fit_in_64k_and_no_growth_per_frame(micropython, fs):
-    res = run(micropython, fs, "256k")
-    code = int(res["CODE"])
-    marks = dict(eval(res["MARKS"]))   # list of (step, bytes) printed by MicroPython
-    peak = int(res["PEAK"].split()[0])
-    assert peak <= 64 * 1024, marks
+def test_enrol_detect_update_data_within_64k_in_a_192k_heap(micropython, fs):
+    # 192 KB: the least heap the whole sequence needs on the 64-bit unix port, code in the
+    # heap included (measured; 224 KB before phase loading). See docs/firmware.md "Memory".
+    res, marks = run(micropython, fs, "192k")
+    (_, code, q0), steps = marks[0], marks[1:]
+    data = {what: live - code - (q - q0) for what, live, q in steps}   # above code and interned names
+    assert max(data.values()) <= 64 * 1024, data
     assert int(res["CHUNKS"]) >= 1
+    live = {what: v for what, v, _ in steps}
+    # phase code is unloaded again: adapting leaves the live heap within 8 KB of boot
+    assert live["adapt"] - live["boot"] <= 8 * 1024, live
+    print({"code": code, "qstr_growth": steps[-1][2] - q0, "live_peak": max(live.values()),
+           "data_peak": max(data.values()), "data": data})
+
+
+def test_no_heap_growth_per_frame_in_live_detection(micropython, fs):
+    res, _ = run(micropython, fs, "192k", STEADY)
     steady = [int(v) for v in json.loads(res["STEADY"])]
     period = 24          # live detection runs every 24 hops; one AUDIO frame of 640 bytes is one hop
     hops = len(steady) // 3
@@ -135,13 +164,6 @@ def test_enrol_detect_update_fit_in_64k_and_no_growth_per_frame(micropython, fs)
     later = steady[hops:]
     same = [later[i] == later[i + period] for i in range(len(later) - period)]
     assert all(same), [later[i + period] - later[i] for i in range(len(later) - period) if not same[i]]
-    print({"code": code, "peak": peak, **marks})
-    # The whole sequence, transient garbage included, also runs in code + 120 KB. The
-    # margin over the 64 KB live peak is fragmentation: loading ~100 KB of .mpy into
-    # the same heap leaves it in pieces, so the 5 KB weight arrays need a larger heap
-    # (measured: code + 112 KB runs, code + 96 KB does not). Frozen modules avoid this.
-    res_tight = run(micropython, fs, "%dk" % ((code + 2048) // 1024 + 120))
-    assert "PEAK" in res_tight
 
 
 def test_missing_bundle_is_reported_not_a_crash(micropython, tmp_path):

@@ -11,14 +11,11 @@ board are refused with the aggregator's reason, and the board keeps its state.
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
-import numpy as np
 import pytest
 
 from hil.board_fs import DEFAULT_BUNDLE, phrase_clips
+from hil.live_aggregator import LiveAggregator, mcu_aggregator_state
 from hil.rigs import micropython_exe, open_rig
 
 pytestmark = [pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(), reason="MCU bundle not built"),
@@ -27,49 +24,11 @@ KEY = bytes(range(40, 72))
 DEVICE = "esp32-gw"
 
 
-class LiveAggregator:
-    """``host.aggregator`` served by uvicorn on a loopback port in a thread."""
-
-    def __init__(self, state):
-        import uvicorn
-
-        from host.aggregator.app import build_app
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
-        self.app = build_app(state)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        assert self.server.started, "uvicorn did not start"
-
-    def updates(self):
-        return self.app.state.aggregator.store.all("SELECT device_id, seq, round_id FROM updates ORDER BY seq")
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
-def aggregator_state(tmp_path):
-    from host.aggregator.config import AggregatorConfig
-    from host.aggregator.setup import init_state, provision
-    state = tmp_path / "agg"
-    # the MCU fleet federates what the board trains: the bias-only prototype head
-    init_state(state, AggregatorConfig(mode="async", buffer_size=10, tiers=["mcu"], min_battery=0.2),
-               bundle=DEFAULT_BUNDLE, params={"proto/bias": np.zeros(4, np.float32)})
-    provision(state, DEVICE, key=KEY, tier="mcu")
-    return state
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from host.flash import flash
     tmp = tmp_path_factory.mktemp("gw")
-    agg = LiveAggregator(aggregator_state(tmp))
+    agg = LiveAggregator(mcu_aggregator_state(tmp, {DEVICE: KEY}))
     rig = open_rig("pty")
     t = rig.transport()
     lines = flash(t, DEFAULT_BUNDLE, DEVICE, KEY)

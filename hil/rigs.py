@@ -43,10 +43,11 @@ class PtyRig:
     kind = "pty"
     soft_reset_ok = False   # Ctrl-D in the unix port's raw REPL exits the process
 
-    # 256 KB, not the ESP32's 100 KB: on the 64-bit unix port the firmware's .mpy code
-    # alone takes ~100 KB of heap (frozen into flash on a board); the data working set
-    # is bounded separately in tests/test_firmware_micropython.py.
-    def __init__(self, heap: str = "256k", fs_dir: Path | None = None):
+    # 192 KB, not the ESP32's 100 KB: on the 64-bit unix port the firmware's .mpy code
+    # takes ~51 KB of heap resident plus ~10 KB of interned names (frozen into flash on a
+    # board) and fragments the rest; the data working set is bounded separately in
+    # tests/test_firmware_micropython.py (docs/firmware.md "Memory").
+    def __init__(self, heap: str = "192k", fs_dir: Path | None = None):
         exe = micropython_exe()
         if exe is None:
             raise RigError("the MicroPython unix port is not installed",

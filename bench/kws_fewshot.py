@@ -250,7 +250,8 @@ def kind_of(text: str) -> str:
 
 
 def fa_sources(audio, fa_times, phrases, root: Path):
-    """What the 1 s window of each false accept mostly held: {kind: share}, and the speech-time shares."""
+    """What the second before each false accept's keyword end mostly held: {kind: share}, and the
+    speech-time shares."""
     keys = [k for k in sorted(audio) if k.startswith("neg|")]
     path = root / "stream-timeline.json"
     if path.exists():

@@ -177,6 +177,6 @@ def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, tim
                 break
         events += 1
         if times is not None:
-            times.append(float(ends[j, 0]))  # the end of the window that opened the candidate
+            times.append(round(float(t), 3))  # the event's time_s, as the Detector reports it
         quiet, nxt = t + refractory_s, i + 1
     return events

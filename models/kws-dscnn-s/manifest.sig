@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 28fa5f3ff2f380fe nzYIJvPOjQm/J7RZ6WEKe4nLUztyUAz90zCU4DyBC7EWNCtG3wWx9X/H+0T38Rx95ImThFYYcUUKr4jnql9GAg==
+edgelearn-ed25519-signature 28fa5f3ff2f380fe gTyOKyoD6knSqzMFyU97n03x1NuLBdSSBdvr9jO7TOmBn3Qaqn9F3ppfpJ08cvYAU6VvYjWr00uqy/F66omGBg==

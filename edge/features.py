@@ -19,15 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-SAMPLE_RATE = 16000
-FRAME_LENGTH = 480
-HOP_LENGTH = 320
-N_FFT = 512
-N_MELS = 40
-FMIN = 20.0
-FMAX = 4000.0
-N_MFCC = 10
-LOG_FLOOR = 1e-6
+# The parameters are defined once, in the module that MicroPython also runs.
+from edge.portable.mfcc import (FMAX, FMIN, FRAME_LENGTH, HOP_LENGTH, LOG_FLOOR, N_FFT, N_MELS,  # noqa: F401
+                                N_MFCC, SAMPLE_RATE)
+
 WINDOW_SAMPLES = SAMPLE_RATE  # 1 s analysis window
 N_FRAMES = 1 + (WINDOW_SAMPLES - FRAME_LENGTH) // HOP_LENGTH  # 49
 

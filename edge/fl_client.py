@@ -256,6 +256,60 @@ class FLClient:
             result = json.loads(raw)
         return result
 
+    # --- secure aggregation (edge/secagg.py; a task with "secagg" instead of a frame upload) ----------
+    def _secagg(self, msg: dict) -> dict:
+        body = json.dumps(msg).encode()
+        _, raw = self._call("POST", "/v1/secagg", body, {
+            "Content-Type": "application/json", "X-Edgelearn-Device": self.device_id,
+            "X-Edgelearn-Mac": hmac.new(self.key, body, hashlib.sha256).hexdigest()})
+        self.bytes_up += len(body)
+        return json.loads(raw)
+
+    def secure_step(self, task: dict, delta: dict, num_examples: int) -> dict:
+        """Send this device's next secure-aggregation message if the round's phase wants one, else poll.
+        Returns the server's view ({"phase": ...}); call until the phase is "done" or "failed"."""
+        import base64
+
+        from edge.secagg import SecAggClient, client_vector
+        rid, spec = int(task["round_id"]), task["secagg"]
+        sa = getattr(self, "_sa", None)
+        if sa is None or sa.round_id != rid:
+            sa = self._sa = SecAggClient(self.device_id, rid)
+            self._sa_sent = {"advertise"}
+            return self._secagg({"round_id": rid, "step": "advertise", "keys": sa.advertise()})
+        view = self._secagg({"round_id": rid, "step": "state"})
+        phase = view["phase"]
+        if phase in self._sa_sent or phase not in ("share", "masked", "unmask"):
+            return view
+        if phase == "share" and "roster" in view:
+            msg = {"step": "share", "shares": sa.share_keys(view["roster"], int(view["threshold"]))}
+        elif phase == "masked" and "inbox" in view:
+            params = self.ensure_model(int(task["model_version"]))
+            # under DP every user counts once (user-level clipping happened in train())
+            w = 1.0 if task.get("clip_norm") else float(num_examples)
+            x = client_vector(delta, w, spec["names"], {k: v.shape for k, v in params.items()}, int(spec["frac_bits"]))
+            y = sa.masked_input(view["inbox"], x)
+            msg = {"step": "masked", "y": base64.b64encode(y.astype("<u4").tobytes()).decode()}
+        elif phase == "unmask" and "survivors" in view:
+            msg = {"step": "unmask", "shares": sa.unmask(view["survivors"])}
+        else:
+            return view  # dropped from this phase by the server: nothing to send
+        self._sa_sent.add(phase)
+        return self._secagg({"round_id": rid, **msg})
+
+    def run_secure(self, task: dict, delta: dict, num_examples: int, poll: float = 0.2,
+                   timeout: float = 600.0) -> dict:
+        """Drive a whole secure round (blocking, polling every ``poll`` s); the final view."""
+        end = time.monotonic() + timeout
+        view = self.secure_step(task, delta, num_examples)
+        while view["phase"] not in ("done", "failed"):
+            if time.monotonic() > end:
+                raise FLError(f"secure round {task['round_id']} did not finish in {timeout:.0f} s",
+                              fix="the aggregator fails the round at its deadline; check in again")
+            time.sleep(poll)
+            view = self.secure_step(task, delta, num_examples)
+        return view
+
     def run_once(self, status: dict, drop_after_training: bool = False) -> dict:
         """One check-in; trains and uploads when given a task. Returns the server's last answer."""
         ans = self.checkin(status)
@@ -266,6 +320,10 @@ class FLClient:
             return ans
         task = ans["task"]
         delta, n = self.train(task)
+        if "secagg" in task:
+            if drop_after_training:
+                return {"action": "dropped", "round_id": task["round_id"]}
+            return {"action": "secure", **self.run_secure(task, delta, n)}
         frame = self.encode(task, delta, n)
         if drop_after_training:
             return {"action": "dropped", "round_id": task["round_id"]}

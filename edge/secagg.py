@@ -120,6 +120,14 @@ def decode_fixed(total: np.ndarray, frac_bits: int = 16) -> np.ndarray:
     return np.asarray(total, np.uint32).view(np.int32).astype(np.float64) / (1 << frac_bits)
 
 
+def client_vector(delta: dict, weight: float, names: list, shapes: dict, frac_bits: int) -> np.ndarray:
+    """What a device masks: fixed-point ``[weight × delta (tensors of names in order)..., weight]``;
+    tensors it did not train (subset updates) are zeros."""
+    flat = np.concatenate([np.asarray(delta[k], np.float64).ravel() if k in delta
+                           else np.zeros(int(np.prod(shapes[k]))) for k in names])
+    return encode_fixed(np.append(flat * weight, weight), frac_bits)
+
+
 def _index(roster) -> dict:
     """Shamir x-coordinate of each device: its 1-based rank in sorted order."""
     return {d: i + 1 for i, d in enumerate(sorted(roster))}

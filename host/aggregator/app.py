@@ -132,26 +132,41 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
     def fail(e: Reject) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
 
+    async def signed_json(request: Request, limit: int, what: str):
+        """(device, JSON object) of a body signed with the device key in X-Edgelearn-Mac."""
+        dev = _device(request)
+        body = await _body(request, limit)
+        key = rm.key_of(dev)
+        mac = request.headers.get("x-edgelearn-mac", "")
+        want = hmac.new(key or b"\0" * 32, body, hashlib.sha256).hexdigest()
+        if key is None:
+            raise Reject(401, "UnknownDevice", f"no key is provisioned for device {dev!r}",
+                         "provision the device with `edgelearn aggregator provision`")
+        if not hmac.compare_digest(mac.encode(), want.encode()):
+            raise Reject(401, "AuthError", f"{what} MAC from {dev!r} does not match its body",
+                         "sign the exact body bytes with the device key")
+        try:
+            obj = json.loads(body)
+            if not isinstance(obj, dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            raise Reject(400, "BadRequest", f"{what} body is not a JSON object ({e})",
+                         "send a JSON object") from None
+        return dev, obj
+
+    async def secagg(request: Request):
+        try:
+            dev, msg = await signed_json(request, cfg.max_frame_len, "secagg")
+            if rm.secure is None:
+                raise Reject(409, "SecureAggregationOff", "this aggregator does not run secure aggregation",
+                             "upload frames to /v1/updates")
+            return JSONResponse(rm.secure.message(dev, msg))
+        except Reject as e:
+            return fail(e)
+
     async def checkin(request: Request):
         try:
-            dev = _device(request)
-            body = await _body(request, MAX_CHECKIN)
-            key = rm.key_of(dev)
-            mac = request.headers.get("x-edgelearn-mac", "")
-            want = hmac.new(key or b"\0" * 32, body, hashlib.sha256).hexdigest()
-            if key is None:
-                raise Reject(401, "UnknownDevice", f"no key is provisioned for device {dev!r}",
-                             "provision the device with `edgelearn aggregator provision`")
-            if not hmac.compare_digest(mac.encode(), want.encode()):
-                raise Reject(401, "AuthError", f"check-in MAC from {dev!r} does not match its body",
-                             "sign the exact body bytes with the device key")
-            try:
-                state = json.loads(body)
-                if not isinstance(state, dict):
-                    raise ValueError("not an object")
-            except ValueError as e:
-                raise Reject(400, "BadRequest", f"check-in body is not a JSON object ({e})",
-                             "send the device state as a JSON object") from None
+            dev, state = await signed_json(request, MAX_CHECKIN, "check-in")
             if state.get("device_id", dev) != dev:
                 raise Reject(403, "DeviceMismatch", f"device {dev!r} checked in as {state.get('device_id')!r}",
                              "a device may only report its own state")
@@ -216,6 +231,7 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
         Route("/v1/checkin", checkin, methods=["POST"]),
         Route("/v1/updates", updates, methods=["POST"]),
         Route("/v1/chunks", chunks, methods=["POST"]),
+        Route("/v1/secagg", secagg, methods=["POST"]),
         Route("/v1/bundles/{version:int}.zip", bundle, methods=["GET"]),
         Route("/v1/status", status, methods=["GET"]),
     ], lifespan=lifespan)

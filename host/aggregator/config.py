@@ -54,6 +54,11 @@ class AggregatorConfig:
     dp_clip: float = 0.0
     dp_noise: float = 0.0
     dp_delta: float = 1e-5
+    # secure aggregation (pairwise masking, Linux clients; sync rounds with FedAvg-family strategies)
+    secure_aggregation: bool = False
+    secagg_threshold: float = 0.6      # of the devices that advertised keys; always more than half
+    secagg_frac_bits: int = 16         # fixed point: |sum of weighted values| must stay below 2^(31 - bits)
+    secagg_phase_timeout: float = 30.0
     # publication
     eval_tolerance: float = 0.01       # reject an aggregate that loses more held-out accuracy than this
     synchronous: str = "full"          # SQLite: "full" survives a power cut, "normal" a process crash
@@ -76,6 +81,11 @@ class AggregatorConfig:
             problems.append(f"topk_fraction={self.topk_fraction}")
         if self.round_timeout <= 0:
             problems.append("round_timeout must be > 0")
+        if self.secure_aggregation and (self.mode != "sync" or self.strategy in ("trimmed_mean", "median")):
+            problems.append("secure_aggregation needs mode=sync and a FedAvg-family strategy (trimmed mean and "
+                            "median need individual updates, which secure aggregation hides)")
+        if not 0.5 <= self.secagg_threshold <= 1 or not 4 <= self.secagg_frac_bits <= 24:
+            problems.append("secagg_threshold must be in [0.5, 1] and secagg_frac_bits in [4, 24]")
         if problems:
             raise EdgelearnError("aggregator config: " + "; ".join(problems), fix="fix config.json")
 

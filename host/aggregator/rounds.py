@@ -85,6 +85,10 @@ class RoundManager:
         self.round = None
         self.acc = None
         self._keys = {}
+        self.secure = None
+        if cfg.secure_aggregation:
+            from host.aggregator.secure import SecureRounds
+            self.secure = SecureRounds(self)
         # arrivals of recent rounds (round id -> selected, {device: seconds from selection to upload}),
         # late uploads included: the evidence for adaptive over-selection (policy.plan_selection)
         self.arrivals = json.loads(self.store.get_meta("arrivals") or "{}")
@@ -135,6 +139,13 @@ class RoundManager:
         r = self.round
         if r["deadline"] is not None and self.clock() >= r["deadline"]:
             self._close("deadline")
+        elif self.secure is not None:
+            self.secure.tick()
+
+    def fail_round(self, why: str) -> None:
+        """Close the open round as failed (nothing aggregated) and open the next."""
+        self.acc = self.strategy.begin(self.reg.params())
+        self._close(why)
 
     def _note_arrival(self, round_id: int, device_id: str, selected: int | None = None) -> None:
         h = self.arrivals.get(str(round_id))
@@ -208,6 +219,8 @@ class RoundManager:
              "strategy": self.strategy.name, **self.strategy.client_config()}
         if self.cfg.adapt_strategy:
             t["adapt_strategy"] = self.cfg.adapt_strategy
+        if self.secure is not None:
+            t.update(codec="secagg", **self.secure.task_fields())
         if r["deadline"] is not None:
             t["deadline_in"] = round(max(0.0, r["deadline"] - self.clock()), 3)
         return t
@@ -286,6 +299,9 @@ class RoundManager:
         commit, or the answer to an identical resend; raises ``Reject``. The state-dependent checks are
         repeated by ``commit`` inside its transaction, because other frames may commit in between."""
         self.tick()
+        if self.secure is not None:
+            raise Reject(409, "SecureAggregationRequired", "this aggregator takes updates only through secure "
+                         "aggregation", "follow the task's secagg steps (POST /v1/secagg)")
         try:
             hdr, _ = parse_header(frame, self.cfg.max_frame_len)
             if claimed_device is not None and hdr.device_id != claimed_device:

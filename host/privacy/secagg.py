@@ -22,20 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.secagg import SecAggError, agree, decode_fixed, encode_fixed, prg, shamir_join
+from edge.secagg import SecAggError, agree, client_vector, decode_fixed, encode_fixed, prg, shamir_join
 
 PHASES = ("advertise", "share", "masked", "unmask", "done")
-
-
-def flatten(delta: dict, names: list, shapes: dict) -> np.ndarray:
-    """The tensors of ``names`` in order, one flat float64 vector (missing tensors are zeros)."""
-    return np.concatenate([np.asarray(delta[k], np.float64).ravel() if k in delta
-                           else np.zeros(int(np.prod(shapes[k]))) for k in names])
-
-
-def client_vector(delta: dict, weight: float, names: list, shapes: dict, frac_bits: int) -> np.ndarray:
-    """What a device masks: fixed-point ``[weight × delta..., weight]``."""
-    return encode_fixed(np.append(flatten(delta, names, shapes) * weight, weight), frac_bits)
 
 
 def fold_sum(acc, total: np.ndarray, names: list, frac_bits: int, count: int) -> None:
@@ -167,4 +156,4 @@ class SecAggSession:
         return self.total
 
 
-__all__ = ["SecAggSession", "SecAggError", "client_vector", "fold_sum", "flatten", "encode_fixed"]
+__all__ = ["SecAggSession", "SecAggError", "client_vector", "fold_sum", "encode_fixed"]

@@ -182,7 +182,9 @@ class FLClient:
     # --- the protocol -------------------------------------------------------
     def checkin(self, status: dict) -> dict:
         cur = self.store.pointer()["current"]
-        body = json.dumps({"device_id": self.device_id, "tier": self.tier, "time": time.time(),
+        # strictly increasing: the aggregator refuses a check-in not newer than the last (replays)
+        self._checkin_t = max(time.time(), getattr(self, "_checkin_t", 0.0) + 1e-6)
+        body = json.dumps({"device_id": self.device_id, "tier": self.tier, "time": self._checkin_t,
                            "model_version": self.current_version() if cur else None, **status}).encode()
         mac = hmac.new(self.key, body, hashlib.sha256).hexdigest()
         _, raw = self._call("POST", "/v1/checkin", body, {"Content-Type": "application/json",

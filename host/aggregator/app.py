@@ -7,6 +7,8 @@ Endpoints (docs/protocol.md has the full contract):
     POST /v1/chunks           one chunk of a frame; 202 {"missing": [...]} until the frame is whole
     GET  /v1/bundles/{v}.zip  a published, signed bundle
     GET  /v1/status           rounds, versions, devices (JSON)
+    POST /v1/secagg           secure-aggregation messages (signed JSON; host/aggregator/secure.py)
+    GET  /metrics             Prometheus text (host/aggregator/metrics.py)
 
     app = build_app("agg/")          # then: uvicorn.run(app, host="127.0.0.1", port=8470)
 """
@@ -23,12 +25,13 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from edge.portable import wire_errors as we
 from edge.portable.chunks import parse_chunk
 from host.aggregator.config import AggregatorConfig
+from host.aggregator.metrics import metrics_registry
 from host.aggregator.models import ModelRegistry
 from host.aggregator.rounds import Reject, RoundManager
 from host.aggregator.store import Store
@@ -128,9 +131,16 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
     agg = Aggregator(state_dir, clock, signing_key)
     rm, store, cfg = agg.rounds, agg.store, agg.cfg
     group = GroupCommit(rm)
+    refusals: dict = {}
+    registry = metrics_registry(agg, refusals)
 
     def fail(e: Reject) -> JSONResponse:
+        refusals[(e.status, e.error)] = refusals.get((e.status, e.error), 0) + 1
         return JSONResponse(e.body(), status_code=e.status)
+
+    async def metrics(request: Request):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def signed_json(request: Request, limit: int, what: str):
         """(device, JSON object) of a body signed with the device key in X-Edgelearn-Mac."""
@@ -234,6 +244,7 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
         Route("/v1/secagg", secagg, methods=["POST"]),
         Route("/v1/bundles/{version:int}.zip", bundle, methods=["GET"]),
         Route("/v1/status", status, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ], lifespan=lifespan)
     app.state.aggregator = agg
     app.state.group_commit = agg.group = group

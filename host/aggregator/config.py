@@ -50,6 +50,7 @@ class AggregatorConfig:
     max_update_norm: float = 100.0     # L2 norm of a delta above this is rejected (422)
     max_examples: int = 100000
     chunk_size: int = 16384
+    checkin_max_skew: float = 0.0      # > 0: refuse check-ins dated further than this from our clock
     # differential privacy (user level); 0 = off
     dp_clip: float = 0.0
     dp_noise: float = 0.0

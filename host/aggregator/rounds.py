@@ -225,13 +225,33 @@ class RoundManager:
             t["deadline_in"] = round(max(0.0, r["deadline"] - self.clock()), 3)
         return t
 
+    def _check_replay(self, device_id: str, state: dict, now: float):
+        """A signed check-in carrying ``time`` must be newer than the device's last one (and, with
+        ``checkin_max_skew``, near our clock): a captured check-in cannot be replayed."""
+        t = state.get("time")
+        if t is None:
+            return None  # MCUs without a clock; docs/protocol.md
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or t != t:
+            raise Reject(400, "BadRequest", f"check-in time {t!r} is not a number", "send Unix seconds")
+        last = self.store.one("SELECT checkin_time FROM devices WHERE device_id=?", (device_id,))[0]
+        if last is not None and t <= last:
+            raise Reject(409, "ReplayError", f"check-in from {device_id!r} is dated {t}, not after its last one "
+                         f"({last}): a replay or a clock that went back", "sign each check-in with the current time")
+        skew = self.cfg.checkin_max_skew
+        if skew and abs(t - now) > skew:
+            raise Reject(409, "StaleCheckin", f"check-in dated {t - now:+.0f} s from the aggregator's clock "
+                         f"(limit {skew:.0f} s)", "set the device clock (NTP)")
+        return float(t)
+
     def checkin(self, device_id: str, state: dict) -> dict:
         self.tick()
         r = self.round
         now = self.clock()
+        t = self._check_replay(device_id, state, now)
         with self.store.tx() as c:
-            c.execute("UPDATE devices SET last_checkin=?, state=?, tier=? WHERE device_id=?",
-                      (now, json.dumps(state, sort_keys=True)[:2000], str(state.get("tier", "linux"))[:16], device_id))
+            c.execute("UPDATE devices SET last_checkin=?, state=?, tier=?, checkin_time=COALESCE(?, checkin_time) "
+                      "WHERE device_id=?", (now, json.dumps(state, sort_keys=True)[:2000],
+                                            str(state.get("tier", "linux"))[:16], t, device_id))
         ok, reason = policy.eligible(state, self.cfg)
         if not ok:
             return self._wait(reason)

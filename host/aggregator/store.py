@@ -61,6 +61,9 @@ class Store:
         self.db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
+        cols = {r[1] for r in self.db.execute("PRAGMA table_info(devices)")}
+        if "checkin_time" not in cols:  # added after version 1 of the schema
+            self.db.execute("ALTER TABLE devices ADD COLUMN checkin_time REAL")
         self._depth = 0
 
     @contextmanager

@@ -33,7 +33,8 @@ def test_small_fleet_runs_rounds_with_dropouts_and_writes_plots(tmp_path):
     res = simulate(cfg, tmp_path / "out", data=synthetic_set(), progress=False)
     done = [r for r in res["rounds"] if r["status"] in ("closed", "rejected")]
     assert len(done) >= 3
-    assert all(r["accepted"] <= r["target"] and r["selected"] <= 4 for r in res["rounds"])
+    # adaptive over-selection: never more than max_overselect (3.0) times the quorum
+    assert all(r["accepted"] <= r["target"] and r["selected"] <= 9 for r in res["rounds"])
     assert res["bytes_up"] > 0 and sum(res["participation"]) == res["stats"]["uploads"]
     assert set(res["stats"].get("refused", {})) <= {"StaleRound", "AlreadyContributed"}
     paths = write_report(res, tmp_path / "out")

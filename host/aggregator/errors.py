@@ -1,0 +1,30 @@
+"""The aggregator's refusals: an HTTP status, a machine-readable reason and a one-line problem/fix.
+
+    raise Reject(409, "AlreadyContributed", "device 'pi-001' already contributed to round 4", "wait")
+"""
+
+from __future__ import annotations
+
+from edge.portable import wire_errors as we
+
+# wire error class -> HTTP status (docs/protocol.md); subclasses come first
+STATUS = [(we.OversizedFrame, 413), (we.UnknownDevice, 401), (we.AuthError, 401), (we.ReplayError, 409),
+          (we.StaleRound, 410), (we.StaleModel, 409), (we.ChunkError, 400), (we.WireError, 400)]
+
+
+
+
+class Reject(Exception):
+    """A request refused with an HTTP status, a machine-readable reason and a one-line problem/fix."""
+
+    def __init__(self, status: int, error: str, problem: str, fix: str | None = None):
+        super().__init__(problem)
+        self.status, self.error, self.problem, self.fix = status, error, problem, fix
+
+    @classmethod
+    def from_wire(cls, e: we.WireError) -> "Reject":
+        status = next(s for c, s in STATUS if isinstance(e, c))
+        return cls(status, type(e).__name__, e.problem, e.fix)
+
+    def body(self) -> dict:
+        return {"error": self.error, "problem": self.problem, "fix": self.fix}

@@ -1,0 +1,178 @@
+"""The upload path of ``RoundManager``: authenticate, decode and check frames, then accept them in
+group-committed transactions (host/aggregator/app.py ``GroupCommit`` batches them over HTTP).
+
+Split from rounds.py to keep each file about one thing; ``RoundManager`` inherits ``Uploads``.
+
+    p = mgr.prepare(frame, "pi-001")          # Pending, or the answer to an identical resend
+    answers = mgr.commit([p, ...])            # one transaction, one fsync
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from typing import NamedTuple
+
+import numpy as np
+
+from edge.portable import wire_errors as we
+from edge.portable.wire_decode import check_fresh, parse_header, verify_tag
+from host.aggregator.errors import Reject
+from host.fl.strategies import StrategyError
+from host.wire_numpy import decode_update
+
+
+class Pending(NamedTuple):
+    """A frame that passed every check that needs no write, waiting for its transaction."""
+    hdr: object
+    frame: bytes
+    digest: bytes
+    delta: dict
+
+
+class Uploads:
+    """Mixin: needs ``cfg``, ``store``, ``round``, ``acc``, ``reg``, ``clock``, ``secure``, ``tick``,
+    ``key_of``, ``_weight``, ``_note_arrival``, ``_close`` from ``RoundManager``."""
+
+    def submit(self, frame: bytes, claimed_device: str | None) -> dict:
+        """Check, decode and accept one frame; returns the JSON answer or raises ``Reject`` (no state change)."""
+        p = self.prepare(frame, claimed_device)
+        if isinstance(p, dict):
+            return p
+        res = self.commit([p])[0]
+        if isinstance(res, Reject):
+            raise res
+        return res
+
+    def _fresh(self, hdr, digest):
+        """The duplicate answer for an identical resend, else None; raises ReplayError for an old seq."""
+        dup = self.store.one("SELECT round_id, digest FROM updates WHERE device_id=? AND seq=?", (hdr.device_id, hdr.seq))
+        if dup is not None and bytes(dup[1]) == digest:
+            return {"status": "duplicate", "round_id": dup[0], "accepted": self.round["accepted"]}
+        check_fresh(hdr, last_seq=self.store.one("SELECT last_seq FROM devices WHERE device_id=?",
+                                                 (hdr.device_id,))[0])
+        return None
+
+    def prepare(self, frame: bytes, claimed_device: str | None):
+        """Everything that needs no write: authenticate, decode, validate. Returns a ``Pending`` to
+        commit, or the answer to an identical resend; raises ``Reject``. The state-dependent checks are
+        repeated by ``commit`` inside its transaction, because other frames may commit in between."""
+        self.tick()
+        if self.secure is not None:
+            raise Reject(409, "SecureAggregationRequired", "this aggregator takes updates only through secure "
+                         "aggregation", "follow the task's secagg steps (POST /v1/secagg)")
+        try:
+            hdr, _ = parse_header(frame, self.cfg.max_frame_len)
+            if claimed_device is not None and hdr.device_id != claimed_device:
+                raise Reject(403, "DeviceMismatch", f"device {claimed_device!r} sent a frame for device {hdr.device_id!r}",
+                             "a device may only upload its own updates")
+            key = self.key_of(hdr.device_id)
+            verify_tag(frame, key if key is not None else (lambda _d: None), hdr.device_id)
+            digest = hashlib.sha256(frame).digest()
+            dup = self._fresh(hdr, digest)
+            if dup is not None:
+                return dup
+            self._admit(hdr, self.round)
+            upd = decode_update(frame, key, max_len=self.cfg.max_frame_len)
+        except we.WireError as e:
+            raise Reject.from_wire(e) from None
+        delta = {t.name: t.values for t in upd.tensors}
+        n = hdr.num_examples
+        if not 1 <= n <= self.cfg.max_examples:
+            raise Reject(422, "BadExampleCount", f"update claims {n} examples; expected 1-{self.cfg.max_examples}",
+                         "send the number of local examples the update was trained on")
+        try:
+            self.acc.check(delta)
+        except StrategyError as e:
+            raise Reject(422, "BadUpdate", e.problem, e.fix) from None
+        norm = float(np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in delta.values())))
+        if not norm <= self.cfg.max_update_norm:
+            raise Reject(422, "UpdateNormTooLarge", f"update L2 norm {norm:.4g} exceeds {self.cfg.max_update_norm}",
+                         "lower the learning rate or clip the update on the device")
+        return Pending(hdr, frame, digest, delta)
+
+    def commit(self, batch: list) -> list:
+        """Accept prepared frames with one transaction (group commit): one fsync for the whole batch.
+
+        Returns, per frame, its answer or a ``Reject``. Nothing is acknowledged or added to the running
+        sum before the transaction holding it has committed, so a crash loses no acknowledged update.
+        A batch that completes the quorum commits up to it, closes the round and goes on in the next.
+        """
+        out, i = [None] * len(batch), 0
+        while i < len(batch):
+            r, seg, nbytes, first = self.round, [], 0, i
+            try:
+                with self.store.tx() as c:
+                    while i < len(batch) and r["accepted"] + len(seg) < r["target"]:
+                        p = batch[i]
+                        c.execute("SAVEPOINT one")
+                        try:
+                            ans = self._fresh(p.hdr, p.digest)
+                            if ans is None:
+                                w = self._admit(p.hdr, r)
+                                c.execute("INSERT INTO updates(round_id, device_id, seq, base_version, num_examples, "
+                                          "digest, frame, received) VALUES(?,?,?,?,?,?,?,?)",
+                                          (r["round_id"], p.hdr.device_id, p.hdr.seq, p.hdr.model_version,
+                                           p.hdr.num_examples, p.digest, p.frame, self.clock()))
+                                c.execute("UPDATE devices SET last_seq=?, rounds_joined=rounds_joined+1, last_round=? "
+                                          "WHERE device_id=?", (p.hdr.seq, r["round_id"], p.hdr.device_id))
+                                seg.append((i, p, w))
+                                nbytes += len(p.frame)
+                            out[i] = ans
+                            c.execute("RELEASE one")
+                        except (Reject, we.WireError) as e:
+                            c.execute("ROLLBACK TO one")
+                            c.execute("RELEASE one")
+                            out[i] = e if isinstance(e, Reject) else Reject.from_wire(e)
+                        i += 1
+                    if seg:
+                        c.execute("UPDATE rounds SET accepted=accepted+?, bytes=bytes+? WHERE round_id=?",
+                                  (len(seg), nbytes, r["round_id"]))
+            except sqlite3.Error as e:  # e.g. a full or failing disk: this and every later frame waits for a resend
+                staged = {j for j, _, _ in seg}
+                for j in range(first, len(batch)):
+                    if out[j] is None or j in staged:
+                        out[j] = Reject(503, "StorageError", f"the update could not be stored ({e})",
+                                        "resend it later; nothing was recorded")
+                break
+            for j, p, w in seg:
+                self.acc.add(p.delta, p.hdr.num_examples, w)
+                if self.cfg.mode == "sync":
+                    self._note_arrival(r["round_id"], p.hdr.device_id, r["selected"])
+                r["accepted"] += 1
+                out[j] = {"status": "accepted", "round_id": r["round_id"], "accepted": r["accepted"]}
+            if r["accepted"] >= r["target"]:
+                self._close("quorum")
+        return out
+
+    def _admit(self, hdr, r):
+        """Round/selection/staleness rules; returns the FedBuff weight (None in sync mode)."""
+        contributed = self.store.one("SELECT 1 FROM updates WHERE round_id=? AND device_id=?",
+                                     (r["round_id"], hdr.device_id))
+        if self.cfg.mode == "sync":
+            if hdr.round_id != r["round_id"]:
+                self._note_arrival(hdr.round_id, hdr.device_id)  # a late upload: latency evidence only
+                raise we.StaleRound(f"frame from {hdr.device_id!r} is for round {hdr.round_id}; round "
+                                    f"{r['round_id']} is open" + (" (that round is closed)" if hdr.round_id < r["round_id"] else ""),
+                                    fix="drop it and check in for the current round")
+            if hdr.model_version != r["model_version"]:
+                raise we.StaleModel(f"frame was trained from model v{hdr.model_version}; round {r['round_id']} "
+                                    f"trains v{r['model_version']}", fix="install the current bundle and train again")
+            if not self.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?",
+                                  (r["round_id"], hdr.device_id)):
+                raise Reject(403, "NotSelected", f"device {hdr.device_id!r} was not selected for round {r['round_id']}",
+                             "check in first and train only when given a task")
+        else:
+            stale = self.reg.current - hdr.model_version
+            if not 0 <= stale <= self.cfg.max_staleness:
+                raise we.StaleModel(f"frame was trained from model v{hdr.model_version}, {stale} versions behind "
+                                    f"v{self.reg.current} (limit {self.cfg.max_staleness})",
+                                    fix="install the current bundle and train again")
+            if not self.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?",
+                                  (hdr.round_id, hdr.device_id)):
+                raise Reject(403, "NotSelected", f"device {hdr.device_id!r} has no task {hdr.round_id}",
+                             "check in first and train only when given a task")
+        if contributed:
+            raise Reject(409, "AlreadyContributed", f"device {hdr.device_id!r} already contributed to round "
+                         f"{r['round_id']}", "one update per device per round; wait for the next round")
+        return self._weight(hdr.num_examples, hdr.model_version)

@@ -23,12 +23,18 @@ def add_arguments(p) -> None:
     i.add_argument("--mode", choices=["sync", "async"], default="sync")
     i.add_argument("--strategy", default="fedavg", choices=["fedavg", "fedavgm", "fedprox", "trimmed_mean", "median"])
     i.add_argument("--clients-per-round", type=int, default=10)
-    i.add_argument("--overselect", type=float, default=1.3)
+    i.add_argument("--overselect", type=float, default=1.3, help="select at least this many times the quorum")
+    i.add_argument("--max-overselect", type=float, default=3.0,
+                   help="... and at most this many, as observed drop-outs and latency demand")
     i.add_argument("--round-timeout", type=float, default=120.0)
     i.add_argument("--buffer-size", type=int, default=10)
     i.add_argument("--codec", choices=["dense_f32", "int8", "topk_int8"], default="int8")
     i.add_argument("--dp-clip", type=float, default=0.0)
     i.add_argument("--dp-noise", type=float, default=0.0)
+    i.add_argument("--secure-aggregation", action="store_true",
+                   help="pairwise-masked sums only (Linux clients; sync mode; not with trimmed_mean/median)")
+    i.add_argument("--checkin-max-skew", type=float, default=0.0,
+                   help="refuse check-ins dated further than this many seconds from the aggregator clock")
     v = sub.add_parser("provision", help="register a device and write its HMAC key file")
     v.add_argument("--state", required=True)
     v.add_argument("--device", required=True)
@@ -59,7 +65,9 @@ def run(args) -> int:
             r = data.rows("test")
             heldout = (data.X[r], data.y[r])
         cfg = AggregatorConfig(mode=args.mode, strategy=args.strategy, clients_per_round=args.clients_per_round,
-                               overselect=args.overselect, round_timeout=args.round_timeout,
+                               overselect=args.overselect, max_overselect=args.max_overselect,
+                               round_timeout=args.round_timeout, secure_aggregation=args.secure_aggregation,
+                               checkin_max_skew=args.checkin_max_skew,
                                buffer_size=args.buffer_size, codec=args.codec, dp_clip=args.dp_clip,
                                dp_noise=args.dp_noise)
         v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout)

@@ -40,3 +40,14 @@ def test_small_fleet_runs_rounds_with_dropouts_and_writes_plots(tmp_path):
     paths = write_report(res, tmp_path / "out")
     assert (tmp_path / "out" / "fleet.png").stat().st_size > 10000
     assert "Fleet simulation" in open(paths["html"]).read()
+
+
+@pytest.mark.slow
+def test_fleet_with_secure_aggregation_closes_rounds_without_storing_updates(tmp_path):
+    cfg = SimConfig(devices=8, rounds=2, clients_per_round=3, drop_rate=0.0, slow_fraction=0.0,
+                    time_scale=0.01, round_timeout=120, eval_tolerance=1.0,
+                    extra={"secure_aggregation": True, "max_overselect": 1.3})
+    res = simulate(cfg, tmp_path / "out", data=synthetic_set(), progress=False)
+    done = [r for r in res["rounds"] if r["status"] in ("closed", "rejected")]
+    assert len(done) >= 2 and all(r["accepted"] >= 3 for r in done)
+    assert all(r["note"] == "secure aggregation" for r in done)

@@ -1,8 +1,9 @@
 """Rounds: who trains, which updates count, when to aggregate; the aggregator's state machine.
 
-Synchronous mode opens a round for the current model, selects up to
-``overselect × clients_per_round`` eligible devices as they check in, and
-closes as soon as ``clients_per_round`` updates are in (it never waits for
+Synchronous mode opens a round for the current model, selects eligible
+devices as they check in (how many is learnt from who arrived in recent
+rounds, ``policy.plan_selection``, between ``overselect`` and
+``max_overselect`` × ``clients_per_round``), and closes as soon as ``clients_per_round`` updates are in (it never waits for
 the slowest) or at the deadline with at least ``quorum_floor`` (else the round
 fails and a new one opens). Asynchronous mode is FedBuff (Nguyen et al.
 2022): updates against any of the last ``max_staleness`` versions are
@@ -10,8 +11,10 @@ buffered with weight n / sqrt(1 + staleness) and every ``buffer_size`` of them
 make a new version. Every accepted update is committed (frame included)
 before it touches the in-memory running sum, and the sum is rebuilt from the
 database on start, so a crash neither loses nor double-counts an update.
+Uploads (prepare/commit, group commit) live in ``uploads.py``; secure
+aggregation rounds in ``secure.py``.
 
-    mgr = RoundManager(state_dir, cfg, store, registry)
+    mgr = RoundManager(cfg, store, registry)
     answer = mgr.checkin("pi-001", {"battery": 0.9, "charging": True})
     result = mgr.submit(frame, claimed_device="pi-001")
 """

@@ -98,7 +98,8 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
                     min_retry=1.0 * s, max_retry=600 * s, local_epochs=cfg.local_epochs,
                     learning_rate=cfg.learning_rate, eval_tolerance=cfg.eval_tolerance,
                     max_concurrency=int(cfg.clients_per_round * cfg.overselect) if cfg.mode == "async" else 30,
-                    fairness_window=10, max_rounds_per_window=10, synchronous="normal", seed=cfg.seed)
+                    fairness_window=10, max_rounds_per_window=10, synchronous="normal", seed=cfg.seed,
+                    secagg_phase_timeout=cfg.round_timeout * s / 4)
     acfg = AggregatorConfig(**{**settings, **cfg.extra})  # extra: any other aggregator setting, or an override
     params = small_params(cfg.seed) if cfg.fresh_head else extract_head()
     state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params,
@@ -150,7 +151,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
             lat = cfg.median_latency * float(np.exp(d.rng.normal(0, cfg.latency_sigma))) * (10 if d.slow else 1)
             try:
                 delta, n = d.client.train(task)
-                frame = d.client.encode(task, delta, n)
+                frame = None if "secagg" in task else d.client.encode(task, delta, n)
             except FLError as e:
                 with lock:
                     stats.setdefault("refused", {}).setdefault(f"train:{e.reason or e.status}", 0)
@@ -168,7 +169,12 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
                 d.next_at = (time.monotonic() - t0) / s + cfg.round_timeout
                 continue
             try:
-                d.client.upload(frame, int(task.get("chunk_size", 0)))
+                if frame is None:  # secure aggregation: the four-phase exchange instead of one frame
+                    view = d.client.run_secure(task, delta, n, poll=max(0.01, 0.5 * s), timeout=cfg.round_timeout * s * 2)
+                    if view["phase"] != "done":
+                        raise FLError(f"secure round {task['round_id']} {view['phase']}", reason="SecAggFailed")
+                else:
+                    d.client.upload(frame, int(task.get("chunk_size", 0)))
                 d.joined += 1
                 with lock:
                     stats["uploads"] += 1

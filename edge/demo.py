@@ -24,7 +24,7 @@ def held_out_voices() -> list:
     from host.data.corpus import CorpusConfig, assign_splits
 
     split = assign_splits(synth.all_voices(), CorpusConfig())
-    test = sorted(v for v in synth.all_voices() if split[v.id] == "test")
+    test = sorted((v for v in synth.all_voices() if split[v.id] == "test"), key=lambda v: v.id)
     flite = [v for v in synth.all_voices() if v.synth == "flite"]
     return [v for pair in zip(flite * 4, test[::2]) for v in pair]
 

@@ -118,3 +118,12 @@ def test_spot_cli_and_tampered_bundle(tmp_path, clips):
     assert res.returncode == 2
     assert "encoder_int8.tflite" in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_demo_runs_end_to_end(clips):
+    """The README's main command: verify, synthesise held-out voices, spot on two runtimes."""
+    res = subprocess.run([sys.executable, "-m", "edge.cli", "demo"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "signature and" in res.stdout and "heard right on the 12-class task" in res.stdout
+    assert res.stdout.count("LiteRT int8") == 1 and len([l for l in res.stdout.splitlines()
+                                                         if l.endswith(("ok", "miss"))]) == 8

@@ -18,23 +18,16 @@ from edge.portable.chunks import split_chunks
 from edge.portable.wire import DENSE_F32, INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
-from host.aggregator.testing import TestTransport, make_state, signed_checkin, small_params, snapshot
+from host.aggregator.testing import FakeClock, TestTransport, make_state, signed_checkin, small_params, snapshot
 from host.wire_numpy import encode_update
 
 HYP = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 
 
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
-
 
 @pytest.fixture
 def agg(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     state, keys = make_state(tmp_path, AggregatorConfig(clients_per_round=3, overselect=1.3, round_timeout=60,
                                                         max_update_norm=50.0), n_devices=6)
     app = build_app(state, clock=clock, tick_interval=0)

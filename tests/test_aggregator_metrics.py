@@ -14,21 +14,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from edge.portable.wire import INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
-from host.aggregator.testing import TestTransport, make_state, small_params, snapshot
+from host.aggregator.testing import FakeClock, TestTransport, make_state, small_params, snapshot
 from host.wire_numpy import encode_update
 
-
-class Clock:
-    def __init__(self):
-        self.t = 5000.0
-
-    def __call__(self):
-        return self.t
 
 
 @pytest.fixture
 def agg(tmp_path):
-    clock = Clock()
+    clock = FakeClock(5000.0)
     state, keys = make_state(tmp_path, AggregatorConfig(clients_per_round=2, overselect=1.0, max_overselect=1.0,
                                                         checkin_max_skew=300), n_devices=3)
     app = build_app(state, clock=clock, tick_interval=0)

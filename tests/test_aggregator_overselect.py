@@ -12,7 +12,7 @@ from edge.portable.wire import INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.policy import plan_selection
-from host.aggregator.testing import TestTransport, make_state, signed_checkin, small_params
+from host.aggregator.testing import FakeClock, TestTransport, make_state, signed_checkin, small_params
 from host.wire_numpy import encode_update
 
 CFG = AggregatorConfig(clients_per_round=10, overselect=1.3, max_overselect=3.0)
@@ -46,13 +46,6 @@ def test_estimate_does_not_run_away_when_more_are_selected():
     assert abs(a - b) <= 3 and 13 <= a <= 30
 
 
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
-
 
 def _frame(dev, key, task, seq):
     rng = np.random.default_rng(seq)
@@ -61,7 +54,7 @@ def _frame(dev, key, task, seq):
 
 
 def test_rounds_learn_from_dropouts_and_late_arrivals(tmp_path):
-    clock = Clock()
+    clock = FakeClock()
     cfg = AggregatorConfig(clients_per_round=4, overselect=1.25, max_overselect=3.0, round_timeout=60,
                            min_updates=2, fairness_window=1, max_rounds_per_window=1 << 20)
     state, keys = make_state(tmp_path, cfg, n_devices=16)

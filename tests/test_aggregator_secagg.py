@@ -4,8 +4,14 @@ no individual update is ever stored, and too few survivors fail the round withou
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from edge.errors import EdgelearnError
 from edge.fl_client import FLClient
@@ -13,22 +19,15 @@ from edge.portable.wire import INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.models import load_params
-from host.aggregator.testing import TestTransport, make_state, small_params
+from host.aggregator.testing import FakeClock, TestTransport, make_state, small_params, snapshot
 from host.wire_numpy import encode_update
 
 AWAKE = {"battery": 1.0, "charging": True, "network": "wifi"}
 
 
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
-
 
 def _fleet(tmp_path, **cfg):
-    clock = Clock()
+    clock = FakeClock()
     state, keys = make_state(tmp_path, AggregatorConfig(clients_per_round=5, overselect=1.2, max_overselect=1.2,
                                                         round_timeout=600, secure_aggregation=True,
                                                         secagg_phase_timeout=20, **cfg), n_devices=6)
@@ -50,12 +49,17 @@ def _drive(clients, tasks, deltas, active, steps=12):
     return views
 
 
+def _selected(t, tmp_path, state, keys):
+    """Real device clients over the in-process transport, each checked in and holding its task."""
+    clients = {d: FLClient(t, d, k, tmp_path / "dev" / d, trusted_keys=state / "keys") for d, k in keys.items()}
+    return clients, {d: c.checkin(AWAKE)["task"] for d, c in clients.items()}
+
+
 def test_secure_round_publishes_fedavg_of_the_survivors(tmp_path):
     clock, state, keys, app = _fleet(tmp_path)
     deltas = _deltas(keys)
     with TestTransport(app) as t:
-        clients = {d: FLClient(t, d, k, tmp_path / "dev" / d, trusted_keys=state / "keys") for d, k in keys.items()}
-        tasks = {d: c.checkin(AWAKE)["task"] for d, c in clients.items()}
+        clients, tasks = _selected(t, tmp_path, state, keys)
         assert all(tk["codec"] == "secagg" and tk["secagg"]["dim"] == 64 * 64 + 64 + 64 * 37 + 37 + 1
                    for tk in tasks.values())
         # a plain frame is refused: this aggregator only takes masked inputs
@@ -92,8 +96,7 @@ def test_too_few_survivors_fail_the_round_and_publish_nothing(tmp_path):
     clock, state, keys, app = _fleet(tmp_path)
     deltas = _deltas(keys)
     with TestTransport(app) as t:
-        clients = {d: FLClient(t, d, k, tmp_path / "dev" / d, trusted_keys=state / "keys") for d, k in keys.items()}
-        tasks = {d: c.checkin(AWAKE)["task"] for d, c in clients.items()}
+        clients, tasks = _selected(t, tmp_path, state, keys)
         devs = sorted(keys)
         _drive(clients, tasks, deltas, devs, steps=2)
         rm = app.state.aggregator.rounds
@@ -112,3 +115,27 @@ def test_too_few_survivors_fail_the_round_and_publish_nothing(tmp_path):
 def test_secure_aggregation_refuses_robust_strategies():
     with pytest.raises(EdgelearnError, match="trimmed mean and median need individual updates"):
         AggregatorConfig(secure_aggregation=True, strategy="median")
+
+
+@given(msg=st.dictionaries(st.sampled_from(["round_id", "step", "keys", "shares", "y"]),
+                           st.one_of(st.integers(-3, 3), st.text(max_size=8), st.sampled_from(
+                               ["advertise", "share", "masked", "unmask", "state", "AAAA", "00" * 32]),
+                               st.dictionaries(st.text(max_size=6), st.text(max_size=70), max_size=3)),
+                           max_size=5))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+def test_malformed_secagg_messages_get_a_4xx_and_change_nothing(tmp_path_factory, msg):
+    tmp = tmp_path_factory.mktemp("h")
+    clock, state, keys, app = _fleet(tmp)
+    with TestTransport(app) as t:
+        rm = app.state.aggregator.rounds
+        rm.checkin("dev0", AWAKE)
+        before = snapshot(rm.store)
+        body = json.dumps(msg).encode()
+        s, raw = t.request("POST", "/v1/secagg", body, {
+            "X-Edgelearn-Device": "dev0", "X-Edgelearn-Mac": hmac.new(keys["dev0"], body, hashlib.sha256).hexdigest()})
+        ans = json.loads(raw)
+        if s == 200:  # only a well-formed advertise or a poll of the open round may pass
+            assert msg.get("step") in ("advertise", "state") and msg.get("round_id") == 1
+        else:
+            assert 400 <= s < 500 and ans["problem"], ans
+        assert snapshot(rm.store) == before  # the session is in memory; the database never changes

@@ -21,6 +21,16 @@ from host.aggregator.setup import init_state, provision
 TABLES = ("meta", "devices", "rounds", "selections", "updates", "chunks", "models")
 
 
+class FakeClock:
+    """A settable clock for ``build_app(..., clock=)``: tests move time instead of sleeping."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
 def small_params(seed: int = 0, dim: int = 64, classes: int = 37) -> dict:
     rng = np.random.default_rng(seed)
     return {"proj.w": np.eye(dim, dtype=np.float32), "proj.b": np.zeros(dim, np.float32),

@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 28fa5f3ff2f380fe gTyOKyoD6knSqzMFyU97n03x1NuLBdSSBdvr9jO7TOmBn3Qaqn9F3ppfpJ08cvYAU6VvYjWr00uqy/F66omGBg==
+edgelearn-ed25519-signature 28fa5f3ff2f380fe ENXP5xPkLlHs9RNFcsW3vbi9R8MnXK21r7Cq3NmPR334DJxX9wGJEYuyay1xd9YQ/YesIeLr/qB45gNCRhywAA==

@@ -22,6 +22,9 @@ def add_arguments(p) -> None:
     s.add_argument("--shipped-head", action="store_true",
                    help="start from the shipped classifier instead of a random one")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--mcu-devices", type=int, default=0,
+                   help="also run this many boards (real firmware on the MicroPython unix port) federating the "
+                        "MCU model with their own aggregator")
 
 
 def run(args) -> int:
@@ -40,7 +43,7 @@ def run(args) -> int:
     cfg = SimConfig(devices=args.devices, rounds=args.rounds, mode=args.mode, strategy=args.strategy,
                     codec=args.codec, clients_per_round=args.clients_per_round, drop_rate=args.drop_rate,
                     slow_fraction=args.slow_fraction, time_scale=args.time_scale,
-                    fresh_head=not args.shipped_head, seed=args.seed)
+                    fresh_head=not args.shipped_head, seed=args.seed, mcu_devices=args.mcu_devices)
     res = simulate(cfg, out)
     paths = write_report(res, out)
     pub = [r for r in res["rounds"] if r["status"] == "closed"]
@@ -48,4 +51,8 @@ def run(args) -> int:
     print(f"fleet: {len(res['rounds'])} rounds ({len(pub)} published), accuracy "
           f"{res['initial_accuracy']:.3f} -> {final if final is None else round(final, 3)}, "
           f"{res['bytes_up']:,} bytes uploaded; {paths['html']}")
+    if "mcu" in res:
+        m = res["mcu"]
+        print(f"fleet: {len(m['devices'])} MicroPython boards, {m['accepted']} updates accepted, "
+              f"{m['versions'] - 1} MCU model versions published; {out / 'mcu' / 'mcu.json'}")
     return 0

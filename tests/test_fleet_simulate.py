@@ -49,5 +49,6 @@ def test_fleet_with_secure_aggregation_closes_rounds_without_storing_updates(tmp
                     extra={"secure_aggregation": True, "max_overselect": 1.3})
     res = simulate(cfg, tmp_path / "out", data=synthetic_set(), progress=False)
     done = [r for r in res["rounds"] if r["status"] in ("closed", "rejected")]
-    assert len(done) >= 2 and all(r["accepted"] >= 3 for r in done)
+    # a secure round reveals a sum only with more than half of those that advertised keys, and at least 2
+    assert len(done) >= 2 and all(r["accepted"] >= 2 for r in done)
     assert all(r["note"] == "secure aggregation" for r in done)

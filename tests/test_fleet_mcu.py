@@ -26,7 +26,10 @@ def test_boards_enrol_their_own_words_and_federate(tmp_path):
     devs = res["devices"]
     assert all(d["returncode"] == 0 for d in devs.values()), devs
     assert len({d["phrase"] for d in devs.values()}) == 2           # per-device custom words
-    assert [r.split(" seq")[0] for r in devs["esp32-sim-0"]["reports"]] == ["accepted round 1", "accepted round 2"]
+    for d in devs.values():  # two accepted each, in rounds 1 and 2; anything else was a wait for the round
+        ok = [r.split(" seq")[0] for r in d["reports"] if r.startswith("accepted")]
+        assert ok == ["accepted round 1", "accepted round 2"], d["reports"]
+        assert all(r.startswith(("accepted", "wait")) for r in d["reports"]), d["reports"]
     assert res["accepted"] == 4
     assert res["versions"] == 3                                      # v+1 and two FedBuff flushes of 2
     assert all(r["status"] == "closed" and r["accepted"] == 2 for r in res["rounds"])

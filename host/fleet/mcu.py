@@ -8,7 +8,8 @@ heapsize=256k`` process running ``firmware.app.App`` on a ``FakeBoard`` whose
 filesystem ``hil.board_fs`` prepared (compiled .mpy firmware, bundle, key):
 it enrols its own custom phrase from its own clips (per-device custom words,
 never in the training vocabulary), adapts on a piece of feedback, then checks
-in and uploads through ``firmware.wifi.report`` ``reports`` times.
+in and uploads through ``firmware.wifi.report`` until ``reports`` updates were
+accepted (a board told to wait tries again after ``pause`` s).
 Needs a source checkout (``firmware/``, ``hil/``) and the unix port.
 
     res = run_mcu_cohort("out/mcu", devices=3, reports=2)
@@ -54,8 +55,12 @@ for i in range(SHOTS):
     h(L.CMD, b'shot')
 h(L.CMD, b'enrolled')
 h(L.CMD, b'feedback 0')
-for r in range(REPORTS):
-    print('REPORT', wifi.report(app, URL))
+done, tries = 0, 0
+while done < REPORTS and tries < 40 * REPORTS:   # "wait" answers are normal: the round is not open to it yet
+    r = wifi.report(app, URL)
+    tries += 1
+    done += r.startswith('accepted')
+    print('REPORT', r)
     time.sleep(PAUSE)
 """
 

@@ -122,8 +122,11 @@ def test_spot_cli_and_tampered_bundle(tmp_path, clips):
 
 def test_demo_runs_end_to_end(clips):
     """The README's main command: verify, synthesise held-out voices, spot on two runtimes."""
-    res = subprocess.run([sys.executable, "-m", "edge.cli", "demo"], capture_output=True, text=True, timeout=300)
+    # The fleet stage needs the rendered corpus (minutes on a fresh machine); host/fleet has its own tests.
+    res = subprocess.run([sys.executable, "-m", "edge.cli", "demo", "--no-fleet"], capture_output=True,
+                         text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "signature and" in res.stdout and "heard right on the 12-class task" in res.stdout
+    assert "cloud fallback:" in res.stdout and "answered" in res.stdout
     assert res.stdout.count("LiteRT int8") == 1 and len([l for l in res.stdout.splitlines()
                                                          if l.endswith(("ok", "miss"))]) == 8

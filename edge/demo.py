@@ -99,7 +99,9 @@ def run(args) -> int:
     if not args.no_cloud:
         cloud_fallback(path, args.pubkey or default_trusted_keys(), models["LiteRT int8"], clips)
     if not args.no_fleet:
-        fleet(args.out)
+        latest, keys = fleet(args.out)
+        if not args.no_cloud:
+            serve_new_version(latest, keys, models["LiteRT int8"], clips)
     return 0
 
 
@@ -127,7 +129,7 @@ def cloud_fallback(bundle_path, keys, km, clips) -> None:
           f"(confidence {float(out['confidence'][0]):.2f})")
 
 
-def fleet(out: Path) -> None:
+def fleet(out: Path):
     import shutil
 
     from host.fleet.plots import write_report
@@ -144,3 +146,29 @@ def fleet(out: Path) -> None:
     print(f"\nfleet: {len(pub)} signed model versions published; held-out accuracy "
           f"{res['initial_accuracy']:.2f} -> {final:.2f}; {res['bytes_up']:,} bytes uploaded; "
           f"report {paths['html']}")
+    state = target / "agg"
+    versions = sorted((d for d in (state / "bundles").iterdir() if d.is_dir()), key=lambda d: int(d.name[1:]))
+    return versions[-1], state / "keys"
+
+
+def serve_new_version(bundle_dir: Path, keys: Path, km, clips) -> None:
+    """The serving shim loads the fleet's newest signed version and answers from its federated head."""
+    import httpx
+
+    from edge.bundle import load_bundle
+    from host.serve.app import Server
+    from host.serve.cli import BackgroundServer
+    from host.serve.config import ServeConfig
+
+    b = load_bundle(bundle_dir, trusted_keys=keys)
+    word, _voice, x = clips[0]
+    emb = km.infer(km.features(x)[None])[0].astype(np.float32)
+    body = {"inputs": [{"name": "embedding", "shape": list(emb.shape), "datatype": "FP32",
+                        "data": emb.ravel().tolist()}], "parameters": {"partition": "fl-head"}}
+    server = Server(ServeConfig(replicas=1), trusted_keys=[str(keys)])
+    with BackgroundServer(server, bundle=str(bundle_dir)) as url:
+        r = httpx.post(f"{url}/v2/split/{b.model_id}", json=body, timeout=60)
+        r.raise_for_status()
+        out = {o["name"]: o["data"] for o in r.json()["outputs"]}
+    print(f"serving: version {b.version} (signed by the aggregator) is live; its federated head heard "
+          f"{word!r} as {out['label'][0]!r} ({float(out['confidence'][0]):.2f})")

@@ -27,7 +27,8 @@ from edge.errors import EdgelearnError
 from edge.fl_client import HEAD_FILE, tail_logits
 from edge.store import atomic_write
 
-_BASE_EXCLUDE = ("manifest.json", "manifest.sig", "manifest.mac", HEAD_FILE)
+HEAD_ONNX = "head.onnx"
+_BASE_EXCLUDE = ("manifest.json", "manifest.sig", "manifest.mac", HEAD_FILE, HEAD_ONNX)
 
 
 def params_bytes(params: dict) -> bytes:
@@ -102,6 +103,17 @@ class ModelRegistry:
         files[HEAD_FILE] = head
         m = {k: v for k, v in manifest.items() if k not in ("files", "created_utc", "format", "format_version")}
         m["version"] = version
+        if {"proj.w", "classifier.w"} <= set(params):
+            # The same tail as ONNX, so the serving shim can answer for this version (split
+            # endpoint). MCU models (proto/bias) have no such tail and skip it.
+            from host.aggregator.head_onnx import PARTITION, write_head_onnx
+
+            onnx_path = self.dir / "models" / f"v{version}.onnx"
+            part = write_head_onnx(params, onnx_path.with_suffix(".onnx.tmp"))
+            onnx_path.with_suffix(".onnx.tmp").replace(onnx_path)
+            files[HEAD_ONNX] = onnx_path
+            part["file"] = HEAD_ONNX
+            m["partitions"] = [p for p in manifest.get("partitions", []) if p.get("name") != PARTITION] + [part]
         m["trainable"] = {**manifest.get("trainable", {}), "strategy": "federated-head", "file": HEAD_FILE,
                           "tensors": sorted(params)}
         m["extra"] = {**manifest.get("extra", {}), "fl": note}

@@ -134,33 +134,30 @@ def quantize_onnx(fp32: Path, out: Path, calib: np.ndarray, exclude=()) -> Path:
 
 
 def onnx_node_errors(fp32: Path, int8: Path, calib: np.ndarray) -> list[tuple[str, float]]:
-    """Per-node relative error between fp32 and QDQ int8 activations (ORT's qdq_loss_debug)."""
+    """Nodes of the fp32 model ranked worst first by the SQNR (dB) of their int8 output (ORT's qdq_loss_debug).
+
+    Names are node names, as ``quantize_static(nodes_to_exclude=...)`` wants.
+    """
+    import onnx
     from onnxruntime.quantization.qdq_loss_debug import (collect_activations, compute_activation_error,
                                                          create_activation_matching,
-                                                         create_weight_matching, modify_model_output_intermediate_tensors)
-    del create_weight_matching
+                                                         modify_model_output_intermediate_tensors)
+
     tmp_a, tmp_b = fp32.with_suffix(".dbg.onnx"), int8.with_suffix(".dbg.onnx")
     modify_model_output_intermediate_tensors(str(fp32), str(tmp_a))
     modify_model_output_intermediate_tensors(str(int8), str(tmp_b))
-
-    class R:
-        def __init__(self):
-            self.it = iter(calib[i:i + 1] for i in range(min(50, len(calib))))
-
-        def get_next(self):
-            x = next(self.it, None)
-            return None if x is None else {"features": x.astype(np.float32)}
-
-        def rewind(self):
-            self.__init__()
-
-    a = collect_activations(str(tmp_a), R())
-    b = collect_activations(str(tmp_b), R())
-    match = create_activation_matching(b, a)
-    errs = compute_activation_error(match)
-    tmp_a.unlink(missing_ok=True)
-    tmp_b.unlink(missing_ok=True)
-    return sorted(((k, float(v.get("xmodel_err", 0))) for k, v in errs.items()), key=lambda t: t[1])
+    feeds = [{"features": calib[i:i + 1].astype(np.float32)} for i in range(min(50, len(calib)))]
+    try:
+        a = collect_activations(str(tmp_a), feeds)
+        b = collect_activations(str(tmp_b), feeds)
+    finally:
+        tmp_a.unlink(missing_ok=True)
+        tmp_b.unlink(missing_ok=True)
+    errs = compute_activation_error(create_activation_matching(b, a))
+    producer = {out: node.name for node in onnx.load(str(fp32)).graph.node for out in node.output}
+    ranked = [(producer[t], float(v["xmodel_err"])) for t, v in errs.items()
+              if t in producer and "xmodel_err" in v and np.isfinite(v["xmodel_err"])]
+    return sorted(ranked, key=lambda t: t[1])
 
 
 class Scorer:

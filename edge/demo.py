@@ -105,28 +105,34 @@ def run(args) -> int:
     return 0
 
 
-def cloud_fallback(bundle_path, keys, km, clips) -> None:
-    """The least confident clip goes to the serving shim's cascade endpoint (OIP v2 body)."""
+def ask_shim(bundle_dir, keys, endpoint: str, name: str, x: np.ndarray, parameters=None):
+    """Start the serving shim on a bundle (loopback), send one OIP v2 request, return (url, outputs)."""
     import httpx
 
     from host.serve.app import Server
     from host.serve.cli import BackgroundServer
     from host.serve.config import ServeConfig
 
+    body = {"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32",
+                        "data": x.astype(np.float32).ravel().tolist()}]}
+    if parameters:
+        body["parameters"] = parameters
+    server = Server(ServeConfig(replicas=1), trusted_keys=[str(keys)])
+    with BackgroundServer(server, bundle=str(bundle_dir)) as url:
+        r = httpx.post(f"{url}{endpoint}", json=body, timeout=60)
+        r.raise_for_status()
+        return url + endpoint, {o["name"]: o["data"] for o in r.json()["outputs"]}
+
+
+def cloud_fallback(bundle_path, keys, km, clips) -> None:
+    """The least confident clip goes to the serving shim's cascade endpoint."""
     feats = [km.features(x) for _w, _v, x in clips]
     scores = [float(km.infer(f[None])[1].max()) for f in feats]
     i = int(np.argmin(scores))
-    x = feats[i][None, :, :, None].astype(np.float32)
-    body = {"inputs": [{"name": "features", "shape": list(x.shape), "datatype": "FP32",
-                        "data": x.ravel().tolist()}]}
     print(f"\ncloud fallback: device was unsure of {clips[i][0]!r} ({scores[i]:.2f}); asking the serving shim")
-    server = Server(ServeConfig(replicas=1), trusted_keys=[str(keys)])
-    with BackgroundServer(server, bundle=str(bundle_path)) as url:
-        r = httpx.post(f"{url}/v2/cascade/{km.bundle.model_id}", json=body, timeout=60)
-        r.raise_for_status()
-        out = {o["name"]: o["data"] for o in r.json()["outputs"]}
-    print(f"cloud fallback: {url}/v2/cascade/{km.bundle.model_id} answered {out['label'][0]!r} "
-          f"(confidence {float(out['confidence'][0]):.2f})")
+    url, out = ask_shim(bundle_path, keys, f"/v2/cascade/{km.bundle.model_id}", "features",
+                        feats[i][None, :, :, None])
+    print(f"cloud fallback: {url} answered {out['label'][0]!r} (confidence {float(out['confidence'][0]):.2f})")
 
 
 def fleet(out: Path):
@@ -153,22 +159,11 @@ def fleet(out: Path):
 
 def serve_new_version(bundle_dir: Path, keys: Path, km, clips) -> None:
     """The serving shim loads the fleet's newest signed version and answers from its federated head."""
-    import httpx
-
     from edge.bundle import load_bundle
-    from host.serve.app import Server
-    from host.serve.cli import BackgroundServer
-    from host.serve.config import ServeConfig
 
     b = load_bundle(bundle_dir, trusted_keys=keys)
     word, _voice, x = clips[0]
-    emb = km.infer(km.features(x)[None])[0].astype(np.float32)
-    body = {"inputs": [{"name": "embedding", "shape": list(emb.shape), "datatype": "FP32",
-                        "data": emb.ravel().tolist()}], "parameters": {"partition": "fl-head"}}
-    server = Server(ServeConfig(replicas=1), trusted_keys=[str(keys)])
-    with BackgroundServer(server, bundle=str(bundle_dir)) as url:
-        r = httpx.post(f"{url}/v2/split/{b.model_id}", json=body, timeout=60)
-        r.raise_for_status()
-        out = {o["name"]: o["data"] for o in r.json()["outputs"]}
+    emb = km.infer(km.features(x)[None])[0]
+    _url, out = ask_shim(bundle_dir, keys, f"/v2/split/{b.model_id}", "embedding", emb, {"partition": "fl-head"})
     print(f"serving: version {b.version} (signed by the aggregator) is live; its federated head heard "
           f"{word!r} as {out['label'][0]!r} ({float(out['confidence'][0]):.2f})")

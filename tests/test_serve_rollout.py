@@ -28,10 +28,11 @@ def env(tmp_path):
     rollouts = tmp_path / "rollouts"
     rollouts.mkdir()
     v1 = make_toy_bundle(tmp_path / "v1", priv, version=1, cloud_half=False)
-    # p99 factor 5: a loaded 2-core CI box must not roll the good version back on
-    # noise; the p99 rule itself is tested with a fake clock in test_serve_policy.
+    # The p99 rule is off here: on a loaded 2-core CI box one scheduler stall made a
+    # good canary's p99 64x the stable one's. The rule itself is tested with a fake
+    # clock in test_serve_policy; this file tests the stage walk and the error-rate rollback.
     cfg = ServeConfig(replicas=2, canary_min_requests=3, canary_min_step_seconds=0.2, breaker_open=0.3,
-                      canary_p99_factor=5.0)
+                      canary_p99_factor=1e9)
     return type("Env", (), {"tmp": tmp_path, "priv": priv, "pub": pub, "rollouts": rollouts, "v1": v1,
                             "server": lambda: BackgroundServer(Server(cfg, trusted_keys=pub, rollout_dir=rollouts),
                                                                bundle=v1)})

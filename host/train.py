@@ -102,7 +102,10 @@ def train(out, epochs=40, batch=128, lr=3e-3, seed=0, synths=("espeak", "festiva
     corpus = corpus or build_corpus(progress=progress)
     tr = corpus.select("train", synths=synths)
     if tr.size == 0:
-        raise SystemExit(f"no training utterances for synthesizers {synths}")
+        from edge.errors import EdgelearnError
+
+        raise EdgelearnError(f"no training utterances for synthesizers {', '.join(synths)}",
+                             fix="choose from espeak, festival (Flite is kept for evaluation only)")
     utts = [corpus.utterance(i) for i in tr]
     labels = np.array([corpus.label_of(i) for i in tr])
     pool = [corpus.utterance(i) for i in corpus.select("train", kinds=("filler",), synths=synths)]
@@ -164,7 +167,7 @@ def train(out, epochs=40, batch=128, lr=3e-3, seed=0, synths=("espeak", "festiva
     metrics.update({"params": int(model.count_params()), "macs": count_macs(model),
                     "epochs_run": len(history), "train_minutes": round(train_minutes, 2),
                     "best_val_acc12": best, "train_utterances": int(len(utts)),
-                    "corpus_key": corpus.config.get("seed", 0)})
+                    "corpus_seed": corpus.config.get("seed", 0)})
     model.save(out / "model.keras")
     (out / "frontend.json").write_text(json.dumps({"scale": scale}, indent=1))
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))

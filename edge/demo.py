@@ -5,9 +5,11 @@
    the int8 encoder heard, with LiteRT and ONNX Runtime side by side.
 2. Cloud fallback: start the serving shim on the same bundle (loopback) and
    send the least confident clip's features to its cascade endpoint.
-3. Fleet: a small fleet of simulated devices federates over loopback HTTP
-   (real clients, real aggregator) and publishes signed model versions; the
-   report with plots is written to ``--out``. The first run renders the
+3. Fleet: a small fleet of simulated Pi devices federates over loopback HTTP
+   (real clients, real aggregator) and publishes signed model versions, while
+   two MicroPython boards (the real firmware on the unix port) enrol their own
+   keywords, adapt and report; the report with plots is written to ``--out``.
+   The serving shim then loads the newest version and answers from it. The first run renders the
    synthetic corpus (a few minutes, cached); ``--no-fleet`` skips this stage.
 
     $ edgelearn demo [--out demo-out] [--no-fleet]
@@ -144,14 +146,19 @@ def fleet(out: Path):
     target = out / "fleet"
     if target.exists():
         shutil.rmtree(target)
-    print("\nfleet: 12 simulated devices federate a fresh classifier head over loopback HTTP")
-    res = simulate(SimConfig(devices=12, rounds=3, clients_per_round=6), target)
+    print("\nfleet: 12 simulated Pi devices federate a fresh classifier head over loopback HTTP, and 2 "
+          "MicroPython boards (unix port) each enrol their own custom keyword, adapt and report")
+    res = simulate(SimConfig(devices=12, rounds=3, clients_per_round=6, mcu_devices=2), target)
     paths = write_report(res, target)
     pub = [r for r in res["rounds"] if r["status"] == "closed"]
     final = pub[-1]["accuracy"] if pub else res["initial_accuracy"]
     print(f"\nfleet: {len(pub)} signed model versions published; held-out accuracy "
           f"{res['initial_accuracy']:.2f} -> {final:.2f}; {res['bytes_up']:,} bytes uploaded; "
           f"report {paths['html']}")
+    if "mcu" in res:
+        m = res["mcu"]
+        print(f"fleet: {len(m['devices'])} MicroPython boards enrolled and adapted; {m['accepted']} of their "
+              f"updates accepted, {m['versions'] - 1} MCU model versions published")
     state = target / "agg"
     versions = sorted((d for d in (state / "bundles").iterdir() if d.is_dir()), key=lambda d: int(d.name[1:]))
     return versions[-1], state / "keys"

@@ -66,6 +66,10 @@ while done < REPORTS and tries < 40 * REPORTS:   # "wait" answers are normal: th
 
 
 def _need_source():
+    # hil/ and firmware/ sit beside the packages in a source checkout (they are not installed).
+    root = str(Path(__file__).resolve().parents[2])
+    if (Path(root) / "hil").is_dir() and root not in sys.path:
+        sys.path.insert(0, root)
     try:
         from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips  # noqa: F401
     except ImportError as e:
@@ -87,14 +91,14 @@ def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, 
 
     import numpy as np
 
+    exe = _need_source()
     from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
     from host.aggregator.app import build_app, status_of
     from host.aggregator.config import AggregatorConfig
     from host.aggregator.setup import init_state, provision
     from host.fleet.simulate import _serve
 
-    exe = _need_source()
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()  # the boards run with another working directory
     out.mkdir(parents=True, exist_ok=True)
     state = out / "agg"
     init_state(state, AggregatorConfig(mode="async", buffer_size=buffer_size or devices, tiers=["mcu"],

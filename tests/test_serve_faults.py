@@ -154,6 +154,24 @@ def test_full_queue_answers_503_with_retry_after(bundle):
         assert 'reason="queue_full"' in text
 
 
+def test_wait_budget_rejects_at_arrival_what_would_wait_too_long(bundle):
+    # One replica that takes 1 s per batch and a 200 ms wait budget: once the
+    # server has seen one batch's compute time, a request arriving while the
+    # replica is busy would wait ~1 s, so it is refused at once (with the queue
+    # bound far away), and the one that found the replica idle is served.
+    with serve(bundle, replicas=1, max_queue=50, max_queue_wait=0.2, max_inflight_per_replica=1,
+               max_batch_size=1, breaker_slow_call=10.0) as url:
+        fault(url, 0, delay=1.0)
+        assert blast(url, 1, threads=1)[0].status_code == 200   # measures the compute time
+        res = blast(url, 4, threads=4)
+        codes = sorted(r.status_code for r in res)
+        assert codes == [200, 503, 503, 503], codes
+        busy = next(r for r in res if r.status_code == 503)
+        assert "over the 200 ms budget" in busy.json()["error"]
+        assert int(busy.headers["retry-after"]) >= 1
+        assert 'reason="queue_wait"' in httpx.get(f"{url}/metrics").text
+
+
 def batch_stats(url) -> tuple[float, float, dict]:
     count = total = 0.0
     buckets = {}

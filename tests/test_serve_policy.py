@@ -178,3 +178,65 @@ def test_canary_of_an_idle_model_walks_on_time_alone(clock):
     clock.advance(5)
     assert c.decide(_sum(0), _sum(0)) == ADVANCE
     assert c.decide(_sum(3), _sum(0)) == HOLD  # stable has traffic: the canary must earn its step
+
+
+def _pool_with(clock, replicas=2, **cfg):
+    """A ModelVersion whose replicas are stand-ins: predicted_wait only reads the
+    router's view (health, breaker, batches in flight, the compute estimate)."""
+    from types import SimpleNamespace
+
+    from host.serve.config import ServeConfig
+    from host.serve.metrics import Metrics
+    from host.serve.pool import ModelVersion, Slot
+
+    mv = ModelVersion("m", "1", "unused.onnx", None, ServeConfig(replicas=replicas, **cfg), Metrics(), clock=clock)
+    for i in range(replicas):
+        slot = Slot(SimpleNamespace(index=i, alive=True), CircuitBreaker(clock, 10, 5, 0.5, 1.0, 2.0, 1))
+        slot.healthy = True
+        mv.slots.append(slot)
+    mv._compute_seconds = 0.010
+    return mv
+
+
+def _busy(mv, slot, sent, rows=1):
+    from host.serve.pool import _Batch
+
+    mv._seq += 1
+    mv._batches[mv._seq] = _Batch(mv.slots[slot], [], rows, sent)
+
+
+def test_predicted_wait_deals_the_queue_to_the_replica_that_frees_first(clock):
+    from host.serve.pool import _Item
+
+    mv = _pool_with(clock, max_batch_size=1)
+    assert mv.predicted_wait() == 0.0                        # both idle
+    _busy(mv, 0, clock())
+    assert mv.predicted_wait() == 0.0                        # replica 1 is idle
+    clock.advance(0.004)
+    _busy(mv, 1, clock())
+    clock.advance(0.002)                                     # 0 frees in 4 ms, 1 in 8 ms
+    assert mv.predicted_wait() == pytest.approx(0.004)
+    mv._queue.append(_Item({}, 1, None, clock()))            # one ahead takes replica 0
+    assert mv.predicted_wait() == pytest.approx(0.008)
+    mv._queue.append(_Item({}, 1, None, clock()))            # the next waits for 0 again
+    assert mv.predicted_wait() == pytest.approx(0.014)
+    mv.slots[1].healthy = False                              # an unhealthy replica frees nothing
+    assert mv.predicted_wait() == pytest.approx(0.024)
+
+
+def test_wait_budget_rejects_at_arrival_and_names_the_budget(clock):
+    from host.serve.pool import Overloaded, _Item
+
+    mv = _pool_with(clock, replicas=1, max_batch_size=4, max_queue=100, max_queue_wait=0.015)
+    _busy(mv, 0, clock(), rows=4)
+    mv.check_room()                                          # 10 ms < 15 ms: admitted
+    for _ in range(4):                                       # a full batch queued ahead
+        mv._queue.append(_Item({}, 1, None, clock()))
+    with pytest.raises(Overloaded) as e:                     # 10 + 10 ms > 15 ms
+        mv.check_room()
+    assert e.value.reason == "queue_wait" and "15 ms budget" in str(e.value)
+    assert e.value.retry_after == pytest.approx(0.020)
+    mv.slots[0].healthy = False
+    with pytest.raises(Overloaded) as e:
+        mv.check_room()
+    assert e.value.reason == "no_replica" and e.value.retry_after == mv.cfg.breaker_open

@@ -138,7 +138,7 @@ class Server:
         try:
             mv.check_room()
         except Overloaded as e:
-            self.metrics.rejections.labels(model.name, mv.version, self._tenant_label(tenant), "queue_full").inc()
+            self.metrics.rejections.labels(model.name, mv.version, self._tenant_label(tenant), e.reason).inc()
             raise ProtocolError(503, f"{e}; retry later", {"Retry-After": str(max(1, math.ceil(e.retry_after)))})
 
     async def run(self, model: ServedModel, version: str | None, inputs: dict, rows: int, tenant: str):
@@ -148,7 +148,7 @@ class Server:
         try:
             mv, out = await model.infer(version, inputs, rows)
         except Overloaded as e:
-            self.metrics.rejections.labels(model.name, version or model.stable or "", label, "queue_full").inc()
+            self.metrics.rejections.labels(model.name, version or model.stable or "", label, e.reason).inc()
             raise ProtocolError(503, f"{e}; retry later", {"Retry-After": str(max(1, math.ceil(e.retry_after)))})
         except ReplicaError as e:
             self.metrics.requests.labels(model.name, version or model.stable or "", label, "500").inc()

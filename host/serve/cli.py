@@ -29,6 +29,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-queue-delay-ms", type=float, default=0.0)
     parser.add_argument("--max-queue", type=int, default=128, help="queued requests per version before 503")
+    parser.add_argument("--max-queue-wait-ms", type=float, default=0.0,
+                        help="503 at arrival when the predicted wait for a replica exceeds this (0 = off)")
     parser.add_argument("--max-inflight-per-replica", type=int, default=2,
                         help="batches sent to a replica before it counts as busy (1 = lowest queueing latency)")
     parser.add_argument("--tenant-rate", type=float, default=1000.0, help="requests/s per tenant (X-Tenant)")
@@ -49,6 +51,7 @@ def build(args):
 
     cfg = ServeConfig(replicas=args.replicas, max_batch_size=args.max_batch_size,
                       max_queue_delay=args.max_queue_delay_ms / 1000.0, max_queue=args.max_queue,
+                      max_queue_wait=args.max_queue_wait_ms / 1000.0,
                       max_inflight_per_replica=args.max_inflight_per_replica,
                       tenant_rate=args.tenant_rate, tenant_burst=args.tenant_burst,
                       max_body_bytes=args.max_body_bytes, fault_injection=args.fault_injection,

@@ -19,6 +19,12 @@ class ServeConfig:
     # latency for larger batches when traffic is light.
     max_queue_delay: float = 0.0
     max_queue: int = 128               # queued requests per version before 503
+    # Latency-budget admission: > 0 rejects (503 + Retry-After) a request whose
+    # predicted wait for a replica exceeds this many seconds, at arrival, so an
+    # admitted request's latency stays near one service time under overload.
+    # 0 = only the queue bound applies. (Triton's queue policy times requests
+    # out after they waited; predicting at arrival rejects them in microseconds.)
+    max_queue_wait: float = 0.0
     max_inflight_per_replica: int = 2  # batches per replica: one computing, one waiting in its pipe
     batch_timeout: float = 5.0         # a batch not answered by then fails over
     max_attempts: int = 2              # a failed batch is retried once on another replica
@@ -49,6 +55,7 @@ class ServeConfig:
             (self.max_batch_size >= 1, "max_batch_size must be at least 1"),
             (self.max_queue_delay >= 0, "max_queue_delay must be >= 0 seconds"),
             (self.max_queue >= 1, "max_queue must be at least 1"),
+            (self.max_queue_wait >= 0, "max_queue_wait must be >= 0 seconds"),
             (self.max_inflight_per_replica >= 1, "max_inflight_per_replica must be at least 1"),
             (self.batch_timeout > 0, "batch_timeout must be > 0 seconds"),
             (self.max_attempts >= 1, "max_attempts must be at least 1"),

@@ -29,9 +29,9 @@ from host.serve.replica import Replica, ReplicaError
 
 
 class Overloaded(Exception):
-    def __init__(self, message: str, retry_after: float):
+    def __init__(self, message: str, retry_after: float, reason: str = "queue_full"):
         super().__init__(message)
-        self.retry_after = retry_after
+        self.retry_after, self.reason = retry_after, reason  # reason labels the rejection metric
 
 
 @dataclass
@@ -96,6 +96,7 @@ class ModelVersion:
         self.ready = False
         self.stopping = False
         self._batch_seconds = 0.005  # running estimate, for Retry-After
+        self._compute_seconds = 0.0  # running estimate of one batch's compute on a replica
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _new_slot(self, i: int) -> Slot:
@@ -157,17 +158,57 @@ class ModelVersion:
         return len(self._queue) + sum(len(b.items) for b in self._batches.values())
 
     # -- admission ---------------------------------------------------------------------------
-    def check_room(self) -> None:
-        """Raise Overloaded if the queue is at its bound (also called before a body is parsed)."""
+    def check_room(self, rows: int = 1) -> None:
+        """Raise Overloaded if the queue is at its bound or, with ``max_queue_wait``, if the
+        predicted wait for a replica is over budget (also called before a body is parsed)."""
+        live = max(1, sum(s.routable_health for s in self.slots))
         if len(self._queue) >= self.cfg.max_queue:
-            live = max(1, sum(s.routable_health for s in self.slots))
             wait = self._batch_seconds * (len(self._queue) / self.cfg.max_batch_size + 1) / live
             raise Overloaded(f"{self.name} v{self.version}: queue is full ({self.cfg.max_queue} requests)", wait)
+        if self.cfg.max_queue_wait > 0:
+            wait = self.predicted_wait(rows)
+            if wait == float("inf"):
+                raise Overloaded(f"{self.name} v{self.version}: no replica can take work now (all unhealthy "
+                                 "or their circuit breakers open)", self.cfg.breaker_open, "no_replica")
+            if wait > self.cfg.max_queue_wait:
+                raise Overloaded(f"{self.name} v{self.version}: predicted wait {wait * 1e3:.1f} ms is over the "
+                                 f"{self.cfg.max_queue_wait * 1e3:g} ms budget", wait, "queue_wait")
+
+    def predicted_wait(self, rows: int = 1) -> float:
+        """Seconds until a request arriving now would start computing on a replica.
+
+        Each routable replica is a serial server: it is busy for the rest of its
+        running batch plus one batch time per batch waiting in its pipe. The queue
+        ahead is dealt out in full batches to whichever replica frees first (what
+        power-of-two-choices approximates); the request starts when the next one
+        frees. Batch time is the running mean of the replicas' own compute time.
+        """
+        est = self._compute_seconds
+        if est <= 0:
+            return 0.0  # nothing measured yet: admit (the queue bound still applies)
+        now = self._clock()
+        free = []
+        for s in self.slots:
+            if not (s.routable_health and s.breaker.would_allow()):
+                continue
+            mine = sorted(b.sent for b in self._batches.values() if b.slot is s)
+            busy = 0.0
+            if mine:
+                busy = max(0.0, est - (now - mine[0])) + est * (len(mine) - 1)
+            free.append(busy)
+        if not free:
+            return float("inf")
+        free.sort()
+        queued = sum(it.rows for it in self._queue)
+        for _ in range((queued + rows - 1) // self.cfg.max_batch_size):  # full batches ahead of this one
+            free[0] += est
+            free.sort()
+        return free[0]
 
     async def infer(self, inputs: dict, rows: int) -> dict[str, np.ndarray]:
         if self.stopping:
             raise ReplicaError(f"{self.name} v{self.version} is shutting down")
-        self.check_room()
+        self.check_room(rows)
         fut = asyncio.get_running_loop().create_future()
         self._queue.append(_Item(inputs, rows, fut, self._clock()))
         self._wake.set()
@@ -284,6 +325,8 @@ class ModelVersion:
         self.metrics.replica_seconds.labels(self.name, self.version, rid).observe(latency)
         if ok:
             self._batch_seconds = 0.9 * self._batch_seconds + 0.1 * latency
+            self._compute_seconds = (compute_seconds if self._compute_seconds <= 0
+                                     else 0.9 * self._compute_seconds + 0.1 * compute_seconds)
             start = 0
             for it in batch.items:
                 if not it.future.done():

@@ -82,17 +82,29 @@ def measure(base, qparams, strategy, x, y, chosen, train_dw=True, pack=True):
 
 
 def time_steps(res, x, y, rounds=60):
-    """Step times, strategies interleaved round-robin so machine load hits them alike."""
+    """Step times, strategies interleaved round-robin so machine load hits them alike.
+
+    Also times the plain inference forward of the same batch through the same tail
+    (``forward``): every strategy has to run it each step, since the trained
+    tensors change what it computes, so ``full step / forward`` bounds how much
+    faster than full any strategy's step can be.
+    """
     times = {s: [] for s in res}
+    fwd = []
+    tail = res["full"]["trainer"].tail
     for i in range(rounds):
         a = (i * BATCH) % (len(x) - BATCH)
         for s, r in res.items():
             t = time.perf_counter()
             r["trainer"].step(x[a:a + BATCH], y[a:a + BATCH])
             times[s].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        tail.forward(x[a:a + BATCH], chunk=res["full"]["trainer"].forward_chunk)
+        fwd.append(time.perf_counter() - t)
     for s, r in res.items():
         r["ms"] = statistics.median(times[s][5:]) * 1e3
         r["ms_min"] = min(times[s]) * 1e3
+    return statistics.median(fwd[5:]) * 1e3
 
 
 def host_check(base, qparams, x, y, rows):
@@ -141,9 +153,11 @@ def _main():
     base = load_tail(bundle)
     chosen = choose_sparse(ConvTail(base, qparams=bb.qparams), x[:BATCH], y[:BATCH], 48 * 1024, "adam")
     res = {s: measure(base, bb.qparams, s, x, y, chosen if s == "sparse" else ()) for s in STRATS}
-    time_steps(res, x, y)
+    fwd_ms = time_steps(res, x, y)
     full = res["full"]
-    rows = []
+    rows = [row("adapt_memory", "inference forward of the batch (every strategy's step runs it)", round(fwd_ms, 3),
+                "ms", "full fine-tune step", round(full["ms"], 3), ratio=full["ms"] / fwd_ms,
+                note="ratio = the most any strategy's step can gain on full's while it recomputes the forward")]
     for s in STRATS:
         r = res[s]
         rows.append(row("adapt_memory", f"{s}: tracemalloc peak of a step (adam, batch {BATCH})", r["peak"], "B",

@@ -12,7 +12,24 @@ def _pct(v) -> str:
     return "—" if v is None else f"{100 * v:.1f} %"
 
 
-def render(manifest: dict, train_m: dict, quant_m: dict, cross: list | None) -> str:
+def voice_counts(cfg=None) -> dict:
+    """{(split, synth): voices} for a corpus config (the recipe's default), from its split rule."""
+    from collections import Counter
+
+    from host.data import synth
+    from host.data.corpus import CorpusConfig, assign_splits
+
+    cfg = cfg or CorpusConfig()
+    voices = [v for v in synth.all_voices() if v.synth in cfg.synths]
+    splits = assign_splits(voices, cfg)
+    return dict(Counter((splits[v.id], v.synth) for v in voices))
+
+
+def render(manifest: dict, train_m: dict, quant_m: dict, cross: list | None, corpus_cfg=None) -> str:
+    from host.data import synth
+
+    n = voice_counts(corpus_cfg)
+    accents, variants = len(synth.ESPEAK_ACCENTS), synth.VARIANTS_PER_ACCENT
     q = quant_m
     rows = []
     for split, desc in (("val", "espeak-ng voices held out for validation"),
@@ -45,12 +62,13 @@ providing the embedding from which devices enrol custom keywords few-shot.
 
 ## Data
 Synthetic speech only, made offline with Debian's synthesizers (`edgelearn data
-synth`): espeak-ng (8 English accents x 6 voice variants), Festival (kal, ked,
+synth`): espeak-ng ({accents} English accents x {variants} voice variants), Festival (kal, ked,
 slt HTS) and Flite (awb, rms), each utterance with a random speaking rate and
 pitch, placed at random in the 1 s window, mixed with white/pink/brown noise or
-babble at random SNR. Splits are by voice (speaker-disjoint): 34 espeak-ng
-voices and 2 Festival voices train, 6 espeak-ng voices validate, 8 espeak-ng
-voices and 1 Festival voice test, and Flite is never trained on.
+babble at random SNR. Splits are by voice (speaker-disjoint): {n.get(("train", "espeak"), 0)} espeak-ng
+voices and {n.get(("train", "festival"), 0)} Festival voices train, {n.get(("val", "espeak"), 0)} espeak-ng voices validate,
+{n.get(("test", "espeak"), 0)} espeak-ng voices and {n.get(("test", "festival"), 0)} Festival voice test, and Flite
+({n.get(("unseen", "flite"), 0)} voices) is never trained on.
 Training used {train_m.get('train_utterances', '?')} utterances with on-the-fly
 speed/pitch perturbation, gain, spectral tilt, synthetic-room reverberation,
 noise, time shift and SpecAugment ({train_m.get('epochs_run', '?')} epochs,

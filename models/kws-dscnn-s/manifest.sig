@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 28fa5f3ff2f380fe ENXP5xPkLlHs9RNFcsW3vbi9R8MnXK21r7Cq3NmPR334DJxX9wGJEYuyay1xd9YQ/YesIeLr/qB45gNCRhywAA==
+edgelearn-ed25519-signature 28fa5f3ff2f380fe Bkqyfep3HYz5II+c0XrxsWD3SN8UDCose6rnU4dENCPm+PeQgRoDK4lZ2pvxZvq3z0n3csH9hbjyKKWlEmdECw==

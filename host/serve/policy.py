@@ -182,6 +182,24 @@ def power_of_two(candidates: Sequence[int], load: Callable[[int], float],
     return a if load(a) <= load(b) else b
 
 
+def predicted_wait(busy: Sequence[float], batch_seconds: float, batches_ahead: int) -> float:
+    """Seconds until a new request starts computing, for admission by predicted wait.
+
+    ``busy``: for each replica that may take work, how long it stays busy with
+    what it already has (rest of its running batch plus one batch time per batch
+    waiting in its pipe); ``inf`` when there is none. The ``batches_ahead`` queued
+    batches go, one batch time each, to whichever replica frees first (what
+    power-of-two-choices approximates); the request starts when the next frees.
+    """
+    if not busy:
+        return float("inf")
+    free = sorted(busy)
+    for _ in range(batches_ahead):
+        free[0] += batch_seconds
+        free.sort()
+    return free[0]
+
+
 class Outcomes:
     """Outcomes of requests over the last ``horizon`` seconds: count, error rate, p99."""
 

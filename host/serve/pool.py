@@ -23,7 +23,7 @@ import numpy as np
 from host.serve.config import ServeConfig
 from host.serve.health import check_output, known_input
 from host.serve.metrics import Metrics
-from host.serve.policy import CircuitBreaker, Outcomes, power_of_two
+from host.serve.policy import CircuitBreaker, Outcomes, power_of_two, predicted_wait
 from host.serve.protocol import ModelSpec
 from host.serve.replica import Replica, ReplicaError
 
@@ -175,35 +175,18 @@ class ModelVersion:
                                  f"{self.cfg.max_queue_wait * 1e3:g} ms budget", wait, "queue_wait")
 
     def predicted_wait(self, rows: int = 1) -> float:
-        """Seconds until a request arriving now would start computing on a replica.
-
-        Each routable replica is a serial server: it is busy for the rest of its
-        running batch plus one batch time per batch waiting in its pipe. The queue
-        ahead is dealt out in full batches to whichever replica frees first (what
-        power-of-two-choices approximates); the request starts when the next one
-        frees. Batch time is the running mean of the replicas' own compute time.
-        """
+        """Seconds until a request of ``rows`` arriving now would start on a replica (see
+        ``policy.predicted_wait``); batch time is the running mean of the replicas' compute time."""
         est = self._compute_seconds
         if est <= 0:
             return 0.0  # nothing measured yet: admit (the queue bound still applies)
-        now = self._clock()
-        free = []
+        now, busy = self._clock(), []
         for s in self.slots:
-            if not (s.routable_health and s.breaker.would_allow()):
-                continue
-            mine = sorted(b.sent for b in self._batches.values() if b.slot is s)
-            busy = 0.0
-            if mine:
-                busy = max(0.0, est - (now - mine[0])) + est * (len(mine) - 1)
-            free.append(busy)
-        if not free:
-            return float("inf")
-        free.sort()
+            if s.routable_health and s.breaker.would_allow():
+                mine = sorted(b.sent for b in self._batches.values() if b.slot is s)
+                busy.append(max(0.0, est - (now - mine[0])) + est * (len(mine) - 1) if mine else 0.0)
         queued = sum(it.rows for it in self._queue)
-        for _ in range((queued + rows - 1) // self.cfg.max_batch_size):  # full batches ahead of this one
-            free[0] += est
-            free.sort()
-        return free[0]
+        return predicted_wait(busy, est, (queued + rows - 1) // self.cfg.max_batch_size)
 
     async def infer(self, inputs: dict, rows: int) -> dict[str, np.ndarray]:
         if self.stopping:

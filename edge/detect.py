@@ -7,7 +7,11 @@ enrolled custom keywords score (``edge.enroll.CustomKeywords``). Scores are
 smoothed over the last ``smooth`` invocations; a keyword whose smoothed score
 crosses its threshold opens a candidate, the candidate's peak (over at most
 ``peak_window_s``) becomes the event, then a refractory period silences every
-keyword, so one utterance gives one event.
+keyword, so one utterance gives one event. A custom keyword with a second stage
+(``edge.verify``) is checked on its peak window before it becomes an event; a
+rejected candidate gives no event and no refractory period (``rejected`` counts
+them), so the encoder's cost per hop is unchanged and the verifier runs only when
+the first stage fires.
 
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
@@ -68,6 +72,7 @@ class Detector:
         self.candidate = None  # (score, k, time_s, invocations left)
         self._peak_window = None
         self.invocations = 0
+        self.rejected = 0
 
     def _window(self) -> np.ndarray:
         i = self.n_frames % F.N_FRAMES
@@ -130,6 +135,10 @@ class Detector:
     def _emit(self):
         score, k, t, _ = self.candidate
         self.candidate = None
+        nb = len(self.base_idx)
+        if k >= nb and self.custom.verifies(k - nb) and not self.custom.verify(k - nb, self._peak_window)[0]:
+            self.rejected += 1
+            return None
         self.quiet_until = t + self.refractory
         ev = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
         if self.on_event is not None:
@@ -153,7 +162,8 @@ def detect_pcm(det: Detector, pcm: np.ndarray, chunk: int = 1600) -> list[dict]:
     return events + det.flush()
 
 
-def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, times=None):
+def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, times=None, peaks=None,
+                 verify=None):
     """The Detector's trigger, step for step, on one keyword's precomputed score series.
 
     For evaluating many keyword models on one long stream without rerunning the encoder.
@@ -167,15 +177,20 @@ def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, tim
     for j in np.nonzero(sm >= thr)[0]:
         if j < nxt or ends[j, 0] < quiet:
             continue
-        score, t, left, i = sm[j], ends[j, 1], peak_hops, j
+        score, t, left, i, pk = sm[j], ends[j, 1], peak_hops, j, j
         while i + 1 < n:
             i += 1
             left -= 1
             if sm[i] > score:
-                score, t = sm[i], ends[i, 1]
+                score, t, pk = sm[i], ends[i, 1], i
             if left <= 0 or sm[i] < thr:
                 break
+        if verify is not None and not verify(pk):
+            nxt = i + 1  # rejected by the second stage: no event and no refractory period
+            continue
         events += 1
+        if peaks is not None:
+            peaks.append(int(pk))
         if times is not None:
             times.append(round(float(t), 3))  # the event's time_s, as the Detector reports it
         quiet, nxt = t + refractory_s, i + 1

@@ -7,12 +7,20 @@ same definition the ESP32 uses), outlier clips reported, and a small trained
 head: logistic regression on the L2-normalised embedding, positives against
 the bundle's negative bank (``negatives.npy``: other speech and noise). The
 open-set threshold is calibrated on that bank: the score that only
-``far_target`` of negative windows exceed (never below 0.5).
+``far_target`` of negative windows exceed (never below 0.5). A second stage
+(``edge.verify``, on by default) keeps the clips' int8 backbone steps as
+templates; the detector runs it only when the first stage fires, and the
+keyword counts only if the window also matches a template in time order (its
+threshold comes from the enrolment clips alone).
 
 State under ``--state DIR`` (one JSON file, written with ``atomic_write``)::
 
-    keywords.json  {"format": 1, "model_id", "model_version",
-                    "keywords": [{"name", "prototype", "w", "b", "threshold", "clips", ...}]}
+    keywords.json  {"format": 2, "model_id", "model_version",
+                    "keywords": [{"name", "prototype", "w", "b", "threshold", "clips", ...,
+                                  "verify": {"version", "threshold", "steps", "templates", ...}}]}
+
+Format 1 (before the verifier) is still read; its keywords run the first stage only
+until they are enrolled again. Saving writes format 2.
 
 A state directory belongs to one bundle model and version; another bundle is
 refused with a clear message, since embeddings of another encoder mean nothing.
@@ -35,7 +43,8 @@ from edge.errors import EdgelearnError
 from edge.portable import proto as P
 from edge.store import atomic_write
 
-FORMAT = 1
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
 MIN_CLIPS, MAX_CLIPS = 3, 10
 MIN_SPEECH_S = 0.2
 MAX_CLIP_S = 2.0
@@ -48,13 +57,38 @@ class StateError(EdgelearnError):
 
 
 class CustomKeywords:
-    """Scores of enrolled keywords from embeddings: sigmoid(w . e/|e| + b)."""
+    """Scores of enrolled keywords from embeddings: sigmoid(w . e/|e| + b), and their second stage.
 
-    def __init__(self, entries: list[dict]):
+    ``bundle``: needed for the second stage (``edge.verify``) of keywords that carry one; without
+    it (or with ``verify=False``) only the first stage runs."""
+
+    def __init__(self, entries: list[dict], bundle=None, verify: bool = True):
         self.names = [e["name"] for e in entries]
         self.w = np.array([e["w"] for e in entries], np.float32).reshape(len(entries), -1)
         self.b = np.array([e["b"] for e in entries], np.float32)
         self.thresholds = np.array([e["threshold"] for e in entries], np.float32)
+        self.verifier, self.templates, self.verify_thresholds = None, [None] * len(entries), []
+        if verify and bundle is not None and any("verify" in e for e in entries):
+            from edge import verify as V
+
+            self.verifier = V.Verifier(bundle)
+            self.templates = [V.unpack(e["verify"]) if "verify" in e else None for e in entries]
+            stale = [e["name"] for e in entries if "verify" in e
+                     and tuple(e["verify"].get("qparams", ())) != tuple(self.verifier.qparams)]
+            if stale:
+                raise StateError(f"keywords {stale} were verified with another backbone's quantisation",
+                                 fix="re-enrol them for this bundle (--replace)")
+        self.verify_thresholds = [e["verify"]["threshold"] if "verify" in e else None for e in entries]
+
+    def verifies(self, k: int) -> bool:
+        return self.verifier is not None and self.templates[k] is not None
+
+    def verify(self, k: int, feats: np.ndarray) -> tuple[bool, float]:
+        """Second stage for keyword ``k`` on one normalised (49, 10) window: (passes, distance)."""
+        if not self.verifies(k):
+            return True, 0.0
+        d = float(self.verifier.distance(self.verifier.sequences(np.asarray(feats)[None]), self.templates[k])[0])
+        return d <= self.verify_thresholds[k], d
 
     def scores(self, emb: np.ndarray) -> np.ndarray:
         e = np.asarray(emb, np.float32)
@@ -65,8 +99,9 @@ class CustomKeywords:
 class DeviceState:
     """Enrolled keywords of one state directory, bound to one bundle model and version."""
 
-    def __init__(self, root: Path, model_id: str, version: int, keywords: list[dict]):
+    def __init__(self, root: Path, model_id: str, version: int, keywords: list[dict], bundle=None):
         self.root, self.model_id, self.version, self.keywords = Path(root), model_id, version, keywords
+        self.bundle = bundle
 
     @classmethod
     def open(cls, root, bundle) -> "DeviceState":
@@ -75,12 +110,12 @@ class DeviceState:
         if root.exists() and not root.is_dir():
             raise StateError(f"state path {root} is a file, not a directory", fix="pass a directory to --state")
         if not path.exists():
-            return cls(root, bundle.model_id, bundle.version, [])
+            return cls(root, bundle.model_id, bundle.version, [], bundle)
         try:
             data = json.loads(path.read_text())
             mid, ver, kws = data["model_id"], int(data["model_version"]), list(data["keywords"])
-            if data.get("format") != FORMAT:
-                raise ValueError(f"format {data.get('format')}")
+            if data.get("format") not in READABLE_FORMATS:
+                raise ValueError(f"format {data.get('format')}, this runtime reads {READABLE_FORMATS}")
         except (ValueError, KeyError, TypeError, OSError) as e:
             raise StateError(f"{path} is unreadable ({e})",
                              fix="restore it from a backup or delete it and enrol again") from None
@@ -89,7 +124,7 @@ class DeviceState:
                              f"{bundle.model_id} v{bundle.version}; its keywords were learned with "
                              "another encoder", fix="use the matching bundle, another --state "
                              "directory, or re-enrol the keywords for this bundle")
-        return cls(root, mid, ver, kws)
+        return cls(root, mid, ver, kws, bundle)
 
     def save(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -100,8 +135,8 @@ class DeviceState:
     def names(self) -> list[str]:
         return [k["name"] for k in self.keywords]
 
-    def custom(self) -> CustomKeywords | None:
-        return CustomKeywords(self.keywords) if self.keywords else None
+    def custom(self, verify: bool = True) -> CustomKeywords | None:
+        return CustomKeywords(self.keywords, self.bundle, verify) if self.keywords else None
 
 
 def check_name(name: str, base_labels, existing) -> str:
@@ -187,8 +222,10 @@ def negative_bank(bundle) -> np.ndarray:
 
 
 def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_names=None,
-           far_target: float = 0.001, replace: bool = False, seed: int = 0) -> dict:
-    """Learn keyword ``name`` from clips; saves the state; returns a report dict."""
+           far_target: float = 0.001, replace: bool = False, seed: int = 0, verify: bool | None = None) -> dict:
+    """Learn keyword ``name`` from clips; saves the state; returns a report dict.
+    ``verify``: also build the second stage (``edge.verify``; needs the bundle's backbone);
+    None: when the bundle has a backbone partition."""
     clip_names = clip_names or [f"clip {i + 1}" for i in range(len(clips))]
     if not MIN_CLIPS <= len(clips) <= MAX_CLIPS:
         raise EdgelearnError(f"{len(clips)} enrolment clips given, need {MIN_CLIPS}-{MAX_CLIPS}",
@@ -218,10 +255,24 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
     entry = {"name": norm, "prototype": [round(v, 6) for v in P.prototype([embs[i] for i in keep])],
              "w": [round(float(v), 6) for v in w], "b": round(b, 6), "threshold": round(threshold, 6),
              "clips": len(keep), "outliers": [clip_names[i] for i in outliers]}
+    report_verify = {}
+    if verify is None:
+        verify = any(p.get("role") == "backbone" for p in km.bundle.partitions)
+        report_verify = {} if verify else {"verify": "off: the bundle has no backbone partition"}
+    if verify:
+        from edge import verify as V
+
+        ver = V.Verifier(km.bundle)
+        kept = np.stack([windows[i] for i in keep])
+        templates = ver.templates(kept, km.scale)
+        v_thr, loo = ver.calibrate(kept, templates, km.scale, rng)
+        entry["verify"] = V.pack(templates, ver.qparams, v_thr, loo)
+        report_verify = {"verify_threshold": round(v_thr, 4),
+                         "verify_enrolment_pass_rate": round(float((loo <= v_thr).mean()), 3)}
     state.keywords = [k for k in state.keywords if k["name"] != norm] + [entry]
     state.save()
     return {"keyword": norm, "clips": len(clips), "used": len(keep),
             "outliers": [{"clip": clip_names[i], "cosine": round(float(cos[i]), 3)} for i in outliers],
             "threshold": round(threshold, 4),
             "enrolment_pass_rate": round(float((pos_scores >= threshold).mean()), 3),
-            "bank_false_accept_rate": round(float((neg_scores >= threshold).mean()), 5)}
+            "bank_false_accept_rate": round(float((neg_scores >= threshold).mean()), 5), **report_verify}

@@ -1,0 +1,172 @@
+"""Second-stage verifier for custom keywords: the order of sounds, by template matching over time.
+
+The first stage (``edge.enroll.CustomKeywords``) scores a 64-d embedding that is a
+mean over time, so "blue ferry" and "blueberry" can look alike to it. When it
+fires, the verifier looks at the same 1 s window as a sequence: the frozen int8
+backbone (``backbone_int8.tflite``, cut at ``pw3_relu``) gives 25 time steps of
+5 x 64 activations, one 320-d vector per 40 ms. Each enrolment clip's speech
+steps are a template (kept as the backbone's own int8 values). A window's
+distance to a template is the mean cosine distance along the best alignment of
+every template step to one window step, the window steps advancing by 0, 1 or 2
+(so the phrase may be up to twice as fast, or slower, and sit anywhere in the
+window): a subsequence DTW. The distance is the smallest over the templates; the
+window passes at or below the keyword's threshold.
+
+The threshold comes from the enrolment clips alone (``calibrate``): each clip is
+distorted as a stream distorts speech (``edge.enroll.augment``'s time shifts and
+light noise, plus +-10 % speed and noise at 10 dB SNR on the speech) and compared
+with the *other* clips' templates; the threshold is the distance that
+``pass_target`` (0.9) of these leave-one-out distances stay under.
+
+    >>> v = Verifier(bundle)
+    >>> tpl = v.templates(windows)                   # int8 templates from 1 s int16 enrolment windows
+    >>> thr = v.calibrate(windows, tpl, rng)
+    >>> ok = v.distance(v.sequences(feats), tpl) <= thr   # feats: normalised (N, 49, 10) windows
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+from edge import features as F
+from edge.errors import EdgelearnError
+
+STEPS = 25                    # backbone time steps per 1 s window (stride 2 over 49 frames)
+MIN_TEMPLATE_STEPS = 4
+SPEEDS = (0.9, 1.0, 1.1)
+HARD_SNR_DB = 10.0
+VERSION = 1
+
+
+class Verifier:
+    """The bundle's int8 backbone as a per-time-step feature extractor, plus template distances."""
+
+    def __init__(self, bundle, backend: str = "auto", num_threads: int = 1):
+        from edge.adapt.conv import Backbone
+
+        try:
+            self.backbone = Backbone(bundle, backend=backend, num_threads=num_threads)
+        except EdgelearnError as e:
+            raise EdgelearnError(f"the custom-keyword verifier needs the bundle's backbone: {e}",
+                                 fix="use a bundle built by `edgelearn model` (it ships backbone_int8.tflite), "
+                                     "or enrol with verify=False") from None
+        self.qparams = self.backbone.qparams
+
+    def raw(self, feats: np.ndarray) -> np.ndarray:
+        """(N, 49, 10) normalised features -> int8 (N, 25, 320) backbone steps."""
+        q = self.backbone(np.asarray(feats, np.float32))
+        return q.reshape(len(q), q.shape[1], -1)
+
+    def unit(self, q: np.ndarray) -> np.ndarray:
+        """int8 backbone steps -> float32 unit vectors (the zero point removed first)."""
+        x = q.astype(np.float32) - np.float32(self.qparams[1])
+        return (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-6)).astype(np.float32)
+
+    def sequences(self, feats: np.ndarray) -> np.ndarray:
+        return self.unit(self.raw(feats))
+
+    def templates(self, windows: np.ndarray, scale) -> list[np.ndarray]:
+        """1 s int16 enrolment windows (speech centred) -> one int8 (m, 320) template each."""
+        raw = self.raw(F.normalize(F.mfcc(np.asarray(windows)), scale))
+        return [r[a:b] for r, (a, b) in zip(raw, (speech_steps(w) for w in windows))]
+
+    def distance(self, seqs: np.ndarray, templates: list[np.ndarray], exclude: int | None = None) -> np.ndarray:
+        """(N, 25, 320) unit sequences -> (N,) smallest template distance (``exclude``: a template index)."""
+        d = [sdtw(self.unit(t), seqs) for k, t in enumerate(templates) if k != exclude]
+        return np.min(d, axis=0)
+
+    def calibrate(self, windows: np.ndarray, templates: list[np.ndarray], scale, rng,
+                  pass_target: float = 0.9) -> tuple[float, np.ndarray]:
+        """Threshold from leave-one-out distances of the distorted enrolment windows; returns
+        (threshold, the distances)."""
+        from edge.enroll import augment
+
+        if len(templates) < 2:
+            raise EdgelearnError("the verifier needs at least 2 enrolment clips", fix="record more clips")
+        loo = []
+        for k, w in enumerate(windows):
+            aug = np.concatenate([augment([w], rng), distort(w, rng)])
+            loo.append(self.distance(self.sequences(F.normalize(F.mfcc(aug), scale)), templates, exclude=k))
+        loo = np.concatenate(loo)
+        return float(np.quantile(loo, pass_target)), loo
+
+
+def speech_bounds(window: np.ndarray, floor_db: float = 35.0) -> tuple[int, int]:
+    """First and last frame of a clip window whose energy is within ``floor_db`` of the loudest
+    (the rule ``edge.enroll.prepare_clip`` uses)."""
+    fr = F.frame(F.to_float(np.asarray(window)))
+    energy = (fr ** 2).mean(axis=1)
+    act = np.nonzero(energy > energy.max() * 10 ** (-floor_db / 10))[0]
+    if act.size == 0:
+        raise EdgelearnError("an enrolment window is silent", fix="record the phrase again")
+    return int(act[0]), int(act[-1])
+
+
+def speech_steps(window: np.ndarray) -> tuple[int, int]:
+    """Backbone steps [a, b) that cover a 1 s clip window's speech, plus a step each side."""
+    first, last = speech_bounds(window)
+    a, b = max(0, first // 2 - 1), min(STEPS, last // 2 + 2)
+    if b - a < MIN_TEMPLATE_STEPS:
+        a = max(0, min(a, STEPS - MIN_TEMPLATE_STEPS))
+        b = a + MIN_TEMPLATE_STEPS
+    return a, b
+
+
+def distort(window: np.ndarray, rng) -> np.ndarray:
+    """The clip's speech at each of ``SPEEDS`` (resampled, so pitch moves too), each with white and
+    with brown-ish noise at ``HARD_SNR_DB`` on the speech: (6, 16000) int16."""
+    first, last = speech_bounds(window)
+    sp = np.asarray(window, np.float32)[first * F.HOP_LENGTH: last * F.HOP_LENGTH + F.FRAME_LENGTH]
+    power = float((sp ** 2).mean())
+    out = []
+    for speed in SPEEDS:
+        n = int(len(sp) / speed)
+        x = F.fit_to_window(np.interp(np.arange(n) * speed, np.arange(len(sp)), sp).astype(np.float32))
+        for brown in (False, True):
+            z = rng.standard_normal(x.size).astype(np.float32)
+            if brown:
+                z = np.cumsum(z)
+                z -= np.convolve(z, np.ones(64) / 64, mode="same")
+            z *= np.sqrt(power / 10 ** (HARD_SNR_DB / 10) / max(float((z ** 2).mean()), 1e-12))
+            out.append(np.clip(x + z, -32768, 32767))
+    return np.asarray(out).astype(np.int16)
+
+
+def sdtw(tpl: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    """Mean cosine distance of unit ``tpl`` (m, d) aligned to each unit sequence in ``seqs``
+    (N, n, d): every template step to one window step, window steps advancing by 0, 1 or 2,
+    free start and end in the window."""
+    cost = 1.0 - np.einsum("md,knd->kmn", tpl, seqs)
+    acc = cost[:, 0].copy()
+    for i in range(1, len(tpl)):
+        best = acc.copy()
+        np.minimum(best[:, 1:], acc[:, :-1], out=best[:, 1:])
+        np.minimum(best[:, 2:], acc[:, :-2], out=best[:, 2:])
+        acc = cost[:, i] + best
+    return acc.min(axis=1) / len(tpl)
+
+
+def pack(templates: list[np.ndarray], qparams, threshold: float, loo: np.ndarray) -> dict:
+    """The state entry of a keyword's verifier (JSON-safe; int8 templates in base64)."""
+    return {"version": VERSION, "threshold": round(float(threshold), 6),
+            "qparams": [float(qparams[0]), int(qparams[1])], "dim": int(templates[0].shape[1]),
+            "steps": [int(len(t)) for t in templates],
+            "templates": base64.b64encode(np.concatenate(templates).astype(np.int8).tobytes()).decode(),
+            "loo_median": round(float(np.median(loo)), 4)}
+
+
+def unpack(entry: dict) -> list[np.ndarray]:
+    """int8 templates of a state entry; a clear error for an entry this runtime cannot read."""
+    try:
+        if entry["version"] != VERSION:
+            raise ValueError(f"verifier version {entry['version']}, this runtime reads {VERSION}")
+        flat = np.frombuffer(base64.b64decode(entry["templates"]), np.int8)
+        steps, dim = [int(s) for s in entry["steps"]], int(entry["dim"])
+        if flat.size != sum(steps) * dim or not steps:
+            raise ValueError(f"{flat.size} template values for steps {steps} x {dim}")
+    except (KeyError, ValueError, TypeError) as e:
+        raise EdgelearnError(f"a keyword's verifier entry is unreadable ({e})",
+                             fix="re-enrol the keyword (--replace)") from None
+    return np.split(flat.reshape(-1, dim), np.cumsum(steps)[:-1])

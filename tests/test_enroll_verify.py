@@ -1,0 +1,156 @@
+"""The custom-keyword second stage (edge/verify.py): order of sounds, state round trip, old states."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from edge import features as F
+from edge import verify as V
+from edge.bundle import load_bundle
+from edge.detect import Detector, count_events, detect_pcm
+from edge.enroll import DeviceState, StateError, enroll
+from edge.errors import EdgelearnError
+from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
+
+RATES = ((0.9, 1.0), (1.0, 0.95), (1.1, 1.05), (0.95, 1.1), (1.05, 0.9), (1.0, 1.0))
+
+
+@pytest.fixture(scope="module")
+def km():
+    return KeywordModel(load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys()))
+
+
+@pytest.fixture(scope="module")
+def voice():
+    from host.data import synth
+
+    return synth.Voice("flite", "rms")  # the never-trained-on synthesizer
+
+
+@pytest.fixture(scope="module")
+def clips(voice):
+    from host.data import synth
+
+    return synth.render(voice, [("hey robot", r, p) for r, p in RATES])
+
+
+@pytest.fixture(scope="module")
+def enrolled(km, clips, tmp_path_factory):
+    d = tmp_path_factory.mktemp("state")
+    rep = enroll(km, DeviceState.open(d, km.bundle), "hey robot", clips[:5])
+    return d, rep
+
+
+def in_stream(pcm, seed=3):
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([np.zeros(20000, np.float32), pcm.astype(np.float32), np.zeros(24000, np.float32)])
+    x += rng.standard_normal(x.size).astype(np.float32) * 50
+    return x.astype(np.int16)
+
+
+def events(km, custom, pcm):
+    det = Detector(km, custom=custom, keywords=[])
+    return [e["keyword"] for e in detect_pcm(det, in_stream(pcm))], det.rejected
+
+
+def swapped_halves(pcm):
+    first, last = V.speech_bounds(F.fit_to_window(pcm))
+    sp = F.fit_to_window(pcm)[first * F.HOP_LENGTH: last * F.HOP_LENGTH + F.FRAME_LENGTH]
+    return np.concatenate([sp[len(sp) // 2:], sp[: len(sp) // 2]])
+
+
+def test_verifier_rejects_wrong_order_the_first_stage_accepts(km, clips, voice, enrolled):
+    from host.data import synth
+
+    state = DeviceState.open(enrolled[0], km.bundle)
+    one, two = state.custom(verify=False), state.custom()
+    assert two.verifies(0) and not one.verifies(0)
+    # the held-out render passes both stages
+    assert events(km, one, clips[5]) == (["hey robot"], 0)
+    assert events(km, two, clips[5]) == (["hey robot"], 0)
+    # the same sounds in another order: a pooled embedding cannot tell, the verifier can
+    [spoken] = synth.render(voice, [("robot hey", 1.0, 1.0)])
+    for near_miss in (spoken, swapped_halves(clips[5])):
+        assert events(km, one, near_miss)[0] == ["hey robot"]
+        found, rejected = events(km, two, near_miss)
+        assert found == [] and rejected >= 1
+
+
+def test_enrolment_report_and_state_round_trip(km, enrolled):
+    d, rep = enrolled
+    assert 0.0 < rep["verify_threshold"] < 1.0 and rep["verify_enrolment_pass_rate"] >= 0.85
+    data = json.loads((d / "keywords.json").read_text())
+    assert data["format"] == 2
+    entry = data["keywords"][0]["verify"]
+    tpl = V.unpack(entry)
+    assert len(tpl) == 5 and all(t.dtype == np.int8 and t.shape[1] == 320 for t in tpl)
+    assert [len(t) for t in tpl] == entry["steps"] and all(len(t) >= V.MIN_TEMPLATE_STEPS for t in tpl)
+    # reloaded from disk, the second stage gives the same distances as the templates packed at enrolment
+    custom = DeviceState.open(d, km.bundle).custom()
+    ver = V.Verifier(km.bundle)
+    feats = np.random.default_rng(0).standard_normal((3, 49, 10)).astype(np.float32)
+    want = ver.distance(ver.sequences(feats), tpl)
+    got = [custom.verify(0, f)[1] for f in feats]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert custom.verify_thresholds[0] == entry["threshold"]
+
+
+def test_format_1_state_still_runs_first_stage_only(km, enrolled, tmp_path):
+    data = json.loads((enrolled[0] / "keywords.json").read_text())
+    data["format"] = 1
+    for k in data["keywords"]:
+        del k["verify"]
+    (tmp_path / "keywords.json").write_text(json.dumps(data))
+    state = DeviceState.open(tmp_path, km.bundle)
+    custom = state.custom()
+    assert custom.verifier is None and not custom.verifies(0) and custom.verify(0, None) == (True, 0.0)
+    state.save()  # rewritten in the current format, keywords unchanged
+    again = json.loads((tmp_path / "keywords.json").read_text())
+    assert again["format"] == 2 and again["keywords"] == data["keywords"]
+
+
+def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path):
+    data = json.loads((enrolled[0] / "keywords.json").read_text())
+    cases = [({"templates": "AAAA"}, "template values"), ({"version": 99}, "verifier version 99"),
+             ({"qparams": [0.5, 3]}, "another backbone's quantisation")]
+    for change, msg in cases:
+        bad = json.loads(json.dumps(data))
+        bad["keywords"][0]["verify"].update(change)
+        (tmp_path / "keywords.json").write_text(json.dumps(bad))
+        with pytest.raises((EdgelearnError, StateError), match=msg):
+            DeviceState.open(tmp_path, km.bundle).custom()
+    bad["format"] = 7
+    (tmp_path / "keywords.json").write_text(json.dumps(bad))
+    with pytest.raises(StateError, match="format 7"):
+        DeviceState.open(tmp_path, km.bundle)
+
+
+def test_sdtw_follows_order_and_tolerates_speed():
+    rng = np.random.default_rng(1)
+    a, b, c, x = (v / np.linalg.norm(v) for v in rng.standard_normal((4, 16)).astype(np.float32))
+    tpl = np.stack([a, a, b, b, c, c])
+
+    def seq(*vs):
+        s = np.stack(list(vs) + [x] * (25 - len(vs)))
+        return s[None]
+
+    assert V.sdtw(tpl, seq(x, x, a, a, b, b, c, c))[0] == pytest.approx(0.0, abs=1e-6)   # anywhere
+    assert V.sdtw(tpl, seq(a, b, c))[0] == pytest.approx(0.0, abs=1e-6)                  # twice as fast
+    assert V.sdtw(tpl, seq(*[a] * 4, *[b] * 4, *[c] * 4))[0] == pytest.approx(0.0, abs=1e-6)  # slower
+    assert V.sdtw(tpl, seq(c, c, b, b, a, a))[0] > 0.5                                  # reversed
+    assert V.sdtw(tpl, seq(a, a, x, x, x, x, x, c, c))[0] > 0.2                         # a gap it must not skip
+
+
+def test_count_events_verify_mirrors_detector_rules():
+    scores = np.zeros(60, np.float32)
+    scores[5:9] = 0.9    # a candidate the second stage rejects
+    scores[11:14] = 0.9  # 0.24 s later: no refractory period after a rejection
+    ends = np.stack([np.arange(60) * 0.08 + 1.0] * 2, axis=1)
+    peaks = []
+    assert count_events(scores, 0.5, ends) == 1               # first stage alone: refractory hides the second
+    assert count_events(scores, 0.5, ends, verify=lambda j: j > 10, peaks=peaks) == 1
+    assert peaks and peaks[0] > 10
+    assert count_events(scores, 0.5, ends, verify=lambda j: False) == 0

@@ -27,7 +27,7 @@ import json
 import struct
 import sys
 
-from edge.portable.compat import const
+from edge.portable.compat import const, zeros
 from edge.portable.mfcc import N_FRAMES, N_MFCC, FeatureRing, MfccStream
 from edge.portable.model import McuModel, ModelBlobError
 from edge.portable.proto import ProtoHead
@@ -35,6 +35,7 @@ from firmware import link as L
 from firmware.board import atomic_write, read_file
 
 MAX_KEYWORDS = const(4)
+REPLAY_BYTES = const(4096)   # the board's replay buffer, serialised (firmware/learn.py)
 # modules that stay loaded; everything else a command imports is dropped after it
 RESIDENT = ("edge", "edge.portable", "edge.portable.compat", "edge.portable.quant", "edge.portable.kernels",
             "edge.portable.mfcc", "edge.portable.model", "edge.portable.proto", "firmware", "firmware.link",
@@ -91,9 +92,19 @@ class App:
         if read_file(board.path("bundle.new/bundle.json")) is not None:
             phase("install").install_pending(self)
             unload()
-        # the model before anything else: its weights need the largest contiguous block
         if read_file(board.path("bundle/bundle.json")) is None:
             raise AppError("no bundle in bundle", "deploy one: edgelearn flash --port PORT --bundle B")
+        # long-lived buffers first, in one stretch of a still unbroken heap: the front end's,
+        # then the model's (its loader allocates the weight arenas before it parses anything)
+        gc.collect()
+        self.ring = FeatureRing()
+        self.stream = MfccStream(self.ring)
+        self.feats = zeros("f", N_FRAMES * N_MFCC)
+        self.pcm = zeros("h", L.MAX_PAYLOAD // 2)   # audio frames land here, not in new arrays
+        self.pcm_bytes = _byte_view(self.pcm, L.MAX_PAYLOAD)
+        # the learning phase's replay buffer lives on flash; this is where it is read to and
+        # changed, allocated once: later a 4 KB block may be nowhere in a 100 KB heap
+        self.replay_store = bytearray(REPLAY_BYTES)
         try:
             self.model = McuModel(board.path("bundle/weights.elb"), board.path("bundle/graph.json"))
         except OSError:
@@ -101,14 +112,8 @@ class App:
         except ModelBlobError as e:
             raise AppError(e.problem, e.fix)
         unload()
-        # then the other long-lived buffers, before phase code cuts the heap into pieces
-        self.ring = FeatureRing()
-        self.stream = MfccStream(self.ring)
-        self.feats = array.array("f", bytes(4 * N_FRAMES * N_MFCC))
-        self.emb = array.array("f", bytes(4 * len(self.model.embedding)))
-        self.probs = array.array("f", bytes(4 * len(self.model.logits)))
-        self.pcm = array.array("h", bytes(L.MAX_PAYLOAD))   # audio frames land here, not in new arrays
-        self.pcm_bytes = _byte_view(self.pcm, L.MAX_PAYLOAD)
+        self.emb = zeros("f", len(self.model.embedding))
+        self.probs = zeros("f", len(self.model.logits))
         inst = phase("install")
         inst.load_bundle(self, "bundle")   # digests and description; a mismatch drops the model again
         cfg = json.loads(read_file(board.path("config.json")) or b"{}")
@@ -245,6 +250,7 @@ class App:
                     raise AppError("unknown command %r" % name, "commands: " + " ".join(self.COMMANDS))
                 reply = getattr(self, "cmd_" + name)(words[1:])
                 if name == "update":
+                    unload()   # the codec goes before the chunker comes: never both in the heap
                     out = phase("report").chunks(self)
             else:
                 raise AppError("frame type %d is not for the board" % kind)

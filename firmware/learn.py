@@ -13,37 +13,34 @@ sits in the heap while the board only listens.
 
 from edge.portable.compat import const
 from edge.portable.proto import ProtoHead, find_outliers, loo_cosines, prototype
-from edge.portable.replay import ReplayBuffer
-from firmware.app import MAX_KEYWORDS, AppError
+from edge.portable.replay import ReplayBuffer, count_in_file
+from firmware.app import MAX_KEYWORDS, REPLAY_BYTES, AppError
 from firmware.board import atomic_write, read_file
 
 SHOTS = const(5)
-REPLAY_BYTES = const(4096)
 NOT_A_KEYWORD = const(0xFFFE)
 
 
 def load_replay(app, dim):
     """The persisted replay buffer, or a fresh one when missing, unreadable or of another dimension."""
-    raw = read_file(app.board.path("state/replay.bin"))
     rb = None
-    if raw is not None:
-        try:
-            rb = ReplayBuffer.from_bytes(raw)
-        except ValueError:
-            app.events.append("state/replay.bin unreadable; starting an empty buffer")
-    raw = None
+    try:
+        with open(app.board.path("state/replay.bin"), "rb") as f:
+            rb = ReplayBuffer.read_from(f, store=app.replay_store)   # read in place, into the boot-time buffer
+    except OSError:
+        pass
+    except ValueError:
+        app.events.append("state/replay.bin unreadable; starting an empty buffer")
     if rb is None or rb.dim != dim:
-        rb = ReplayBuffer(dim, REPLAY_BYTES)
+        rb = ReplayBuffer(dim, REPLAY_BYTES, store=app.replay_store)
     return rb
 
 
 def replay_count(app):
-    raw = read_file(app.board.path("state/replay.bin"))
-    if raw is None:
-        return 0
     try:
-        return ReplayBuffer.from_bytes(raw).count
-    except ValueError:
+        with open(app.board.path("state/replay.bin"), "rb") as f:
+            return count_in_file(f)
+    except (OSError, ValueError):
         return 0
 
 

@@ -20,7 +20,6 @@ recently touched one; its sender will resend) and never more than
 import struct
 
 from edge.portable.compat import IS_MICROPYTHON, const, crc32
-from edge.portable.wire import MAX_FRAME_LEN
 from edge.portable.wire_errors import ChunkError, OversizedFrame
 
 CHUNK_MAGIC = b"ELCK"
@@ -31,6 +30,15 @@ CHUNK_CRC_LEN = const(4)
 CHUNK_OVERHEAD = const(28)
 MAX_CHUNKS = const(4096)
 MAX_CHUNK_PAYLOAD = const(65535)
+
+
+def _max_frame_len(n):
+    # the wire codec's limit, looked up only by receivers: a board that only sends chunks
+    # need not hold the codec's code beside this module's
+    if n is None:
+        from edge.portable.wire import MAX_FRAME_LEN
+        return MAX_FRAME_LEN
+    return n
 
 
 def chunk_layout(frame_len, count):
@@ -83,8 +91,9 @@ def split_chunks(frame, max_chunk, frame_id=None):
     return list(iter_chunks(frame, max_chunk, frame_id))
 
 
-def parse_chunk(chunk, max_frame_len=MAX_FRAME_LEN):
+def parse_chunk(chunk, max_frame_len=None):
     """``(frame_id, index, count, frame_len, offset, payload)`` of a valid chunk, else ``ChunkError``."""
+    max_frame_len = _max_frame_len(max_frame_len)
     n = len(chunk)
     if n < CHUNK_OVERHEAD + 1:
         raise ChunkError("chunk is %d bytes, shorter than the %d-byte minimum" % (n, CHUNK_OVERHEAD + 1),
@@ -120,7 +129,8 @@ def parse_chunk(chunk, max_frame_len=MAX_FRAME_LEN):
 class Reassembler:
     """Collects chunks; ``add(chunk)`` returns the whole frame once, when its last missing chunk arrives."""
 
-    def __init__(self, max_frame_len=MAX_FRAME_LEN, max_pending=4, max_bytes=None, remember=64):
+    def __init__(self, max_frame_len=None, max_pending=4, max_bytes=None, remember=64):
+        max_frame_len = _max_frame_len(max_frame_len)
         self.max_frame_len = max_frame_len
         self.max_pending = max_pending
         self.max_bytes = 2 * max_frame_len if max_bytes is None else max_bytes

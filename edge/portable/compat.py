@@ -4,8 +4,9 @@ Every other module in ``edge.portable`` imports only ``struct``, ``array``,
 ``math``, ``hashlib``, ``gc``, ``sys`` and this module, so the same file runs
 on a Raspberry Pi and on an ESP32.
 
-    from edge.portable.compat import IS_MICROPYTHON, const, ticks_ms, crc32
+    from edge.portable.compat import IS_MICROPYTHON, const, ticks_ms, crc32, zeros
     _MAX = const(64)
+    buf = zeros("f", 490)          # array('f') of 490 zeros, no temporary copy on the heap
 """
 
 import sys
@@ -28,6 +29,28 @@ except ImportError:
 
     def ticks_diff(a, b):
         return a - b
+
+
+
+def zeros(code, n, fill=True):
+    """A zero-filled ``array(code)`` of ``n`` items, allocated without a temporary of its size.
+
+    ``array(code, bytes(k))`` needs the bytes first: twice the block, and a
+    hole of its size left below the array, which on a 100 KB heap is where the
+    next large buffer would have gone. MicroPython sizes ``array(code,
+    range(n))`` from ``len`` and allocates once; the values are then zeroed
+    (``fill=False`` skips that for a buffer that is overwritten whole next).
+    """
+    if not IS_MICROPYTHON:
+        import array
+        return array.array(code, bytes(n * array.array(code).itemsize))
+    import array
+    a = array.array(code, range(n))
+    if fill:
+        for i in range(n):
+            a[i] = 0
+    return a
+
 
 try:
     from binascii import crc32 as _crc32

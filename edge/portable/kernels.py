@@ -17,9 +17,9 @@ the TFLite converter writes them.
     conv.run(x, y)       # x, y: array('b') of 490 and 2000 elements
 """
 
-import array
 import math
 
+from edge.portable.compat import zeros
 from edge.portable.quant import multiply_by_quantized_multiplier, quantize_multiplier
 
 _I8_MIN = -128
@@ -27,7 +27,7 @@ _I8_MAX = 127
 
 
 def zeros_i8(n):
-    return array.array("b", bytes(n))
+    return zeros("b", n)
 
 
 def same_padding(in_size, k, stride, dilation=1):
@@ -64,8 +64,8 @@ def multipliers(in_scale, w_scales, out_scale, n):
     The product is taken in double from the float32 scales, as TFLite's
     PopulateConvolutionQuantizationParams does; one scale means per-tensor.
     """
-    m = array.array("i", bytes(4 * n))
-    s = array.array("i", bytes(4 * n))
+    m = zeros("i", n)
+    s = zeros("i", n)
     for c in range(n):
         ws = w_scales[c] if len(w_scales) > 1 else w_scales[0]
         m[c], s[c] = quantize_multiplier(in_scale * ws / out_scale)
@@ -98,12 +98,12 @@ class Conv2D:
         # kept OHWI as stored (no re-laid-out copy: on a board that copy is the largest transient)
         self.taps = self.kh * self.kw * self.ic
         self.w = weights
-        self.bias = bias if bias is not None else array.array("i", bytes(4 * self.oc))
+        self.bias = bias if bias is not None else zeros("i", self.oc)
         self.in_off = -in_q[1]
         self.out_zp = out_q[1]
         self.mult, self.shift = multipliers(in_q[0], w_scales, out_q[0], self.oc)
         self.amin, self.amax = act
-        self.acc = array.array("i", bytes(4 * self.oc))
+        self.acc = zeros("i", self.oc)
 
     def run(self, x, y):
         ih, iw, ic, ow, oc = self.ih, self.iw, self.ic, self.ow, self.oc
@@ -157,12 +157,12 @@ class DepthwiseConv2D:
         else:
             self.pt = self.pl = 0
         self.w = weights
-        self.bias = bias if bias is not None else array.array("i", bytes(4 * self.c))
+        self.bias = bias if bias is not None else zeros("i", self.c)
         self.in_off = -in_q[1]
         self.out_zp = out_q[1]
         self.mult, self.shift = multipliers(in_q[0], w_scales, out_q[0], self.c)
         self.amin, self.amax = act
-        self.acc = array.array("i", bytes(4 * self.c))
+        self.acc = zeros("i", self.c)
 
     def run(self, x, y):
         ih, iw, C, ow = self.ih, self.iw, self.c, self.ow
@@ -207,7 +207,7 @@ class AvgPool2D:
         else:
             self.pt = self.pl = 0
         self.amin, self.amax = act
-        self.acc = array.array("i", bytes(4 * self.c))
+        self.acc = zeros("i", self.c)
 
     def run(self, x, y):
         ih, iw, C, acc = self.ih, self.iw, self.c, self.acc
@@ -243,7 +243,7 @@ class Dense:
         _check_len("dense weights", weights, n_in * n_out)
         self.n_in, self.n_out = n_in, n_out
         self.w = weights
-        self.bias = bias if bias is not None else array.array("i", bytes(4 * n_out))
+        self.bias = bias if bias is not None else zeros("i", n_out)
         self.in_off = -in_q[1]
         self.out_zp = out_q[1]
         self.mult, self.shift = multipliers(in_q[0], w_scales, out_q[0], n_out)

@@ -16,8 +16,9 @@ tables take ~6 KB of heap and a frame allocates nothing that outlives it.
     ring.normalized_into(scale, feats)         # (49*10) floats: window mean removed, / scale
 """
 
-import array
 import math
+
+from edge.portable.compat import zeros
 
 SAMPLE_RATE = 16000
 FRAME_LENGTH = 480
@@ -52,7 +53,7 @@ def _mel_to_hz(mel):
 
 
 def _f(n):
-    return array.array("f", bytes(4 * n))
+    return zeros("f", n)
 
 
 class Tables:
@@ -62,19 +63,15 @@ class Tables:
         self.window = _f(FRAME_LENGTH)
         for n in range(FRAME_LENGTH):
             self.window[n] = 0.5 - 0.5 * math.cos(2.0 * math.pi * n / FRAME_LENGTH)
-        # complex 256-point twiddles and the real-split ones for 512 points
-        self.cos256 = _f(_HALF // 2)
-        self.sin256 = _f(_HALF // 2)
-        for k in range(_HALF // 2):
-            self.cos256[k] = math.cos(2.0 * math.pi * k / _HALF)
-            self.sin256[k] = math.sin(2.0 * math.pi * k / _HALF)
+        # the real-split twiddles for 512 points; the 256-point FFT's are every second one
+        # (2*pi*k/256 and 2*pi*(2k)/512 are the same double: scaling by 2 is exact)
         self.cos512 = _f(_BINS)
         self.sin512 = _f(_BINS)
         for k in range(_BINS):
             self.cos512[k] = math.cos(2.0 * math.pi * k / N_FFT)
             self.sin512[k] = math.sin(2.0 * math.pi * k / N_FFT)
         bits = 8
-        self.rev = array.array("H", bytes(2 * _HALF))
+        self.rev = zeros("B", _HALF)
         for i in range(_HALF):
             r = 0
             v = i
@@ -94,8 +91,8 @@ class Tables:
         # would cost ~12 KB of transient heap at boot
         lo = _hz_to_mel(FMIN)
         hi = _hz_to_mel(FMAX)
-        self.mel_start = array.array("H", bytes(2 * N_MELS))
-        self.mel_len = array.array("H", bytes(2 * N_MELS))
+        self.mel_start = zeros("H", N_MELS)
+        self.mel_len = zeros("H", N_MELS)
         self.mel_w = None
         for fill in (False, True):
             pos = 0
@@ -176,9 +173,9 @@ class Mfcc:
 
     def _fft256(self):
         re, im = self.re, self.im
-        c, s = self.t.cos256, self.t.sin256
+        c, s = self.t.cos512, self.t.sin512
         size = 2
-        step = _HALF // 2
+        step = _HALF
         while size <= _HALF:
             half = size >> 1
             for base in range(0, _HALF, size):
@@ -282,7 +279,7 @@ class MfccStream:
     def __init__(self, ring):
         self.ring = ring
         self.mfcc = Mfcc()
-        self.buf = array.array("h", bytes(2 * FRAME_LENGTH))
+        self.buf = zeros("h", FRAME_LENGTH)
         self.fill = 0
         self.frames_emitted = 0
 

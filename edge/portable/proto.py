@@ -46,14 +46,14 @@ import array
 import math
 import struct
 
-from edge.portable.compat import const
+from edge.portable.compat import const, zeros
 
 _HDR = "<4sHHf"
 _HDR_BYTES = const(12)
 
 
 def _zeros(n):
-    return array.array("f", bytes(4 * n))
+    return zeros("f", n)
 
 
 def dot(a, b):

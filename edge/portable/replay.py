@@ -27,7 +27,8 @@ avoid a copy on a board)::
 
 API (stable; the ESP32 firmware uses it):
 
-    ReplayBuffer(dim, max_bytes)               capacity = (max_bytes - HEADER_BYTES) // slot_bytes
+    ReplayBuffer(dim, max_bytes, store=None)   capacity = (max_bytes - HEADER_BYTES) // slot_bytes;
+                                               store: a preallocated bytearray to keep the slots in
     .capacity .count .dim .slot_bytes .nbytes  sizes; nbytes = serialised size
     .changes                                   adds since mark_saved() (batch flash writes)
     add(vec, label) -> slot                    vec: any float sequence of length dim
@@ -37,6 +38,8 @@ API (stable; the ESP32 firmware uses it):
     sample(n, out=None) -> array('H') slots    class-balanced
     remove_label(label) -> removed count       e.g. when a keyword is deleted
     header() -> bytes; body -> bytearray; to_bytes(); ReplayBuffer.from_bytes(data)
+    ReplayBuffer.read_from(f, store=None)      from an open file, body read in place (no copy of it)
+    count_in_file(f) -> count                  CRC-checked, read one slot at a time
     mark_saved()
 
     >>> rb = ReplayBuffer(dim=64, max_bytes=8192)
@@ -62,7 +65,7 @@ class ReplayError(ValueError):
 
 
 class ReplayBuffer:
-    def __init__(self, dim, max_bytes, seed=0x9E3779B9):
+    def __init__(self, dim, max_bytes, seed=0x9E3779B9, store=None):
         if dim < 1 or dim > 65535:
             raise ReplayError("replay dim must be 1..65535, got %d" % dim)
         self.dim = dim
@@ -72,7 +75,12 @@ class ReplayBuffer:
             raise ReplayError("max_bytes=%d holds no slot of %d bytes; allow at least %d"
                               % (max_bytes, self.slot_bytes, HEADER_BYTES + self.slot_bytes))
         self.capacity = cap
-        self.body = bytearray(cap * self.slot_bytes)
+        if store is None:
+            self.body = bytearray(cap * self.slot_bytes)
+        elif len(store) < cap * self.slot_bytes:
+            raise ReplayError("store of %d bytes is smaller than the %d-byte body" % (len(store), cap * self.slot_bytes))
+        else:   # a board reuses one long-lived buffer: no 4 KB block to find in a fragmented heap
+            self.body = memoryview(store)[:cap * self.slot_bytes]
         for i in range(cap):
             struct.pack_into(_SLOT_FMT, self.body, i * self.slot_bytes, EMPTY, 0, 0.0)
         self.count = 0
@@ -209,6 +217,30 @@ class ReplayBuffer:
         return self.header() + bytes(self.body)
 
     @classmethod
+    def read_from(cls, f, store=None):
+        """The buffer serialised in the open binary file ``f``, its body read straight into place.
+
+        A board's path: ``from_bytes(f.read())`` holds the file's bytes and the
+        body at once (twice the buffer); this holds the body only.
+        """
+        dim, cap, next_seq, crc = _read_header(f)
+        rb = cls(dim, HEADER_BYTES + cap * (SLOT_OVERHEAD + dim), store=store)
+        n = f.readinto(rb.body)
+        if n != len(rb.body) or f.read(1):
+            raise ReplayError("replay file body is not the %d bytes its header says" % len(rb.body))
+        if crc32(rb.body) != crc:
+            raise ReplayError("replay data fails its CRC (truncated or corrupted)")
+        rb.next_seq = next_seq
+        rb._count()
+        return rb
+
+    def _count(self):
+        self.count = 0
+        for i in range(self.capacity):
+            if self.label_at(i) >= 0:
+                self.count += 1
+
+    @classmethod
     def from_bytes(cls, data):
         if len(data) < HEADER_BYTES:
             raise ReplayError("replay data is %d bytes, shorter than its %d-byte header"
@@ -225,8 +257,36 @@ class ReplayBuffer:
             raise ReplayError("replay data fails its CRC (truncated or corrupted)")
         rb.body[:] = body
         rb.next_seq = next_seq
-        rb.count = 0
-        for i in range(cap):
-            if rb.label_at(i) >= 0:
-                rb.count += 1
+        rb._count()
         return rb
+
+
+def _read_header(f):
+    head = f.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES:
+        raise ReplayError("replay data is %d bytes, shorter than its %d-byte header" % (len(head), HEADER_BYTES))
+    magic, dim, cap, next_seq, crc = struct.unpack(HEADER_FMT, head)
+    if magic != MAGIC:
+        raise ReplayError("not a replay buffer (magic %r)" % (magic,))
+    return dim, cap, next_seq, crc
+
+
+def count_in_file(f):
+    """How many slots of the buffer serialised in file ``f`` hold an entry; ReplayError if it is damaged.
+
+    Reads one slot at a time into a small buffer (no 4 KB body on the heap)
+    and checks the CRC over the whole body as it goes.
+    """
+    dim, cap, _, crc = _read_header(f)
+    slot = bytearray(SLOT_OVERHEAD + dim)
+    c = 0
+    count = 0
+    for _ in range(cap):
+        if f.readinto(slot) != len(slot):
+            raise ReplayError("replay file is truncated")
+        c = crc32(slot, c)
+        if slot[0] != 0xFF or slot[1] != 0xFF:
+            count += 1
+    if c != crc or f.read(1):
+        raise ReplayError("replay data fails its CRC (truncated or corrupted)")
+    return count

@@ -27,7 +27,16 @@ from edge.portable.quant import FLT_MAX, Lfib24, quantize_into, symmetric_scale
 from edge.portable.wire_errors import (AuthError, EncodeError, MalformedFrame,  # noqa: F401
                                        OversizedFrame, ReplayError, StaleModel, StaleRound,
                                        TruncatedFrame, UnknownDevice, UnsupportedVersion)
-from edge.portable.wire_topk import TopKEncoder  # noqa: F401  (part of this module's API)
+
+
+def __getattr__(name):
+    # ``TopKEncoder`` is part of this module's API, imported on first use: a board that
+    # sends only INT8 updates does not hold its code
+    if name == "TopKEncoder":
+        from edge.portable.wire_topk import TopKEncoder
+        return TopKEncoder
+    raise AttributeError(name)
+
 
 if sys.byteorder != "little":  # every supported board (Xtensa, RISC-V, ARM, x86) is little-endian
     raise ImportError("edge.portable.wire needs a little-endian CPU")

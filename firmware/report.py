@@ -1,7 +1,9 @@
-"""Report phase of the firmware: encode the bias-only update, sign check-ins, number updates.
+"""Report phase of the firmware: encode the bias-only update, number updates, chunk them.
 
-Imported for ``update`` and ``checkin`` and unloaded after them (firmware/app.py
-``unload``): the wire codec, HMAC and chunking are needed once per round.
+Imported for ``update`` and unloaded after it (firmware/app.py ``unload``): the
+wire encoder, HMAC and chunking are needed once per round. Check-ins are
+firmware/checkin.py (a phase of their own: every name a phase module holds is
+interned on the board for good, so the update does not carry the check-in's).
 
 ``update ROUND [SEQ]`` encodes ``proto/bias`` as an INT8 ``SUBSET|DELTA``
 frame (docs/wire-format.md) signed with the device key. Without ``SEQ`` the
@@ -11,28 +13,18 @@ that is not newer, and the board is the only party that survives a host
 restart). The same ``ROUND SEQ`` again gives the same bytes (the rounding
 seed comes from the header), so a gateway can ask for a lost chunk again.
 
-``checkin [NETWORK]`` answers ``ok mac=HEX body=JSON``: the check-in state
-(docs/protocol.md) and its HMAC-SHA256 under the device key, for the gateway
-to POST as is (it never holds the key).
-
     from firmware import report
     report.update(app, ["3"])          # "ok update 131 bytes seq=8"
 """
 
-import json
 import struct
 
 from edge.portable.compat import const
 from firmware.app import MAX_KEYWORDS, AppError
 from firmware.board import read_file
 
-UPDATE_BYTES = const(1024)   # one bias-only update (<= MAX_KEYWORDS values) fits with room to spare
-CHUNK_BYTES = const(256)
-
-
-def _need_key(app):
-    if app.key is None:
-        raise AppError("no device key provisioned", "edgelearn flash --port PORT --device-key KEY")
+_UPDATE_BYTES = const(1024)   # one bias-only update (<= MAX_KEYWORDS values) fits with room to spare
+_CHUNK_BYTES = const(256)
 
 
 def last_seq(app):
@@ -41,7 +33,7 @@ def last_seq(app):
 
 
 def update(app, args):
-    _need_key(app)
+    app.need_key()
     try:
         round_id = int(args[0])
         seq = int(args[1]) if len(args) > 1 else None
@@ -49,13 +41,13 @@ def update(app, args):
         raise AppError("update needs ROUND [SEQ]", "send: update 3, or update 3 17 to repeat seq 17")
     if not app.head.count or not app.replay_count:
         raise AppError("nothing learned yet: no custom keyword", "enrol a keyword (enrol NAME, 5 x shot, enrolled) first")
-    from edge.portable.wire import FLAG_DELTA, FLAG_SUBSET, INT8, Header, encode_update_into
+    from edge.portable.wire_encode import FLAG_DELTA, FLAG_SUBSET, INT8, Header, encode_update_into
     last = last_seq(app)
     if seq is None:
         seq = last + 1
     hdr = Header(app.device_id, round_id, app.version, seq, num_examples=app.replay_count,
                  flags=FLAG_SUBSET | FLAG_DELTA)
-    buf = bytearray(UPDATE_BYTES)
+    buf = bytearray(_UPDATE_BYTES)
     n = encode_update_into(buf, hdr, [("proto/bias", (MAX_KEYWORDS,), app.head.bias)], app.key, codec=INT8)
     if seq > last:
         app.save("seq.bin", struct.pack("<I", seq))   # before the frame leaves: a number is never reused
@@ -68,23 +60,6 @@ def chunks(app):
     from edge.portable.chunks import iter_chunks
     from firmware.link import UPDATE
     frame = memoryview(app.update_buf)[:app.update_len]
-    out = [(UPDATE, bytes(c)) for c in iter_chunks(frame, CHUNK_BYTES)]
+    out = [(UPDATE, bytes(c)) for c in iter_chunks(frame, _CHUNK_BYTES)]
     app.update_buf = None
     return out
-
-
-def checkin_parts(app, network="serial"):
-    """(JSON body, hex HMAC-SHA256 of it under the device key): a check-in anyone may carry."""
-    _need_key(app)
-    from edge.portable.hmac256 import hmac_sha256
-    b = app.board
-    state = {"device_id": app.device_id, "tier": "mcu", "battery": b.battery_pct() / 100,
-             "charging": b.charging(), "temperature": b.temp_c(), "network": network,
-             "model_version": app.version}
-    body = json.dumps(state)
-    return body, "".join("%02x" % x for x in hmac_sha256(app.key, body.encode()))
-
-
-def checkin(app, args):
-    body, mac = checkin_parts(app, args[0] if args else "serial")
-    return "ok mac=%s body=%s" % (mac, body)

@@ -2,7 +2,7 @@
 
 The board's own path to ``host/aggregator`` when ``config.json`` names one
 (``"aggregator": "http://host:port"``, ``"wifi": {"ssid": ..., "password": ...}``):
-``POST /v1/checkin`` with the signed state (firmware/report.py), and when the
+``POST /v1/checkin`` with the signed state (firmware/checkin.py), and when the
 answer is a task, ``POST /v1/updates`` with the encoded frame
 (docs/protocol.md). A refusal (4xx) is final for that frame and reported as
 an event; a network fault or 5xx keeps (round, seq) so the next attempt sends
@@ -21,8 +21,8 @@ from firmware.net import NetError, post
 
 def report(app, url):
     """One check-in and, when given a task, one update; returns what happened in a few words."""
-    from firmware import report as R
-    body, mac = R.checkin_parts(app, "wifi")
+    from firmware import checkin, report as R
+    body, mac = checkin.checkin_parts(app, "wifi")
     hdrs = {"X-Edgelearn-Device": app.device_id, "X-Edgelearn-Mac": mac}
     try:
         status, reply = post(url + "/v1/checkin", body.encode(), hdrs)

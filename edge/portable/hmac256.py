@@ -14,8 +14,9 @@ RFC 4231 vectors on both interpreters.
 
 import hashlib
 
-BLOCK_SIZE = 64  # SHA-256 block size in bytes (RFC 2104's B)
-DIGEST_SIZE = 32
+from edge.portable.compat import const
+
+_BLOCK_SIZE = const(64)  # SHA-256 block size in bytes (RFC 2104's B)
 
 
 class HmacSha256:
@@ -27,12 +28,12 @@ class HmacSha256:
 
     def __init__(self, key):
         key = bytes(key)
-        if len(key) > BLOCK_SIZE:
+        if len(key) > _BLOCK_SIZE:
             key = hashlib.sha256(key).digest()
-        key = key + bytes(BLOCK_SIZE - len(key))
-        ipad = bytearray(BLOCK_SIZE)
-        self._opad = bytearray(BLOCK_SIZE)
-        for i in range(BLOCK_SIZE):
+        key = key + bytes(_BLOCK_SIZE - len(key))
+        ipad = bytearray(_BLOCK_SIZE)
+        self._opad = bytearray(_BLOCK_SIZE)
+        for i in range(_BLOCK_SIZE):
             ipad[i] = key[i] ^ 0x36
             self._opad[i] = key[i] ^ 0x5C
         self._inner = hashlib.sha256(ipad)

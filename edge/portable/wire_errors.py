@@ -4,6 +4,11 @@ Self-contained (no ``edge.errors``) so it runs on MicroPython. Each carries
 ``problem`` and ``fix`` like ``edge.errors.EdgelearnError``, and ``str(e)`` is
 one sentence. Catch ``WireError`` for all of them.
 
+A sender's errors (``EncodeError``, ``ChunkError``) are defined here; the
+receiver's (``MalformedFrame``, ``AuthError``, ``ReplayError`` ...) in
+``edge.portable.wire_errors_rx``, loaded the first time one is asked for from
+this module, so a board that only sends never holds their classes or names.
+
     try:
         update = decode_update(frame, key)
     except ReplayError as e:
@@ -24,45 +29,11 @@ class EncodeError(WireError):
     """The encoder was given something it cannot put on the wire (NaN, bad name, too large...)."""
 
 
-class MalformedFrame(WireError):
-    """The bytes do not follow docs/wire-format.md (bad magic, bad field, bad lengths, trailing bytes)."""
-
-
-class TruncatedFrame(MalformedFrame):
-    """The frame is shorter than its own header says: it was cut in transit."""
-
-
-class OversizedFrame(WireError):
-    """The frame (or the length its header claims) is above the receiver's limit."""
-
-
-class UnsupportedVersion(WireError):
-    """The frame's format version is not one this decoder implements."""
-
-
-class AuthError(WireError):
-    """The HMAC-SHA256 trailer does not match: wrong key, or a byte changed."""
-
-
-class UnknownDevice(AuthError):
-    """No key is provisioned for the frame's device id."""
-
-
-class ReplayError(WireError):
-    """The sequence number is not newer than the last accepted one from that device."""
-
-
-class StaleError(WireError):
-    """The frame is for another round or base model version than the receiver's current one."""
-
-
-class StaleRound(StaleError):
-    """The frame's round id is not the current round."""
-
-
-class StaleModel(StaleError):
-    """The frame was trained from another base model version than the current one."""
-
-
 class ChunkError(WireError):
     """A chunk is corrupt (CRC), malformed, or contradicts chunks already received."""
+
+
+def __getattr__(name):
+    # the receiver's errors, on first use (see the module docstring)
+    from edge.portable import wire_errors_rx
+    return getattr(wire_errors_rx, name)

@@ -153,6 +153,17 @@ def check_name(name: str, base_labels, existing) -> str:
     return norm
 
 
+def speech_bounds(pcm: np.ndarray, floor_db: float = 35.0) -> tuple[int, int] | None:
+    """First and last frame whose energy is within ``floor_db`` of the loudest; None if silent."""
+    frames = F.frame(F.to_float(np.asarray(pcm)))
+    energy = (frames ** 2).mean(axis=1)
+    peak = float(energy.max())
+    if peak < 1e-7:
+        return None
+    active = np.nonzero(energy > peak * 10 ** (-floor_db / 10))[0]
+    return (int(active[0]), int(active[-1])) if active.size else None
+
+
 def prepare_clip(pcm: np.ndarray, name: str) -> np.ndarray:
     """Check one clip and centre its speech in a 1 s window."""
     x = np.asarray(pcm)
@@ -161,13 +172,10 @@ def prepare_clip(pcm: np.ndarray, name: str) -> np.ndarray:
                              fix=f"trim it to the phrase (at most {MAX_CLIP_S:.0f} s, ideally under 1 s)")
     if x.size < F.FRAME_LENGTH:
         raise EdgelearnError(f"{name}: {x.size} samples is too short", fix="record the whole phrase")
-    frames = F.frame(F.to_float(x))
-    energy = (frames ** 2).mean(axis=1)
-    peak = float(energy.max())
-    active = np.nonzero(energy > peak * 10 ** (-35 / 10))[0] if peak > 0 else np.array([], int)
-    if peak < 1e-7 or active.size == 0:
+    bounds = speech_bounds(x)
+    if bounds is None:
         raise EdgelearnError(f"{name}: the clip is silent", fix="check the microphone and record again")
-    first, last = int(active[0]), int(active[-1])
+    first, last = bounds
     speech = x[first * F.HOP_LENGTH : last * F.HOP_LENGTH + F.FRAME_LENGTH]
     if speech.size < MIN_SPEECH_S * F.SAMPLE_RATE:
         raise EdgelearnError(f"{name}: only {speech.size / F.SAMPLE_RATE:.2f} s of speech",

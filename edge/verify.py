@@ -93,15 +93,15 @@ class Verifier:
         return float(np.quantile(loo, pass_target)), loo
 
 
-def speech_bounds(window: np.ndarray, floor_db: float = 35.0) -> tuple[int, int]:
-    """First and last frame of a clip window whose energy is within ``floor_db`` of the loudest
-    (the rule ``edge.enroll.prepare_clip`` uses)."""
-    fr = F.frame(F.to_float(np.asarray(window)))
-    energy = (fr ** 2).mean(axis=1)
-    act = np.nonzero(energy > energy.max() * 10 ** (-floor_db / 10))[0]
-    if act.size == 0:
+def speech_bounds(window: np.ndarray) -> tuple[int, int]:
+    """First and last speech frame of a clip window (``edge.enroll.speech_bounds``, the rule
+    enrolment centres clips with)."""
+    from edge.enroll import speech_bounds as bounds
+
+    b = bounds(window)
+    if b is None:
         raise EdgelearnError("an enrolment window is silent", fix="record the phrase again")
-    return int(act[0]), int(act[-1])
+    return b
 
 
 def speech_steps(window: np.ndarray) -> tuple[int, int]:

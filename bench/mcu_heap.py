@@ -112,11 +112,20 @@ def _tree(tmp: Path, rev: str | None) -> Path:
     return out
 
 
+def _modules(src_root: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(PORTABLE, FIRMWARE) of the deploy manifest in ``src_root`` (an earlier revision has other modules)."""
+    import ast
+    tree = ast.parse((src_root / "firmware" / "manifest.py").read_text())
+    lists = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+             for t in n.targets if isinstance(t, ast.Name) and t.id in ("PORTABLE", "FIRMWARE")}
+    return lists["PORTABLE"], lists["FIRMWARE"]
+
+
 def _board(tmp: Path, src_root: Path) -> Path:
     from firmware.manifest import bundle_files, compile_firmware
     from hil.board_fs import DEFAULT_BUNDLE, install_local, phrase_clips
     work = tmp / "work"
-    files = compile_firmware(work / "mpy", src_root=src_root)
+    files = compile_firmware(work / "mpy", src_root=src_root, modules=_modules(src_root))
     files += bundle_files(DEFAULT_BUNDLE, work / "bundle", dest="bundle")
     (work / "config.json").write_text('{"device_id": "esp32-bench", "keywords": []}')
     (work / "device.key").write_bytes(KEY)
@@ -145,15 +154,16 @@ def _romfs(fs: Path, out: Path) -> int:
     return len(img)
 
 
-def _run(exe: str, fs: Path, heap_kb: int, variant: str, image: Path) -> dict:
-    """{'CODE', 'PEAK', 'steps': [phases completed], 'ok'} of one run at ``heap_kb``."""
+def _run(exe: str, fs: Path, heap_kb: int, variant: str, image: Path, heap_bytes: int | None = None) -> dict:
+    """{'CODE', 'PEAK', 'steps': [phases completed], 'ok'} of one run at ``heap_kb`` (or exactly ``heap_bytes``)."""
     for name in ("head.bin", "replay.bin", "seq.bin", "sched.bin"):
         (fs / "state" / name).unlink(missing_ok=True)
     (fs / "config.json").write_bytes((fs / "config.0.json").read_bytes())
     code = f"FS = {str(fs) + '/'!r}\nIMAGE = {str(image)!r}\n"
     code += (ROMFS_PRELUDE if variant == "romfs" else "") + SEQUENCE
     path = "/nonexistent" if variant == "romfs" else str(fs)
-    res = subprocess.run([exe, "-X", f"heapsize={heap_kb}k", "-c", code], capture_output=True, text=True,
+    heap = f"{heap_kb}k" if heap_bytes is None else str(heap_bytes)
+    res = subprocess.run([exe, "-X", f"heapsize={heap}", "-c", code], capture_output=True, text=True,
                          cwd=fs, env=dict(os.environ, MICROPYPATH=path), timeout=300)
     out = {"ok": res.returncode == 0, "steps": []}
     for line in res.stdout.splitlines():

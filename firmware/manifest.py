@@ -53,16 +53,18 @@ def _compile(src: Path, out: Path, name: str) -> None:
         raise DeployError(f"mpy-cross failed on {src}: {res.stderr.strip()}", fix="fix the syntax error shown")
 
 
-def compile_firmware(out: Path, arch: str | None = None, src_root: Path = ROOT) -> list[tuple[Path, str]]:
+def compile_firmware(out: Path, arch: str | None = None, src_root: Path = ROOT,
+                     modules: tuple[tuple[str, ...], tuple[str, ...]] = (PORTABLE, FIRMWARE)) -> list[tuple[Path, str]]:
     """Compile everything the firmware imports into ``out``; returns (local, board path) pairs.
 
-    ``src_root`` is the checkout to compile from (bench/mcu_heap.py compiles an
-    earlier revision beside this one).
+    ``src_root`` is the checkout to compile from and ``modules`` its
+    (PORTABLE, FIRMWARE) lists (bench/mcu_heap.py compiles an earlier revision
+    beside this one).
     """
     out = Path(out)
     files: list[tuple[Path, str]] = []
     out.mkdir(parents=True, exist_ok=True)
-    for pkg, names in (("edge/portable", PORTABLE), ("firmware", FIRMWARE)):
+    for pkg, names in zip(("edge/portable", "firmware"), modules):
         for n in names:
             src = Path(src_root) / pkg / f"{n}.py"
             if not src.is_file():

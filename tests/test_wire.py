@@ -298,3 +298,13 @@ def test_fuzz_bit_flips_truncations_and_resigned_mutations(frame, data):
     decoders_agree(resign(bytes(flipped)))
     j = data.draw(st.integers(32, len(frame) - 33))
     decoders_agree(resign(frame[:j] + data.draw(st.binary(max_size=12)) + frame[j + 1:]))
+
+
+@pytest.mark.parametrize("codec", [pw.DENSE_F32, pw.INT8, pw.TOPK_INT8])
+def test_negative_zero_encodes_alike_in_both_codecs(codec):
+    # found by hypothesis: a top-k tensor of -0.0 got scale -0.0 (sign bit set) from the
+    # portable encoder and +0.0 from numpy's abs; the scale is now +0.0 in both
+    tensors = [("z", (1,), np.array([-0.0], np.float32)), ("m", (3,), np.array([-0.0, 0.0, -0.0], np.float32))]
+    encode_both(header(), tensors, codec, fraction=1.0, rounds=2)
+    from edge.portable.quant import symmetric_scale
+    assert str(symmetric_scale(-0.0)) == "0.0"

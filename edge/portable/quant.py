@@ -99,6 +99,8 @@ def symmetric_scale(max_abs, qmax=127):
     """float32 scale for symmetric quantisation (zero point 0): ``max_abs / qmax``, 0.0 for an all-zero tensor."""
     if not (max_abs >= 0.0) or max_abs > FLT_MAX:
         raise ValueError("max_abs must be finite and >= 0, got %r" % (max_abs,))
+    if max_abs == 0.0:
+        return 0.0  # also for -0.0 (a max taken as "v if v >= 0 else -v"): numpy's abs gives +0.0
     return f32(max_abs / qmax)
 
 

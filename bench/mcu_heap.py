@@ -1,7 +1,8 @@
 """Firmware heap on the MicroPython unix port: this firmware vs the one before issue 5, .mpy vs ROMFS.
 
-One board sequence (boot, 5 enrolment shots, enrolled, detect, feedback,
-update) runs on the pinned unix port for two revisions of ``edge/portable``
+One board sequence (``hil.unix_board.SEQUENCE``: boot, 5 enrolment shots,
+enrolled, detect, feedback, update; the one tests/test_firmware_micropython.py
+runs) runs on the pinned unix port for two revisions of ``edge/portable``
 and ``firmware`` side by side: this checkout and ``PREVIOUS`` (the firmware
 before the heap work of issue 5, taken from git), each in two deployments:
 
@@ -25,7 +26,6 @@ are upper bounds for a board.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -35,69 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import row, write_results  # noqa: E402
+from hil.unix_board import SEQUENCE, fresh_state, micropython_exe, parse_marks, romfs_image, run_board  # noqa: E402
 
 KEY = bytes(range(32))
 PREVIOUS = "1d59545"      # the firmware before issue 5's heap work
 PHASES = ("boot", "enrol", "detect", "adapt", "update")
-
-SEQUENCE = r"""
-import gc
-abuf = bytearray(2048)
-amv = memoryview(abuf)
-gc.collect()
-base = gc.mem_alloc()
-peak = [0]
-def mark(step=None):
-    gc.collect()
-    peak[0] = max(peak[0], gc.mem_alloc() - base)
-    if step:
-        print('STEP', step)
-from firmware import link as L
-from firmware.board import FakeBoard
-import firmware.app as A
-mark()
-print('CODE', gc.mem_alloc() - base)
-app = A.App(FakeBoard(root=FS))
-mark('boot')
-seq = [0]
-def h(kind, payload):
-    seq[0] += 1
-    out = app.handle(kind, seq[0], payload)
-    if out[0][0] != L.ACK:
-        raise RuntimeError(bytes(out[0][1][2:]).decode())
-def clip(name):
-    h(L.CMD, b'clip')
-    with open(FS + name, 'rb') as f:
-        while True:
-            n = f.readinto(abuf)
-            if not n:
-                break
-            h(L.AUDIO, amv[:n])
-h(L.CMD, b'enrol kw')
-for i in range(5):
-    clip('a%d.pcm' % i)
-    h(L.CMD, b'shot')
-    mark()
-h(L.CMD, b'enrolled')
-mark('enrol')
-clip('a5.pcm')
-h(L.CMD, b'detect')
-mark('detect')
-h(L.CMD, b'feedback 0')
-mark('adapt')
-h(L.CMD, b'update 1')
-mark('update')
-print('PEAK', peak[0])
-"""
-
-ROMFS_PRELUDE = """
-import vfs, sys, os
-_img = bytearray(os.stat(IMAGE)[6])
-with open(IMAGE, 'rb') as f:
-    f.readinto(_img)
-vfs.mount(vfs.VfsRom(_img), '/rom')
-sys.path.insert(0, '/rom')
-"""
 
 
 def _tree(tmp: Path, rev: str | None) -> Path:
@@ -138,48 +80,23 @@ def _board(tmp: Path, src_root: Path) -> Path:
     return tmp / "fs"
 
 
-def _romfs(fs: Path, out: Path) -> int:
-    import contextlib
-    import io
-    import shutil
-
-    from mpremote.romfs import make_romfs
-    src = out.parent / "romsrc"
-    for pkg in ("edge", "firmware"):
-        shutil.copytree(fs / pkg, src / pkg, dirs_exist_ok=True)
-    (src / "edge" / "portable" / "_empty.py").unlink(missing_ok=True)
-    with contextlib.redirect_stdout(io.StringIO()):   # make_romfs prints the tree
-        img = make_romfs(str(src), mpy_cross=False)
-    out.write_bytes(img)
-    return len(img)
-
-
-def _run(exe: str, fs: Path, heap_kb: int, variant: str, image: Path, heap_bytes: int | None = None) -> dict:
-    """{'CODE', 'PEAK', 'steps': [phases completed], 'ok'} of one run at ``heap_kb`` (or exactly ``heap_bytes``)."""
-    for name in ("head.bin", "replay.bin", "seq.bin", "sched.bin"):
-        (fs / "state" / name).unlink(missing_ok=True)
-    (fs / "config.json").write_bytes((fs / "config.0.json").read_bytes())
-    code = f"FS = {str(fs) + '/'!r}\nIMAGE = {str(image)!r}\n"
-    code += (ROMFS_PRELUDE if variant == "romfs" else "") + SEQUENCE
-    path = "/nonexistent" if variant == "romfs" else str(fs)
-    heap = f"{heap_kb}k" if heap_bytes is None else str(heap_bytes)
-    res = subprocess.run([exe, "-X", f"heapsize={heap}", "-c", code], capture_output=True, text=True,
-                         cwd=fs, env=dict(os.environ, MICROPYPATH=path), timeout=300)
-    out = {"ok": res.returncode == 0, "steps": []}
-    for line in res.stdout.splitlines():
-        key, _, val = line.partition(" ")
-        if key in ("CODE", "PEAK"):
-            out[key] = int(val)
-        elif key == "STEP":
-            out["steps"].append(val)
+def _run(fs: Path, heap_kb: int, variant: str, image: Path) -> dict:
+    """{'CODE', 'PEAK', 'steps': [phases completed], 'ok'} of one run in a ``heap_kb`` heap (image included)."""
+    fresh_state(fs)
+    res = run_board(SEQUENCE, fs, image if variant == "romfs" else None, heap_bytes=heap_kb * 1024)
+    marks, _ = parse_marks(res.stdout)
+    out = {"ok": res.returncode == 0, "steps": [m["step"] for m in marks if m["step"] in PHASES]}
+    if marks:
+        out["CODE"] = marks[0]["live"]
+        out["PEAK"] = max(m["live"] for m in marks)
     return out
 
 
-def _least_heap(exe, fs, variant, image, step=None, lo=48, hi=512) -> int:
+def _least_heap(fs, variant, image, step=None, lo=48, hi=512) -> int:
     """Least heap (KB, 2 KB steps) at which the sequence completes (or reaches ``step``)."""
     while hi - lo > 2:
         mid = (lo + hi) // 2 // 2 * 2
-        r = _run(exe, fs, mid, variant, image)
+        r = _run(fs, mid, variant, image)
         if (r["ok"] if step is None else step in r["steps"]):
             hi = mid
         else:
@@ -187,21 +104,21 @@ def _least_heap(exe, fs, variant, image, step=None, lo=48, hi=512) -> int:
     return hi
 
 
-def _measure(exe: str, tmp: Path, rev: str | None) -> dict:
+def _measure(tmp: Path, rev: str | None) -> dict:
     tmp.mkdir()
     fs = _board(tmp, _tree(tmp, rev))
     image = tmp / "code.romfs"
-    img_kb = _romfs(fs, image) / 1024
+    img_kb = romfs_image(fs, image) / 1024
     out = {}
     for v in ("mpy", "romfs"):
-        m = _run(exe, fs, 512, v, image)
+        m = _run(fs, 512, v, image)
         if not m["ok"]:
             raise RuntimeError(f"the {v} sequence of {rev or 'this checkout'} failed even in a 512 KB heap")
         off = img_kb if v == "romfs" else 0   # the image stands in for flash
-        least = round(_least_heap(exe, fs, v, image) - off, 1)
+        least = round(_least_heap(fs, v, image) - off, 1)
         phases = {}
         if rev is None:
-            phases = {s: round(_least_heap(exe, fs, v, image, step=s) - off, 1) for s in PHASES}
+            phases = {s: round(_least_heap(fs, v, image, step=s) - off, 1) for s in PHASES}
         out[v] = {"code": m["CODE"] / 1024, "peak": m["PEAK"] / 1024, "least": least, "phases": phases,
                   "image_kb": round(img_kb, 1)}
         print(f"{rev or 'now':8s} {v:6s} code {m['CODE'] / 1024:6.1f} KB  live peak {m['PEAK'] / 1024:6.1f} KB  "
@@ -210,14 +127,13 @@ def _measure(exe: str, tmp: Path, rev: str | None) -> dict:
 
 
 def main() -> list[dict]:
-    exe = Path(sys.executable).with_name("micropython")
-    if not exe.exists():
+    if micropython_exe() is None:
         print("mcu_heap: the MicroPython unix port is not installed; nothing measured")
         return []
     with tempfile.TemporaryDirectory() as d:
-        now = _measure(str(exe), Path(d) / "now", None)
+        now = _measure(Path(d) / "now", None)
         try:
-            prev = _measure(str(exe), Path(d) / "prev", PREVIOUS)
+            prev = _measure(Path(d) / "prev", PREVIOUS)
         except (subprocess.CalledProcessError, FileNotFoundError) as e:
             print(f"mcu_heap: revision {PREVIOUS} is not available ({e}); no side-by-side rows")
             prev = None

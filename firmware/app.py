@@ -36,6 +36,11 @@ from firmware import link as L
 from firmware.board import atomic_write, read_file
 
 MAX_KEYWORDS = const(4)
+# collect after every 8 KB allocated, not only when the heap is full: then where garbage and
+# long-lived objects land does not depend on the heap's size, and a heap that is big enough
+# for a sequence is not too small once a few bytes more or less were allocated before it
+# (without it, the least heap that works is not monotonic near 100 KB)
+_GC_EVERY = const(8192)
 REPLAY_BYTES = const(4096)   # the board's replay buffer, serialised (firmware/learn.py)
 # modules that stay loaded; everything else a command imports is dropped after it
 RESIDENT = ("edge", "edge.portable", "edge.portable.compat", "edge.portable.quant", "edge.portable.kernels",
@@ -83,6 +88,8 @@ def _byte_view(arr, nbytes):
 
 class App:
     def __init__(self, board, policy=None):
+        if hasattr(gc, "threshold"):
+            gc.threshold(_GC_EVERY)
         self.board = board
         board.ensure_dirs()
         self.events = []

@@ -33,8 +33,12 @@ def split_url(url):
         raise NetError("bad port in %r" % url)
 
 
-def post(url, body, headers=None, content_type="application/json", timeout=10, max_reply=2048):
-    """POST ``body`` (bytes); returns (status code, reply body bytes). NetError on a network fault."""
+def post(url, body, headers=None, content_type="application/json", timeout=10, max_reply=2048, into=None):
+    """POST ``body`` (bytes); returns (status code, reply body bytes). NetError on a network fault.
+
+    ``into``: a preallocated buffer for the reply (a board passes one); otherwise
+    ``max_reply`` + 1 KB of headers is allocated.
+    """
     host, port, path = split_url(url)
     try:
         addr = socket.getaddrinfo(host, port)[0][-1]
@@ -51,7 +55,7 @@ def post(url, body, headers=None, content_type="application/json", timeout=10, m
             head += "%s: %s\r\n" % (k, hdrs[k])
         _send_all(s, (head + "\r\n").encode())
         _send_all(s, body)
-        reply = bytearray(max_reply + 1024)   # headers + at most max_reply bytes of body
+        reply = bytearray(max_reply + 1024) if into is None else into   # headers + at most max_reply of body
         n = 0
         while n < len(reply):
             k = s.readinto(memoryview(reply)[n:]) if hasattr(s, "readinto") else _recv_into(s, reply, n)
@@ -78,7 +82,7 @@ def _recv_into(s, buf, n):  # CPython sockets have recv_into, not readinto
 
 def _parse(reply, n, url):
     end = bytes(reply[:n]).find(b"\r\n\r\n")
-    if end < 0 or not reply[:5] == b"HTTP/":
+    if end < 0 or bytes(reply[:5]) != b"HTTP/":
         raise NetError("%s answered with something that is not an HTTP reply" % url)
     try:
         status = int(bytes(reply[9:12]))

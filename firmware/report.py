@@ -47,7 +47,9 @@ def update(app, args):
         seq = last + 1
     hdr = Header(app.device_id, round_id, app.version, seq, num_examples=app.replay_count,
                  flags=FLAG_SUBSET | FLAG_DELTA)
-    buf = bytearray(_UPDATE_BYTES)
+    # the frame goes into the replay store, the boot-time 4 KB buffer learning reads flash into:
+    # no 1 KB block to find late in a fragmented heap (learning re-reads it before use)
+    buf = memoryview(app.replay_store)[:_UPDATE_BYTES]
     n = encode_update_into(buf, hdr, [("proto/bias", (MAX_KEYWORDS,), app.head.bias)], app.key, codec=INT8)
     if seq > last:
         app.save("seq.bin", struct.pack("<I", seq))   # before the frame leaves: a number is never reused

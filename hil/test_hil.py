@@ -125,3 +125,13 @@ def test_reset_mid_transfer_keeps_the_running_bundle(board, tmp_path):
     assert any("bundle rejected" in e and "digest" in e for e in link.events), link.events
     t2.stop_firmware(link)
     t2.close()
+
+
+def test_pty_board_runs_the_firmware_from_flash(board):
+    """The pty board holds the code in its ROMFS image (the ESP32's flash); flash() copied none of it."""
+    rig, t = board
+    if rig.kind != "pty":
+        pytest.skip("a real board's code location depends on its build")
+    out = t.exec("import os, firmware.app\nprint(firmware.app.__file__)\nprint(sorted(os.listdir()))").split("\n")
+    assert out[0].strip() == "/rom/firmware/app.mpy", out
+    assert "firmware" not in out[1] and "edge" not in out[1] and "bundle" in out[1], out

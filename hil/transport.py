@@ -24,7 +24,7 @@ class TransportError(EdgelearnError):
 
 
 class BoardTransport:
-    def __init__(self, port: str, baudrate: int = 115200, soft_reset: bool = False):
+    def __init__(self, port: str, baudrate: int = 115200, soft_reset: bool = False, in_rom: tuple[str, ...] = ()):
         from mpremote.transport_serial import SerialTransport
 
         try:
@@ -33,6 +33,7 @@ class BoardTransport:
             raise TransportError(f"cannot open {port}: {e}", fix="check the port name and permissions") from None
         self.port = port
         self.soft_reset = soft_reset
+        self.in_rom = in_rom     # board paths the board holds in flash (frozen / ROMFS): deploy skips them
         self._raw = False
 
     def raw(self) -> None:
@@ -70,6 +71,7 @@ class BoardTransport:
 
     def deploy(self, files, progress=None) -> int:
         total = 0
+        files = [f for f in files if not f[1].startswith(self.in_rom)] if self.in_rom else list(files)
         for i, (local, remote) in enumerate(files):
             self.put(local, remote)
             total += Path(local).stat().st_size

@@ -4,8 +4,12 @@ The MCU tier federates its own model, the bias-only prototype head
 ``proto/bias`` of the MCU bundle (models/kws-mcu-tcnn), so its devices report
 to their own aggregator (FedBuff: a board cannot re-download its bundle every
 round) beside the Pi fleet's. Each device is one ``micropython -X
-heapsize=256k`` process running ``firmware.app.App`` on a ``FakeBoard`` whose
-filesystem ``hil.board_fs`` prepared (compiled .mpy firmware, bundle, key):
+heapsize=`` process running ``firmware.app.App`` on a ``FakeBoard`` whose
+filesystem ``hil.board_fs`` prepared (bundle, key), with the firmware's code
+in a ROMFS image as an ESP32 holds it in flash, and 104 KB of heap beside the
+image (``hil.unix_board``; enrolling, adapting and reporting over Wi-Fi in one
+boot needs 102 KB, 2 KB more than with a reboot after enrolment as
+tests/test_firmware_wifi.py does):
 it enrols its own custom phrase from its own clips (per-device custom words,
 never in the training vocabulary), adapts on a piece of feedback, then checks
 in and uploads through ``firmware.wifi.report`` until ``reports`` updates were
@@ -19,9 +23,7 @@ Needs a source checkout (``firmware/``, ``hil/``) and the unix port.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,39 +31,24 @@ from pathlib import Path
 
 from edge.errors import EdgelearnError
 
+# after hil.unix_board's AUDIO_BUFFER and DRIVER (App, h, clip, enrol). The settings are
+# written into the text and the loop reuses the driver's names: every name a script
+# mentions is interned for good, and one board interns ~615 of the 620 that fit in the
+# first name pools (docs/firmware.md "Memory"); a few more would cost a 7 KB block.
 SCRIPT = r"""
 import time
-from firmware import link as L
-from firmware.board import FakeBoard
-from firmware.app import App
-from firmware import wifi
 app = App(FakeBoard(root=FS))
-seq = [0]
-def h(kind, payload):
-    seq[0] += 1
-    out = app.handle(kind, seq[0], payload)
-    if out[0][0] != L.ACK:
-        raise RuntimeError(bytes(out[0][1][2:]).decode())
-buf = bytearray(2048)
-h(L.CMD, b'enrol ' + WORD)
-for i in range(SHOTS):
-    h(L.CMD, b'clip')
-    with open(FS + 'a%d.pcm' % i, 'rb') as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h(L.AUDIO, memoryview(buf)[:n])
-    h(L.CMD, b'shot')
-h(L.CMD, b'enrolled')
+enrol(%(word)r, %(shots)d)
 h(L.CMD, b'feedback 0')
-done, tries = 0, 0
-while done < REPORTS and tries < 40 * REPORTS:   # "wait" answers are normal: the round is not open to it yet
-    r = wifi.report(app, URL)
-    tries += 1
-    done += r.startswith('accepted')
-    print('REPORT', r)
-    time.sleep(PAUSE)
+n = i = 0
+while n < %(reports)d and i < %(tries)d:   # "wait" answers are normal: the round is not open to it yet
+    from firmware import wifi
+    out = wifi.report(app, %(url)r)
+    del wifi
+    i += 1
+    n += out.startswith('accepted round')   # strings over 10 characters are not interned
+    print('WIFI REPORT:', out)
+    time.sleep(%(pause)r)
 """
 
 
@@ -91,8 +78,9 @@ def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, 
 
     import numpy as np
 
-    exe = _need_source()
+    _need_source()
     from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
+    from hil.unix_board import AUDIO_BUFFER, DRIVER, HEAP_KB, romfs_image, run_board
     from host.aggregator.app import build_app, status_of
     from host.aggregator.config import AggregatorConfig
     from host.aggregator.setup import init_state, provision
@@ -113,13 +101,15 @@ def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, 
         provision(state, dev, key=key, tier="mcu")
         files = board_files(out / "work" / dev, DEFAULT_BUNDLE, dev, key, bundle_dest="bundle")
         fs[dev] = out / "fs" / dev
-        install_local(files, fs[dev])
+        install_local([f for f in files if not f[1].startswith(("edge/", "firmware/"))], fs[dev])
         # per-device custom words: devices alternate between the phrases, each with its own clips
         phrase = phrases[i % len(phrases)]
         mine = clips[phrase][(i // len(phrases)) * shots:][:shots]
         for j, c in enumerate(mine):
             (fs[dev] / f"a{j}.pcm").write_bytes(np.asarray(c, "<i2").tobytes())
         fs[dev] = (fs[dev], phrase)
+    image = out / "code.romfs"        # every board runs the same firmware: one image
+    romfs_image(out / "work" / ids[0] / "mpy", image)
     with socket.socket() as so:
         so.bind(("127.0.0.1", 0))
         port = so.getsockname()[1]
@@ -130,14 +120,13 @@ def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, 
     def board(dev):
         root, phrase = fs[dev]
         word = "w" + "".join(ch for ch in phrase.lower() if ch.isalnum())[:10]
-        code = (f"FS = {str(root) + '/'!r}\nURL = 'http://127.0.0.1:{port}'\nWORD = {word.encode()!r}\n"
-                f"SHOTS = {shots}\nREPORTS = {reports}\nPAUSE = {pause}\n" + SCRIPT)
-        env = dict(os.environ, MICROPYPATH=f"{root}{os.pathsep}.frozen")
-        res = subprocess.run([str(exe), "-X", "heapsize=256k", "-c", code], capture_output=True, cwd=root,
-                             env=env, timeout=300)
+        code = AUDIO_BUFFER + DRIVER + SCRIPT % {"word": word.encode(), "shots": shots, "reports": reports,
+                                                  "tries": 40 * reports, "url": f"http://127.0.0.1:{port}",
+                                                  "pause": pause}
+        res = run_board(code, root, image, heap_kb=HEAP_KB + 4)
         lines = res.stdout.decode(errors="replace").splitlines()
         return {"phrase": phrase, "returncode": res.returncode,
-                "reports": [ln[7:] for ln in lines if ln.startswith("REPORT ")],
+                "reports": [ln[13:] for ln in lines if ln.startswith("WIFI REPORT: ")],
                 "error": None if res.returncode == 0 else (res.stderr + res.stdout).decode(errors="replace")[-500:]}
 
     try:

@@ -7,7 +7,10 @@ the board's own check: the firmware verifies the digests, loads the model and
 only then swaps ``bundle.new`` in (keeping ``bundle.old``). A transfer that is
 cut short leaves the running bundle in place; run the command again.
 ``--port pty`` flashes the unix port on a pseudo-terminal whose filesystem is
-``--fs DIR`` (the CI rig).
+``--fs DIR`` (the CI rig). That rig boots with ``edge/portable`` and ``firmware``
+frozen in a ROMFS image, as an ESP32 firmware image would carry them (so the
+firmware fits the 100 KB heap, docs/firmware.md), and the deploy copies only
+what a board keeps in its filesystem: the bundle, the config and the key.
 
     $ edgelearn flash --port /dev/ttyUSB0 --bundle models/kws-mcu-tcnn --device-key keys/esp32-07.key
     $ edgelearn flash --port pty --fs build/pty-board

@@ -42,7 +42,7 @@ def __getattr__(name):
 
 
 # the format's constants (docs/wire-format.md); edge.portable.wire_encode has the same values
-# as private constants (a board interns no names for them); tests/test_firmware.py checks both agree
+# as private constants (a board interns no names for them); tests/test_firmware_manifest.py checks both agree
 MAGIC = b"ELUP"
 VERSION = const(1)
 HEADER_FMT = "<4sBBHIIIIIBBH"

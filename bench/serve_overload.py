@@ -2,8 +2,9 @@
 
 Both run two model workers without batching (see SERVER_ARGS); edgelearn also
 admits by predicted wait (``--max-queue-wait-ms``). Steps, one run: measure each
-server unloaded (closed loop, concurrency 1) and saturated (closed loop, concurrency 16), then offer 3x the saturated rate as an
-open loop (requests sent on schedule whatever the answers) for a few seconds,
+server unloaded (closed loop, concurrency 1) and saturated (closed loop,
+concurrency 16), then offer 3x the saturated rate as an open loop (requests
+sent on schedule whatever the answers) for a few seconds,
 with a 10 s client timeout. Reported for edgelearn: p99 of admitted requests
 against its unloaded p99 (goal <= 2x), p99 time to a rejection (goal <= 5 ms),
 the share of rejections carrying Retry-After, the largest queue depth seen on

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge.adapt.conv import ConvTail, dwconv_grad
-from edge.adapt.trainer import OPTIMIZERS, STRATEGIES, _dlogits
+from edge.adapt.trainer import OPTIMIZERS, STRATEGIES, Resumable, _dlogits
 from edge.errors import EdgelearnError
 
 WEIGHTS = ("dw4_w", "pw4_w", "cls_w")
@@ -62,7 +62,7 @@ def init_delta(tail: ConvTail, strategy: str, rank: int, rng) -> dict:
     return out
 
 
-class ConvTrainer:
+class ConvTrainer(Resumable):
     def __init__(self, tail: ConvTail, strategy: str, optimizer: str = "sgd", lr: float | None = None,
                  rank: int = 4, sparse_weights=(), seed: int = 0, workspace_budget: int = 16 * 1024,
                  forward_chunk: int | None = 1):
@@ -283,22 +283,6 @@ class ConvTrainer:
     def mix_replay(self, x, y, replay, n: int):
         """Append ``n`` replay examples (tail inputs) to a batch; see ``mix_replay``."""
         return mix_replay(x, y, replay, n, to_float=self.tail.to_float)
-
-    # -- pause / resume ------------------------------------------------------------------
-    def state(self) -> dict:
-        out = {f"delta/{k}": v for k, v in self.tail.delta.items()}
-        out.update({f"m/{k}": v for k, v in self.m.items()})
-        out.update({f"v/{k}": v for k, v in self.v.items()})
-        out["t"] = np.array(self.t)
-        return out
-
-    def load_state(self, st: dict) -> None:
-        for k, v in st.items():
-            kind, _, name = k.partition("/")
-            target = {"delta": self.tail.delta, "m": self.m, "v": self.v}.get(kind)
-            if target is not None:
-                target[name] = np.asarray(v, np.float32)
-        self.t = int(st.get("t", 0))
 
 
 def _nbytes(v) -> int:

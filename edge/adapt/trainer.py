@@ -79,7 +79,27 @@ def _dlogits(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
     return p
 
 
-class Trainer:
+class Resumable:
+    """Pause/resume for a trainer with ``tail.delta``, Adam moments ``m``/``v`` and step count ``t``."""
+
+    def state(self) -> dict:
+        """Everything needed to resume exactly: delta, optimiser moments, step count."""
+        out = {f"delta/{k}": v for k, v in self.tail.delta.items()}
+        out.update({f"m/{k}": v for k, v in self.m.items()})
+        out.update({f"v/{k}": v for k, v in self.v.items()})
+        out["t"] = np.array(self.t)
+        return out
+
+    def load_state(self, st: dict) -> None:
+        for k, v in st.items():
+            kind, _, name = k.partition("/")
+            target = {"delta": self.tail.delta, "m": self.m, "v": self.v}.get(kind)
+            if target is not None:
+                target[name] = np.asarray(v, np.float32)
+        self.t = int(st.get("t", 0))
+
+
+class Trainer(Resumable):
     def __init__(self, tail: Tail, strategy: str, optimizer: str = "sgd", lr: float | None = None,
                  rank: int = 4, sparse_tensors: list[str] | None = None, seed: int = 0,
                  weight_decay_to_base: float = 0.0):
@@ -168,25 +188,6 @@ class Trainer:
 
     def step_bytes(self) -> int:
         return sum(self.last_bytes.values())
-
-    def state(self) -> dict:
-        """Everything needed to resume exactly: delta, optimiser moments, step count."""
-        out = {f"delta/{k}": v for k, v in self.tail.delta.items()}
-        out.update({f"m/{k}": v for k, v in self.m.items()})
-        out.update({f"v/{k}": v for k, v in self.v.items()})
-        out["t"] = np.array(self.t)
-        return out
-
-    def load_state(self, st: dict) -> None:
-        for k, v in st.items():
-            kind, _, name = k.partition("/")
-            if kind == "delta":
-                self.tail.delta[name] = v.astype(np.float32)
-            elif kind == "m":
-                self.m[name] = v.astype(np.float32)
-            elif kind == "v":
-                self.v[name] = v.astype(np.float32)
-        self.t = int(st.get("t", 0))
 
 
 def mix_replay(x, y, replay, n: int, label_map=None):

@@ -161,8 +161,8 @@ class ModelVersion:
     def check_room(self, rows: int = 1) -> None:
         """Raise Overloaded if the queue is at its bound or, with ``max_queue_wait``, if the
         predicted wait for a replica is over budget (also called before a body is parsed)."""
-        live = max(1, sum(s.routable_health for s in self.slots))
         if len(self._queue) >= self.cfg.max_queue:
+            live = max(1, sum(s.routable_health for s in self.slots))
             wait = self._batch_seconds * (len(self._queue) / self.cfg.max_batch_size + 1) / live
             raise Overloaded(f"{self.name} v{self.version}: queue is full ({self.cfg.max_queue} requests)", wait)
         if self.cfg.max_queue_wait > 0:

@@ -26,6 +26,9 @@ STREAM_HOURS = 2.05
 # The independent check's own seeds (renders, and the snippets around the held-out renders), drawn
 # fresh for it: nothing was tuned on what they produce.
 INDEPENDENT_RENDER_SEED, INDEPENDENT_SNIPPET_SEED = 4711, 4712
+# The fresh check (issue 4): the corpus's espeak-ng val-split voices (never trained on, never in the
+# stream), seeds drawn for it; added before the verifier's second rule was developed and run once.
+FRESH_RENDER_SEED, FRESH_SNIPPET_SEED = 5711, 5712
 NEAR_MISS = {
     "hey edge": ["hey", "edge", "hedge", "hey ed", "hey eddie"], "banana": ["bandana", "nana", "ban a car"],
     "jupiter": ["jupe", "super", "jubilee"], "computer": ["commuter", "compute", "come pewter"],
@@ -75,6 +78,21 @@ def independent_voices():
         raise RuntimeError(f"the corpus split has {len(esp)} espeak-ng test voices; the independent check "
                            "needs more than the 4 the main rows use")
     return esp[4:]
+
+
+def fresh_voices():
+    """The espeak-ng voices of the corpus's val split, sorted by id: the fresh check's positives. They
+    were never trained on and speak none of the negative stream; nobody looked at their numbers while a
+    verifier rule was being chosen."""
+    from host.data import synth
+    from host.data.corpus import CorpusConfig, assign_splits
+
+    voices = synth.all_voices()
+    split = assign_splits(voices, CorpusConfig())
+    val = sorted((v for v in voices if split[v.id] == "val" and v.synth == "espeak"), key=lambda v: v.id)
+    if not val:
+        raise RuntimeError("the corpus split has no espeak-ng val voices; the fresh check needs them")
+    return val
 
 
 def _render_jobs(jobs, label):
@@ -132,14 +150,14 @@ def positive_jobs(voices, rng):
             for v in voices for ph in CUSTOM_PHRASES for k in range(SHOTS + HELD_OUT)]
 
 
-def render_independent(path: Path, seed: int):
-    """Positives of the independent check (``independent_voices()``, renders drawn from ``seed``),
-    keyed like ``render_audio``'s; cached (atomic)."""
+def render_independent(path: Path, seed: int, voices=None, label: str = "independent"):
+    """Positives of the independent check (``independent_voices()``, or ``voices``; renders drawn from
+    ``seed``), keyed like ``render_audio``'s; cached (atomic)."""
     if path.exists():
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    audio = _render_jobs(positive_jobs(independent_voices(), np.random.default_rng(seed)),
-                         "kws_fewshot independent renders")
+    voices = independent_voices() if voices is None else voices
+    audio = _render_jobs(positive_jobs(voices, np.random.default_rng(seed)), f"kws_fewshot {label} renders")
     _save_npz(path, audio)
     return audio
 

@@ -154,3 +154,78 @@ def test_count_events_verify_mirrors_detector_rules():
     assert count_events(scores, 0.5, ends, verify=lambda j: j > 10, peaks=peaks) == 1
     assert peaks and peaks[0] > 10
     assert count_events(scores, 0.5, ends, verify=lambda j: False) == 0
+
+
+def test_sdtw_stats_thirds_catch_a_partial_match():
+    rng = np.random.default_rng(2)
+    a, b, c, x = (v / np.linalg.norm(v) for v in rng.standard_normal((4, 16)).astype(np.float32))
+    tpl = np.stack([a, a, b, b, c, c])
+
+    def seq(*vs):
+        return np.stack(list(vs) + [x] * (25 - len(vs)))
+
+    seqs = np.stack([seq(x, a, a, b, b, c, c), seq(a, a, b, b, x, x), seq(a, b, c)])
+    st = V.sdtw_stats(tpl, seqs)
+    np.testing.assert_allclose(st["mean"], V.sdtw(tpl, seqs), rtol=1e-6, atol=1e-7)   # the same path and cost
+    assert st["thirds"][0] == pytest.approx(0.0, abs=1e-6) and st["thirds"][2] == pytest.approx(0.0, abs=1e-6)
+    # the last third unmatched: the mean spreads its cost over the whole phrase, the worst third does not
+    assert st["thirds"][1] > 0.8 and st["thirds"][1] > 2.5 * st["mean"][1]
+    # random sequences: the worst third is never below the mean
+    r = rng.standard_normal((8, 25, 16)).astype(np.float32)
+    st = V.sdtw_stats(tpl, r / np.linalg.norm(r, axis=-1, keepdims=True))
+    assert np.all(st["thirds"] >= st["mean"] - 1e-6)
+
+
+def test_partial_phrase_is_rejected(km, voice, enrolled):
+    """"hey" alone after enrolling "hey robot": the second stage rejects it under either rule."""
+    from host.data import synth
+
+    state = DeviceState.open(enrolled[0], km.bundle)
+    [hey] = synth.render(voice, [("hey", 1.0, 1.0)])
+    for rule in V.RULES:
+        custom = state.custom(rule=rule)
+        assert custom.verify_rules == [rule]
+        feats = F.normalize(F.mfcc(F.fit_to_window(hey)[None]), km.scale)
+        ok, d = custom.verify(0, feats[0])
+        assert not ok and d > custom.verify_thresholds[0], (rule, d, custom.verify_thresholds)
+        assert events(km, custom, hey)[0] == []
+    assert state.custom().verify_rules == [V.DEFAULT_RULE]
+
+
+def test_version_1_verifier_entry_runs_the_mean_rule_only(km, enrolled, tmp_path):
+    data = json.loads((enrolled[0] / "keywords.json").read_text())
+    entry = data["keywords"][0]["verify"]
+    assert entry["version"] == V.VERSION and set(entry["thresholds"]) == set(V.RULES)
+    assert entry["threshold"] == entry["thresholds"][entry["rule"]]
+    old = {k: v for k, v in entry.items() if k not in ("rule", "thresholds")}
+    old.update(version=1, threshold=entry["thresholds"]["mean"])
+    data["keywords"][0]["verify"] = old
+    (tmp_path / "keywords.json").write_text(json.dumps(data))
+    state = DeviceState.open(tmp_path, km.bundle)
+    custom = state.custom()
+    assert custom.verifies(0) and custom.verify_rules == ["mean"]
+    assert custom.verify_thresholds[0] == entry["thresholds"]["mean"]
+    with pytest.raises(StateError, match="enrolled before the verifier rule 'thirds'"):
+        state.custom(rule="thirds")
+    with pytest.raises(EdgelearnError, match="unknown verifier rule"):
+        DeviceState.open(enrolled[0], km.bundle).custom(rule="median")
+
+
+def test_bad_rule_entries_are_clear_errors(km, enrolled, tmp_path):
+    data = json.loads((enrolled[0] / "keywords.json").read_text())
+    for change, msg in (({"rule": "median"}, "verifier rule 'median'"), ({"threshold": 0.123}, "is not the"),
+                        ({"thresholds": None}, "unreadable")):
+        bad = json.loads(json.dumps(data))
+        bad["keywords"][0]["verify"].update(change)
+        (tmp_path / "keywords.json").write_text(json.dumps(bad))
+        with pytest.raises(EdgelearnError, match=msg):
+            DeviceState.open(tmp_path, km.bundle).custom()
+
+
+def test_enrol_with_the_thirds_rule(km, clips, tmp_path):
+    rep = enroll(km, DeviceState.open(tmp_path, km.bundle), "hey robot", clips[:5], verify_rule="thirds")
+    assert rep["verify_rule"] == "thirds" and rep["verify_enrolment_pass_rate"] >= 0.85
+    custom = DeviceState.open(tmp_path, km.bundle).custom()
+    assert custom.verify_rules == ["thirds"]
+    with pytest.raises(EdgelearnError, match="unknown verifier rule"):
+        enroll(km, DeviceState.open(tmp_path, km.bundle), "hey robot", clips[:5], replace=True, verify_rule="max")

@@ -42,25 +42,20 @@ def window_verifier(custom, frames, scale, k: int = 0):
     return check
 
 
-OLD_RULE, NEW_RULE = "mean", "thirds"   # the verifier rules measured side by side (edge.verify.RULES)
-
-
 def evaluate_keywords(km, voices, pos_audio, pieces, stream: dict, rng):
     """Every custom phrase of every voice enrolled from ``pos_audio["pos|voice|phrase|k"]``, k < SHOTS,
     and measured on the held-out k (snippets drawn from ``rng``) and the negative ``stream`` (``emb``,
     ``unit``, ``ends``, ``frames``, ``bank_unit``).
 
     Returns (res, models, fa): res per keyword model (voice, phrase, misses, held-out, fa, fa proto,
-    misses proto, outliers, misses 2-stage, fa 2-stage, misses 2-stage new rule, fa 2-stage new rule:
-    the two-stage columns with the verifier's ``OLD_RULE`` and ``NEW_RULE``, both calibrated in the same
-    enrolment); models the score series ``operating_curve``
+    misses proto, outliers, misses 2-stage, fa 2-stage); models the score series ``operating_curve``
     and ``check_counter`` read; fa the false accepts' times and phrases per stage."""
     from edge.detect import Detector, detect_pcm
     from edge.enroll import DeviceState, enroll
     from host.data.words import CUSTOM_PHRASES
 
     emb, unit, ends, frames, bank_unit = (stream[k] for k in ("emb", "unit", "ends", "frames", "bank_unit"))
-    fa_all = {"times": [], "phrases": [], "times2": [], "phrases2": [], "times3": [], "phrases3": []}
+    fa_all = {"times": [], "phrases": [], "times2": [], "phrases2": []}
     res, models = [], []
     for v in voices:
         for ph in CUSTOM_PHRASES:
@@ -68,25 +63,23 @@ def evaluate_keywords(km, voices, pos_audio, pieces, stream: dict, rng):
             with tempfile.TemporaryDirectory() as d:
                 state = DeviceState.open(d, km.bundle)
                 rep = enroll(km, state, ph, clips[:SHOTS])
-                custom, entry = state.custom(verify=False), state.keywords[0]
-                two, three = state.custom(rule=OLD_RULE), state.custom(rule=NEW_RULE)
+                custom, two, entry = state.custom(verify=False), state.custom(), state.keywords[0]
             snippets = [positive_snippet(rng, c, pieces) for c in clips[SHOTS:]]
-            misses = [0, 0, 0]
-            for i, det in enumerate(Detector(km, custom=c, keywords=[]) for c in (custom, two, three)):
+            misses = [0, 0]
+            for i, det in enumerate((Detector(km, custom=custom, keywords=[]), Detector(km, custom=two, keywords=[]))):
                 for snip in snippets:
                     det.reset()
                     misses[i] += not any(e["keyword"] == ph for e in detect_pcm(det, snip))
             thr = float(custom.thresholds[0])
             stream_scores = custom.scores(emb)[:, 0]
-            times, times2, times3 = [], [], []
+            times, times2 = [], []
             fa = count_events(stream_scores, thr, ends, times=times)
             check = window_verifier(two, frames, km.scale)
             fa2 = count_events(stream_scores, thr, ends, times=times2, verify=check)
-            fa3 = count_events(stream_scores, thr, ends, times=times3,
-                               verify=window_verifier(three, frames, km.scale))
-            for key, ts in (("", times), ("2", times2), ("3", times3)):
-                fa_all["times" + key] += ts
-                fa_all["phrases" + key] += [ph] * len(ts)
+            fa_all["times"] += times
+            fa_all["phrases"] += [ph] * len(times)
+            fa_all["times2"] += times2
+            fa_all["phrases2"] += [ph] * len(times2)
             runs = [snippet_runs(km, s) for s in snippets]
             pos_emb = [(e, en) for e, en, _ in runs]
             models.append({"thr": thr, "stream": stream_scores, "ends": ends, "verify": check,
@@ -100,11 +93,9 @@ def evaluate_keywords(km, voices, pos_audio, pieces, stream: dict, rng):
             for e, _ in pos_emb:
                 c = (e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)) @ proto
                 p_miss += bool(np.convolve(c, np.ones(2) / 2)[: len(c)].max() < thr_p)
-            res.append((v.id, ph, misses[0], len(snippets), fa, fa_p, p_miss, rep["outliers"], misses[1], fa2,
-                        misses[2], fa3))
+            res.append((v.id, ph, misses[0], len(snippets), fa, fa_p, p_miss, rep["outliers"], misses[1], fa2))
             print(f"{v.id:28s} {ph:12s} miss {misses[0]}/{len(snippets)}  FA {fa:3d}  (proto: miss {p_miss}, "
-                  f"FA {fa_p}; two-stage: miss {misses[1]}, FA {fa2}; {NEW_RULE}: miss {misses[2]}, FA {fa3})",
-                  file=sys.stderr)
+                  f"FA {fa_p}; two-stage: miss {misses[1]}, FA {fa2})", file=sys.stderr)
     return res, models, fa_all
 
 

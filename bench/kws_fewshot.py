@@ -28,9 +28,7 @@ as they come out; nothing is re-tuned on them.
 
 The fresh check (issue 4) does the same on the espeak-ng voices of the corpus's val split (never
 trained on, absent from the negative stream) with seeds of its own; it was added before a second
-verifier rule was developed, and that development looked only at the main rows. Every set also
-reports the verifier's candidate rule ``"thirds"`` beside its current rule ``"mean"`` (both
-calibrated in the same enrolment; ``edge.verify.RULES``).
+verifier rule was developed, and that development looked only at the main rows.
 
 Rendering and caching live in ``bench._fewshot_data``, enrolment and counting in
 ``bench._fewshot_score``; this module reads the results into rows.
@@ -172,26 +170,6 @@ def independent_rows(res, hours, tag=INDEPENDENT_TAG, seeds=None):
     ]
 
 
-def rule_rows(res, audio, root, fa, hours, tag):
-    """The verifier's candidate rule (``S.NEW_RULE``) beside its current rule (``S.OLD_RULE``) on the same
-    keyword models: both thresholds come from the same enrolment, the same first-stage candidates."""
-    n = sum(r[3] for r in res)
-    old = f"verifier rule {S.OLD_RULE!r}"
-    new = f"{tag}two-stage with the verifier rule {S.NEW_RULE!r} (worst of the three parts' mean path cost)"
-    sp_new, d_new = S.without_spoken_keyword(audio, root, fa["times3"], fa["phrases3"], len(res), hours)
-    sp_old, _ = S.without_spoken_keyword(audio, root, fa["times2"], fa["phrases2"], len(res), hours)
-    by_kind, _, own = S.fa_sources(audio, fa["times3"], fa["phrases3"], root)
-    return [row("kws_fewshot", f"{new}: false-reject rate", round(100 * sum(r[10] for r in res) / n, 2), "%", old,
-                round(100 * sum(r[8] for r in res) / n, 2), ratio=None, held_out=n),
-            row("kws_fewshot", f"{new}: false accepts per hour per keyword", round(float(
-                np.mean([r[11] for r in res]) / hours), 3), "FA/h", old, round(float(np.mean([r[9] for r in res]) / hours), 3),
-                near_miss_share=round(100 * by_kind.get("near-miss", 0.0), 1), own_near_miss=round(100 * own, 1)),
-            row("kws_fewshot", f"{new}: false accepts per hour per keyword, not counting events on stream pieces "
-                "that say the keyword itself", round(sp_new, 3), "FA/h", old, round(sp_old, 3), events_dropped=d_new),
-            row("kws_fewshot", f"{new}: keyword models over 0.5 FA/h", int(sum(r[11] / hours > 0.5 for r in res)),
-                "count", old, int(sum(r[9] / hours > 0.5 for r in res)), ratio=None)]
-
-
 def spoken_rows(audio, root, res, fa, hours, tag=""):
     """FA/h once stream pieces that say the keyword itself ("cinnamon roll", "magnets") stop counting."""
     one, d1 = S.without_spoken_keyword(audio, root, fa["times"], fa["phrases"], len(res), hours)
@@ -232,7 +210,6 @@ def main():
     curve2 = S.operating_curve(models, hours, two_stage=True)
     rows += S.curve_rows(curve2, "two-stage ")
     rows += spoken_rows(audio, root, res, fa, hours)
-    rows += rule_rows(res, audio, root, fa, hours, "")
     (root / "per_keyword.json").write_text(json.dumps(res, default=str, indent=0))
 
     ind_audio = D.render_independent(root / f"audio-independent-{D.INDEPENDENT_RENDER_SEED}.npz",
@@ -241,7 +218,6 @@ def main():
                                         np.random.default_rng(D.INDEPENDENT_SNIPPET_SEED))
     rows += independent_rows(ind_res, hours)
     rows += spoken_rows(audio, root, ind_res, ind_fa, hours, INDEPENDENT_TAG + ": ")
-    rows += rule_rows(ind_res, audio, root, ind_fa, hours, INDEPENDENT_TAG + ": ")
     (root / "per_keyword_independent.json").write_text(json.dumps(ind_res, default=str, indent=0))
 
     fresh_audio = D.render_independent(root / f"audio-fresh-{D.FRESH_RENDER_SEED}.npz", D.FRESH_RENDER_SEED,
@@ -251,7 +227,6 @@ def main():
     rows += independent_rows(fr_res, hours, FRESH_TAG,
                              {"render_seed": D.FRESH_RENDER_SEED, "snippet_seed": D.FRESH_SNIPPET_SEED})
     rows += spoken_rows(audio, root, fr_res, fr_fa, hours, FRESH_TAG + ": ")
-    rows += rule_rows(fr_res, audio, root, fr_fa, hours, FRESH_TAG + ": ")
     (root / "per_keyword_fresh.json").write_text(json.dumps(fr_res, default=str, indent=0))
 
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,7 @@ State under ``--state DIR`` (one JSON file, written with ``atomic_write``)::
 
     keywords.json  {"format": 2, "model_id", "model_version",
                     "keywords": [{"name", "prototype", "w", "b", "threshold", "clips", ...,
-                                  "verify": {"version", "rule", "threshold", "thresholds", "steps",
-                                             "templates", ...}}]}
+                                  "verify": {"version", "threshold", "steps", "templates", ...}}]}
 
 Format 1 (before the verifier) is still read; its keywords run the first stage only
 until they are enrolled again. Saving writes format 2.
@@ -61,11 +60,9 @@ class CustomKeywords:
     """Scores of enrolled keywords from embeddings: sigmoid(w . e/|e| + b), and their second stage.
 
     ``bundle``: needed for the second stage (``edge.verify``) of keywords that carry one; without
-    it (or with ``verify=False``) only the first stage runs. ``rule``: the verifier rule to run
-    (``edge.verify.RULES``) instead of each keyword's own (for side-by-side measurements); a keyword
-    enrolled before that rule existed is refused with a clear error."""
+    it (or with ``verify=False``) only the first stage runs."""
 
-    def __init__(self, entries: list[dict], bundle=None, verify: bool = True, rule: str | None = None):
+    def __init__(self, entries: list[dict], bundle=None, verify: bool = True):
         self.names = [e["name"] for e in entries]
         self.w = np.array([e["w"] for e in entries], np.float32).reshape(len(entries), -1)
         self.b = np.array([e["b"] for e in entries], np.float32)
@@ -81,17 +78,7 @@ class CustomKeywords:
             if stale:
                 raise StateError(f"keywords {stale} were verified with another backbone's quantisation",
                                  fix="re-enrol them for this bundle (--replace)")
-        self.verify_rules, self.verify_thresholds = [None] * len(entries), [None] * len(entries)
-        if self.verifier is not None:
-            for i, e in enumerate(entries):
-                if "verify" not in e:
-                    continue
-                own, thr = V.rule_thresholds(e["verify"])
-                use = own if rule is None else V.check_rule(rule)
-                if use not in thr:
-                    raise StateError(f"keyword {e['name']!r} was enrolled before the verifier rule {use!r}",
-                                     fix="re-enrol it (--replace), or run its own rule")
-                self.verify_rules[i], self.verify_thresholds[i] = use, thr[use]
+        self.verify_thresholds = [e["verify"]["threshold"] if "verify" in e else None for e in entries]
 
     def verifies(self, k: int) -> bool:
         return self.verifier is not None and self.templates[k] is not None
@@ -100,8 +87,7 @@ class CustomKeywords:
         """Second stage for keyword ``k`` on one normalised (49, 10) window: (passes, distance)."""
         if not self.verifies(k):
             return True, 0.0
-        d = float(self.verifier.distance(self.verifier.sequences(np.asarray(feats)[None]), self.templates[k],
-                                         rule=self.verify_rules[k])[0])
+        d = float(self.verifier.distance(self.verifier.sequences(np.asarray(feats)[None]), self.templates[k])[0])
         return d <= self.verify_thresholds[k], d
 
     def scores(self, emb: np.ndarray) -> np.ndarray:
@@ -149,8 +135,8 @@ class DeviceState:
     def names(self) -> list[str]:
         return [k["name"] for k in self.keywords]
 
-    def custom(self, verify: bool = True, rule: str | None = None) -> CustomKeywords | None:
-        return CustomKeywords(self.keywords, self.bundle, verify, rule) if self.keywords else None
+    def custom(self, verify: bool = True) -> CustomKeywords | None:
+        return CustomKeywords(self.keywords, self.bundle, verify) if self.keywords else None
 
 
 def check_name(name: str, base_labels, existing) -> str:
@@ -244,12 +230,10 @@ def negative_bank(bundle) -> np.ndarray:
 
 
 def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_names=None,
-           far_target: float = 0.001, replace: bool = False, seed: int = 0, verify: bool | None = None,
-           verify_rule: str | None = None) -> dict:
+           far_target: float = 0.001, replace: bool = False, seed: int = 0, verify: bool | None = None) -> dict:
     """Learn keyword ``name`` from clips; saves the state; returns a report dict.
     ``verify``: also build the second stage (``edge.verify``; needs the bundle's backbone);
-    None: when the bundle has a backbone partition. ``verify_rule``: the rule the keyword runs
-    (``edge.verify.RULES``; None: ``edge.verify.DEFAULT_RULE``); every rule is calibrated and kept."""
+    None: when the bundle has a backbone partition."""
     clip_names = clip_names or [f"clip {i + 1}" for i in range(len(clips))]
     if not MIN_CLIPS <= len(clips) <= MAX_CLIPS:
         raise EdgelearnError(f"{len(clips)} enrolment clips given, need {MIN_CLIPS}-{MAX_CLIPS}",
@@ -289,11 +273,10 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
         ver = V.Verifier(km.bundle)
         kept = np.stack([windows[i] for i in keep])
         templates = ver.templates(kept, km.scale)
-        rule = V.check_rule(verify_rule or V.DEFAULT_RULE)
         v_thr, loo = ver.calibrate(kept, templates, km.scale, rng)
-        entry["verify"] = V.pack(templates, ver.qparams, v_thr, loo, rule)
-        report_verify = {"verify_rule": rule, "verify_threshold": round(v_thr[rule], 4),
-                         "verify_enrolment_pass_rate": round(float((loo[rule] <= v_thr[rule]).mean()), 3)}
+        entry["verify"] = V.pack(templates, ver.qparams, v_thr, loo)
+        report_verify = {"verify_threshold": round(v_thr, 4),
+                         "verify_enrolment_pass_rate": round(float((loo <= v_thr).mean()), 3)}
     state.keywords = [k for k in state.keywords if k["name"] != norm] + [entry]
     state.save()
     return {"keyword": norm, "clips": len(clips), "used": len(keep),

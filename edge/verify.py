@@ -12,20 +12,11 @@ every template step to one window step, the window steps advancing by 0, 1 or 2
 window): a subsequence DTW. The distance is the smallest over the templates; the
 window passes at or below the keyword's threshold.
 
-Two rules read that alignment (``RULES``). ``"mean"`` (version 1): the mean cost along the
-path. ``"thirds"``: the template is cut into three consecutive parts and the path's mean
-cost over each part is taken; the statistic is the worst of the three, so a window where
-only part of the phrase matches ("blue" for "blueberry", "hey" for "hey robot") cannot
-hide a poorly matched part behind a well matched one. The path is the same (the one with
-the least total cost); only the statistic differs.
-
 The threshold comes from the enrolment clips alone (``calibrate``): each clip is
 distorted as a stream distorts speech (``edge.enroll.augment``'s time shifts and
 light noise, plus +-10 % speed and noise at 10 dB SNR on the speech) and compared
 with the *other* clips' templates; the threshold is the distance that
-``pass_target`` (0.9) of these leave-one-out distances stay under. Both rules' thresholds
-are calibrated from the same distorted clips and kept in the state entry (version 2), so
-either rule can run; ``rule`` says which one the keyword uses.
+``pass_target`` (0.9) of these leave-one-out distances stay under.
 
     >>> v = Verifier(bundle)
     >>> tpl = v.templates(windows)                   # int8 templates from 1 s int16 enrolment windows
@@ -46,11 +37,7 @@ STEPS = 25                    # backbone time steps per 1 s window (stride 2 ove
 MIN_TEMPLATE_STEPS = 4
 SPEEDS = (0.9, 1.0, 1.1)
 HARD_SNR_DB = 10.0
-VERSION = 2
-READABLE_VERSIONS = (1, 2)    # version 1 entries: the "mean" rule only
-RULES = ("mean", "thirds")
-DEFAULT_RULE = "mean"
-SEGMENTS = 3
+VERSION = 1
 
 
 class Verifier:
@@ -85,43 +72,25 @@ class Verifier:
         raw = self.raw(F.normalize(F.mfcc(np.asarray(windows)), scale))
         return [r[a:b] for r, (a, b) in zip(raw, (speech_steps(w) for w in windows))]
 
-    def distances(self, seqs: np.ndarray, templates: list[np.ndarray], exclude: int | None = None) -> dict:
-        """(N, 25, 320) unit sequences -> {rule: (N,) smallest template statistic} for every rule in
-        ``RULES`` (``exclude``: a template index)."""
-        per = [sdtw_stats(self.unit(t), seqs) for k, t in enumerate(templates) if k != exclude]
-        return {r: np.min([p[r] for p in per], axis=0) for r in RULES}
-
-    def distance(self, seqs: np.ndarray, templates: list[np.ndarray], exclude: int | None = None,
-                 rule: str = "mean") -> np.ndarray:
-        """(N, 25, 320) unit sequences -> (N,) smallest template statistic of ``rule``."""
-        check_rule(rule)
-        if rule == "mean":
-            d = [sdtw(self.unit(t), seqs) for k, t in enumerate(templates) if k != exclude]
-            return np.min(d, axis=0)
-        return self.distances(seqs, templates, exclude)[rule]
+    def distance(self, seqs: np.ndarray, templates: list[np.ndarray], exclude: int | None = None) -> np.ndarray:
+        """(N, 25, 320) unit sequences -> (N,) smallest template distance (``exclude``: a template index)."""
+        d = [sdtw(self.unit(t), seqs) for k, t in enumerate(templates) if k != exclude]
+        return np.min(d, axis=0)
 
     def calibrate(self, windows: np.ndarray, templates: list[np.ndarray], scale, rng,
-                  pass_target: float = 0.9) -> tuple[dict, dict]:
-        """Thresholds from leave-one-out statistics of the distorted enrolment windows; returns
-        ({rule: threshold}, {rule: the statistics}) for every rule in ``RULES``."""
+                  pass_target: float = 0.9) -> tuple[float, np.ndarray]:
+        """Threshold from leave-one-out distances of the distorted enrolment windows; returns
+        (threshold, the distances)."""
         from edge.enroll import augment
 
         if len(templates) < 2:
             raise EdgelearnError("the verifier needs at least 2 enrolment clips", fix="record more clips")
-        loo = {r: [] for r in RULES}
+        loo = []
         for k, w in enumerate(windows):
             aug = np.concatenate([augment([w], rng), distort(w, rng)])
-            d = self.distances(self.sequences(F.normalize(F.mfcc(aug), scale)), templates, exclude=k)
-            for r in RULES:
-                loo[r].append(d[r])
-        loo = {r: np.concatenate(v) for r, v in loo.items()}
-        return {r: float(np.quantile(v, pass_target)) for r, v in loo.items()}, loo
-
-
-def check_rule(rule: str) -> str:
-    if rule not in RULES:
-        raise EdgelearnError(f"unknown verifier rule {rule!r}", fix=f"use one of {list(RULES)}")
-    return rule
+            loo.append(self.distance(self.sequences(F.normalize(F.mfcc(aug), scale)), templates, exclude=k))
+        loo = np.concatenate(loo)
+        return float(np.quantile(loo, pass_target)), loo
 
 
 def speech_bounds(window: np.ndarray) -> tuple[int, int]:
@@ -179,68 +148,25 @@ def sdtw(tpl: np.ndarray, seqs: np.ndarray) -> np.ndarray:
     return acc.min(axis=1) / len(tpl)
 
 
-def sdtw_stats(tpl: np.ndarray, seqs: np.ndarray) -> dict:
-    """``sdtw``'s best path (the same steps and costs) traced back: {"mean": mean cost along it,
-    "thirds": the worst of the mean costs over the template's three consecutive parts}, each (N,)."""
-    m = len(tpl)
-    cost = 1.0 - np.einsum("md,knd->kmn", tpl, seqs)
-    nseq, n = cost.shape[0], cost.shape[2]
-    acc = cost[:, 0].copy()
-    back = np.zeros((m, nseq, n), np.int8)
-    for i in range(1, m):
-        cand = np.full((3, nseq, n), np.inf, acc.dtype)
-        cand[0] = acc
-        cand[1, :, 1:] = acc[:, :-1]
-        cand[2, :, 2:] = acc[:, :-2]
-        back[i] = cand.argmin(axis=0)
-        acc = cost[:, i] + np.take_along_axis(cand, back[i][None].astype(np.intp), 0)[0]
-    j = acc.argmin(axis=1)
-    rows = np.arange(nseq)
-    steps = np.empty((nseq, m), np.float64)
-    for i in range(m - 1, -1, -1):
-        steps[:, i] = cost[rows, i, j]
-        j = j - back[i][rows, j]
-    parts = np.array_split(np.arange(m), SEGMENTS)
-    return {"mean": acc.min(axis=1) / m,
-            "thirds": np.max([steps[:, p].mean(axis=1) for p in parts], axis=0)}
-
-
-def pack(templates: list[np.ndarray], qparams, thresholds: dict, loo: dict, rule: str = DEFAULT_RULE) -> dict:
-    """The state entry of a keyword's verifier (JSON-safe; int8 templates in base64). ``threshold`` is
-    the threshold of ``rule``, the one the keyword runs; ``thresholds`` keeps every rule's."""
-    check_rule(rule)
-    return {"version": VERSION, "rule": rule, "threshold": round(float(thresholds[rule]), 6),
-            "thresholds": {r: round(float(t), 6) for r, t in thresholds.items()},
+def pack(templates: list[np.ndarray], qparams, threshold: float, loo: np.ndarray) -> dict:
+    """The state entry of a keyword's verifier (JSON-safe; int8 templates in base64)."""
+    return {"version": VERSION, "threshold": round(float(threshold), 6),
             "qparams": [float(qparams[0]), int(qparams[1])], "dim": int(templates[0].shape[1]),
             "steps": [int(len(t)) for t in templates],
             "templates": base64.b64encode(np.concatenate(templates).astype(np.int8).tobytes()).decode(),
-            "loo_median": round(float(np.median(loo[rule])), 4)}
+            "loo_median": round(float(np.median(loo)), 4)}
 
 
 def unpack(entry: dict) -> list[np.ndarray]:
     """int8 templates of a state entry; a clear error for an entry this runtime cannot read."""
     try:
-        if entry["version"] not in READABLE_VERSIONS:
-            raise ValueError(f"verifier version {entry['version']}, this runtime reads {READABLE_VERSIONS}")
+        if entry["version"] != VERSION:
+            raise ValueError(f"verifier version {entry['version']}, this runtime reads {VERSION}")
         flat = np.frombuffer(base64.b64decode(entry["templates"]), np.int8)
         steps, dim = [int(s) for s in entry["steps"]], int(entry["dim"])
         if flat.size != sum(steps) * dim or not steps:
             raise ValueError(f"{flat.size} template values for steps {steps} x {dim}")
-        rule_thresholds(entry)
-    except (KeyError, ValueError, TypeError, AttributeError) as e:
+    except (KeyError, ValueError, TypeError) as e:
         raise EdgelearnError(f"a keyword's verifier entry is unreadable ({e})",
                              fix="re-enrol the keyword (--replace)") from None
     return np.split(flat.reshape(-1, dim), np.cumsum(steps)[:-1])
-
-
-def rule_thresholds(entry: dict) -> tuple[str, dict]:
-    """(the rule an entry runs, {rule: threshold} it can run): a version 1 entry runs "mean" only."""
-    if entry["version"] == 1:
-        return "mean", {"mean": float(entry["threshold"])}
-    rule = entry["rule"]
-    if rule not in RULES:
-        raise ValueError(f"verifier rule {rule!r}, this runtime knows {list(RULES)}")
-    thr = {r: float(t) for r, t in entry["thresholds"].items() if r in RULES}
-    if thr.get(rule) != float(entry["threshold"]):
-        raise ValueError(f"threshold {entry['threshold']} is not the {rule!r} rule's {thr.get(rule)}")
-    return rule, thr

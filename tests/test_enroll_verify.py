@@ -154,3 +154,15 @@ def test_count_events_verify_mirrors_detector_rules():
     assert count_events(scores, 0.5, ends, verify=lambda j: j > 10, peaks=peaks) == 1
     assert peaks and peaks[0] > 10
     assert count_events(scores, 0.5, ends, verify=lambda j: False) == 0
+
+
+def test_partial_phrase_is_rejected(km, voice, enrolled):
+    """"hey" alone after enrolling "hey robot": the second stage rejects it."""
+    from host.data import synth
+
+    custom = DeviceState.open(enrolled[0], km.bundle).custom()
+    [hey] = synth.render(voice, [("hey", 1.0, 1.0)])
+    feats = F.normalize(F.mfcc(F.fit_to_window(hey)[None]), km.scale)
+    ok, d = custom.verify(0, feats[0])
+    assert not ok and d > custom.verify_thresholds[0]
+    assert events(km, custom, hey)[0] == []

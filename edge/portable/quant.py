@@ -101,10 +101,7 @@ def symmetric_scale(max_abs, qmax=127):
         raise ValueError("max_abs must be finite and >= 0, got %r" % (max_abs,))
     if max_abs == 0.0:
         return 0.0  # also for -0.0 (a max taken as "v if v >= 0 else -v"): numpy's abs gives +0.0
-    s = f32(max_abs / qmax)
-    # a subnormal max (below ~1.8e-43) underflows to 0 and would zero a non-zero tensor: take the
-    # smallest float32 step instead, which still represents max_abs within half a step
-    return s if s > 0.0 else 1.401298464324817e-45
+    return f32(max_abs / qmax)
 
 
 def asymmetric_params(rmin, rmax, qmin=-128, qmax=127):

@@ -125,6 +125,17 @@ def test_deep_check_replaces_a_replica_that_answers_nan(bundle):
         wait_for(lambda: replicas(url)[0]["healthy"], 30, "the replica to pass its deep check again")
 
 
+def test_a_worker_that_dies_idle_is_restarted_before_the_next_health_check(bundle):
+    # no request is in flight, so no batch fails; the health interval is an hour
+    with serve(bundle, replicas=2) as url:
+        pid = replicas(url)[1]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: replicas(url)[1]["pid"] not in (pid, None) and replicas(url)[1]["healthy"],
+                 60, "restart of an idle worker")
+        codes = [r.status_code for r in blast(url, 6, 2)]
+        assert codes == [200] * 6
+
+
 def test_crashed_worker_is_restarted_without_failing_requests(bundle):
     with serve(bundle, replicas=2) as url:
         fault(url, 0, delay=0.2)

@@ -103,7 +103,16 @@ class ModelVersion:
         c = self.cfg
         br = CircuitBreaker(self._clock, c.breaker_window, c.breaker_min_calls, c.breaker_failure_rate,
                             c.breaker_slow_call, c.breaker_open, c.breaker_probes)
-        return Slot(Replica(self.model_path, i, self._on_answer), br)
+        return Slot(Replica(self.model_path, i, self._on_answer, on_exit=self._on_exit), br)
+
+    def _on_exit(self, replica: Replica) -> None:
+        # a worker that dies idle fails no batch, so nothing else would notice before the next
+        # health check (health_interval): restart it now
+        for slot in self.slots:
+            if slot.replica is replica and not slot.restarting and self.cfg.restart_failed and not self.stopping:
+                slot.healthy, slot.last_check = False, "worker process exited"
+                asyncio.get_running_loop().create_task(self._restart(slot))
+        self._wake.set()
 
     async def start(self) -> None:
         self.slots = [self._new_slot(i) for i in range(self.cfg.replicas)]
@@ -373,7 +382,7 @@ class ModelVersion:
         slot.restarts += 1
         try:
             slot.replica.kill()
-            fresh = Replica(self.model_path, slot.index, self._on_answer)
+            fresh = Replica(self.model_path, slot.index, self._on_answer, on_exit=self._on_exit)
             await fresh.start()
             if slot.faults:
                 await fresh.inject(**slot.faults)

@@ -92,9 +92,10 @@ class Replica:
 
     def __init__(self, model_path: str, index: int,
                  on_answer: Callable[["Replica", int, object, float], None],
-                 intra_threads: int = 1):
+                 intra_threads: int = 1, on_exit: Callable[["Replica"], None] | None = None):
         self.model_path, self.index, self.intra_threads = model_path, index, intra_threads
         self._on_answer = on_answer
+        self._on_exit = on_exit   # told when the worker dies on its own (not by kill())
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -157,6 +158,8 @@ class Replica:
         if was_alive:
             for seq in lost:
                 self._on_answer(self, seq, ReplicaError(f"replica {self.index}: {why}"), 0.0)
+            if self._on_exit is not None:
+                self._on_exit(self)
 
     def _detach(self) -> None:
         if self._conn is not None:

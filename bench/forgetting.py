@@ -10,7 +10,10 @@ int8 tail inputs, about 520 slots, class-balanced) holds what the device heard
 before: clips of val-split voices. Steps and learning rates were picked on the
 val split plus a validation part of the local training clips. With replay, every batch of 16 local examples
 gets 16 replay examples mixed in (``edge.adapt.run.train``, as ``device adapt``
-does). Same seeds, steps and learning rate for each strategy with and without.
+does); "replay + distillation" also makes the replay examples' targets half
+their label and half the bundle's own tail's posteriors (``teacher=``, dark
+experience replay). Same seeds, steps and learning rate for each strategy in
+all three runs.
 
     $ nice -n 10 edgelearn bench forgetting
 """
@@ -87,7 +90,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         for (tag, steps, lrs), strategy in ((st, s) for st in settings for s in ("bias-only", "lora", "full")):
             res = {}
-            for use_replay in (False, True):
+            for use_replay in (False, True, "distill"):
                 st = f"{d}/{strategy}-{use_replay}-{steps}"
                 replay = None
                 if use_replay:
@@ -97,9 +100,10 @@ def main():
                 tail = ConvTail(base, qparams=bb.qparams)
                 tr = ConvTrainer(tail, strategy, "adam", lr=lrs[strategy], seed=0)
                 train(tr, fl[is_tr], yl[is_tr], AdaptStore(st, bundle), "local", steps, batch=16,
-                      replay=replay, replay_n=16)
+                      replay=replay, replay_n=16, teacher=ref.probs if use_replay == "distill" else None)
                 res[use_replay] = (accuracy12(tail.probs(ft), yt), accuracy12(tail.probs(fl[~is_tr]), yl[~is_tr]))
-            for use_replay, label in ((False, "without replay"), (True, "with replay")):
+            for use_replay, label in ((False, "without replay"), (True, "with replay"),
+                                      ("distill", "with replay + distillation")):
                 acc, loc = res[use_replay]
                 rows.append(row("forgetting", f"{strategy}{tag}, {label}: base accuracy drop (points)",
                                 round(100 * (acc_base - acc), 2), "points", "before adapting", 0.0, ratio=None,
@@ -107,6 +111,10 @@ def main():
             rows.append(row("forgetting", f"{strategy}{tag}: local held-out accuracy after adapting, with replay",
                             round(100 * res[True][1], 2), "%", "without replay", round(100 * res[False][1], 2),
                             ratio=None, before=round(100 * acc_local0, 2)))
+            rows.append(row("forgetting", f"{strategy}{tag}: local held-out accuracy after adapting, "
+                            "with replay + distillation", round(100 * res["distill"][1], 2), "%",
+                            "without replay", round(100 * res[False][1], 2), ratio=None,
+                            before=round(100 * acc_local0, 2)))
     write_results("forgetting", rows)
     return rows
 

@@ -51,6 +51,9 @@ def add_arguments(p) -> None:
             s.add_argument("--rank", type=int, default=4)
             s.add_argument("--memory-budget", type=int, default=256 * 1024, help="bytes, for sparse")
             s.add_argument("--replay-bytes", type=int, default=1 << 20, help="replay buffer size (tail inputs)")
+            s.add_argument("--distill", type=float, default=0.5,
+                           help="weight of the bundle's own outputs in the replay examples' targets "
+                                "(0: labels only; see bench/forgetting)")
             s.add_argument("--context", default="default", help="name of this adapted context")
             s.add_argument("--sysfs-root", type=Path, default=Path("/"))
             s.add_argument("--force", action="store_true", help="train now, ignoring the scheduler")
@@ -198,6 +201,9 @@ def _adapt(args) -> int:
     from edge.replay import TAIL_REPLAY, ReplayStore
     from edge.scheduler import Scheduler
 
+    if not 0.0 <= args.distill <= 1.0:
+        from edge.errors import EdgelearnError
+        raise EdgelearnError(f"--distill {args.distill} is outside 0..1", fix="pass a weight between 0 and 1")
     bundle = _bundle(args)
     store = AdaptStore(args.state, bundle)
     if args.rollback:
@@ -225,7 +231,8 @@ def _adapt(args) -> int:
     tr = ConvTrainer(tail, args.strategy, args.optimizer, rank=args.rank, sparse_weights=chosen)
     replay = ReplayStore(args.state, dim=int(np.prod(x.shape[1:])), max_bytes=args.replay_bytes,
                          name=TAIL_REPLAY)
-    res = train(tr, x, y, store, args.context, steps, replay=replay,
+    teacher = ConvTail(load_tail(bundle), qparams=bb.qparams).probs if args.distill > 0 else None
+    res = train(tr, x, y, store, args.context, steps, replay=replay, teacher=teacher, distill=args.distill,
                 should_continue=(lambda: True) if args.force else sched.should_continue)
     sched.spend(res["steps_done"])
     replay.add_many(tail.to_float(x), y)

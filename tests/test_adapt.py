@@ -166,3 +166,50 @@ def test_pause_and_resume_equal_an_uninterrupted_run(tmp_path):
     for k in a:
         np.testing.assert_allclose(a[k], b[k], atol=1e-6)
     assert not (tmp_path / "b" / "adapt" / "checkpoint.npz").exists()
+
+
+def test_soft_targets_are_exact_gradients_and_one_hot_targets_equal_labels():
+    from edge.adapt.trainer import _dlogits, _xent
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((5, C))
+    y = rng.integers(0, C, 5)
+    onehot = np.eye(C)[y]
+    np.testing.assert_allclose(_dlogits(logits, y, onehot), _dlogits(logits, y), atol=1e-12)
+    assert _xent(logits, y, onehot) == pytest.approx(_xent(logits, y))
+    soft = rng.dirichlet(np.ones(C), 5)
+    g = _dlogits(logits, y, soft)
+    for i, j in ((0, 1), (3, 4)):
+        up, down = logits.copy(), logits.copy()
+        up[i, j] += 1e-6
+        down[i, j] -= 1e-6
+        assert g[i, j] == pytest.approx((_xent(up, y, soft) - _xent(down, y, soft)) / 2e-6, rel=1e-5)
+    tr = Trainer(Tail(base()), "full", "sgd")
+    with pytest.raises(EdgelearnError, match="soft targets have shape"):
+        tr.step(*data(4), targets=np.ones((4, C + 1)))
+
+
+def test_distillation_on_replay_keeps_the_old_models_outputs(tmp_path):
+    # local data whose labels disagree with the base model; replay holds what the base saw.
+    # Distilling the base on the replay examples must keep its outputs there closer than
+    # replaying labels alone (and labels alone closer than no replay).
+    x, _ = data(64, seed=2)
+    y = np.zeros(64, np.int64)                      # the local context says "class 0" to everything
+    xr, _ = data(60, seed=9)
+    ref = Tail(base())
+    p0 = ref.probs(xr)
+    yr = p0.argmax(1)
+    rb = ReplayBuffer(DIM, 8192)
+    for v, lab in zip(xr, yr):
+        rb.add(list(v), int(lab))
+
+    def drift(teacher, replay):
+        tail = Tail(base())
+        tr = Trainer(tail, "full", "adam", lr=0.01)
+        r = train(tr, x, y, AdaptStore(tmp_path / str(len(list(tmp_path.iterdir()))), FakeBundle), "ctx",
+                  steps=60, batch=8, replay=replay, replay_n=8, teacher=teacher, distill=1.0)
+        assert r["status"] == "done"
+        p = tail.probs(xr)
+        return float(np.mean(np.sum(p0 * (np.log(p0) - np.log(p)), axis=1)))   # KL(base || adapted)
+
+    none, labels, kd = drift(None, None), drift(None, rb), drift(ref.probs, rb)
+    assert kd < labels < none

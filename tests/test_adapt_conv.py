@@ -232,3 +232,17 @@ def test_chunked_forward_gives_the_same_gradients_and_keeps_the_same_bytes(strat
     for k in got[0][0]:
         np.testing.assert_allclose(got[0][0][k], got[1][0][k], rtol=1e-5, atol=1e-7)
     assert got[0][1] == got[1][1]
+
+
+@pytest.mark.parametrize("strategy", ["bias-only", "lora", "full"])
+def test_one_hot_soft_targets_step_exactly_as_labels(strategy):
+    x, y = data()
+    a, b = ConvTail(tail_arrays()), ConvTail(tail_arrays())
+    ta, tb = ConvTrainer(a, strategy, "adam", seed=0), ConvTrainer(b, strategy, "adam", seed=0)
+    la = ta.step(x, y)
+    lb = tb.step(x, y, targets=np.eye(a.n_classes, dtype=np.float32)[y])
+    assert la == pytest.approx(lb, rel=1e-6)
+    for n in ta.names:
+        np.testing.assert_allclose(a.delta[n], b.delta[n], atol=1e-7)
+    with pytest.raises(EdgelearnError, match="soft targets"):
+        ta.step(x, y, targets=np.ones((len(y), 2)))

@@ -66,6 +66,9 @@ def test_adapt_trains_the_conv_tail_and_detect_uses_it(audio, tmp_path):
     cli("adapt", "--state", st, "--data", data, "--strategy", "lora", "--steps", "3", "--force",
         "--context", "kitchen")
     assert cache.stat().st_mtime_ns == stamp  # the second run read the cache, no backbone rerun
+    bad = cli("adapt", "--state", st, "--data", data, "--distill", "1.5", "--force", check=False)
+    assert bad.returncode != 0 and "--distill 1.5 is outside 0..1" in bad.stderr and "Traceback" not in bad.stderr
+    assert (st / "adapt" / "kitchen" / "v2.npz").exists() and not (st / "adapt" / "kitchen" / "v3.npz").exists()
     rb = ReplayBuffer.from_bytes((st / "replay_tail.bin").read_bytes())
     assert rb.dim == 25 * 5 * 64 and sum(rb.class_counts().values()) == rb.count >= 9
     wav = write_wav(tmp_path / "long.wav", long)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge.adapt.conv import ConvTail, dwconv_grad
-from edge.adapt.trainer import OPTIMIZERS, STRATEGIES, Resumable, _dlogits
+from edge.adapt.trainer import OPTIMIZERS, STRATEGIES, Resumable, _dlogits, _xent, check_targets
 from edge.errors import EdgelearnError
 
 WEIGHTS = ("dw4_w", "pw4_w", "cls_w")
@@ -103,9 +103,13 @@ class ConvTrainer(Resumable):
         return sum(self.last_bytes.values())
 
     # -- one step --------------------------------------------------------------------
-    def step(self, x: np.ndarray, y: np.ndarray, probe=None) -> float:
-        """Forward + backward + update on a batch (int8 backbone output or float); returns the mean loss."""
-        loss = self.gradients(x, y, probe)
+    def step(self, x: np.ndarray, y: np.ndarray, probe=None, targets=None) -> float:
+        """Forward + backward + update on a batch (int8 backbone output or float); returns the mean loss.
+
+        ``targets`` (optional, (n, classes)): soft target rows instead of the one-hot labels
+        (``edge.adapt.run.train`` uses them to distil the base model on replay examples).
+        """
+        loss = self.gradients(x, y, probe, targets)
         self._update()
         self._probe = None
         self.last_bytes = {
@@ -117,7 +121,7 @@ class ConvTrainer(Resumable):
         }
         return loss
 
-    def gradients(self, x: np.ndarray, y: np.ndarray, probe=None) -> float:
+    def gradients(self, x: np.ndarray, y: np.ndarray, probe=None, targets=None) -> float:
         """Forward + backward only: fills ``self.grads`` with the mean-loss gradients; returns the loss."""
         y = np.asarray(y, np.int64)
         if len(x) != len(y) or len(y) == 0:
@@ -125,13 +129,13 @@ class ConvTrainer(Resumable):
         if y.min() < 0 or y.max() >= self.tail.n_classes:
             raise EdgelearnError(f"labels must be 0..{self.tail.n_classes - 1}, got {y.min()}..{y.max()}",
                                  fix="use the bundle's label ids")
+        targets = check_targets(targets, len(y), self.tail.n_classes)
         wanted = set(self.names)
         logits, keep, e = self.tail.forward(x, wanted, chunk=self.forward_chunk)
         del e
-        z = logits - logits.max(axis=1, keepdims=True)
-        loss = float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(y)), y]))
-        g = _dlogits(logits, y)
-        del logits, z
+        loss = _xent(logits, y, targets)
+        g = _dlogits(logits, y, targets)
+        del logits
         self._probe, self._ws = probe, 0
         if probe is not None:
             probe("forward")

@@ -21,9 +21,16 @@ from edge.adapt.trainer import mix_replay
 
 def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, replay=None,
           replay_n: int = 16, should_continue=lambda: True, checkpoint_every: int = 50,
-          seed: int = 0) -> dict:
+          seed: int = 0, teacher=None, distill: float = 0.5) -> dict:
+    """Run ``steps`` steps (or resume them); see the module docstring.
+
+    With ``teacher`` (``x -> probs`` of the model before adapting, e.g. the bundle's tail), the
+    replay examples' targets are ``(1 - distill) * label + distill * teacher(x)``: the replay
+    keeps the old model's outputs, not only its labels (dark experience replay, Buzzega et al.
+    2020; learning without forgetting, Li & Hoiem 2016). The local examples keep their labels.
+    """
     info = {"context": context, "strategy": trainer.strategy, "optimizer": trainer.optimizer,
-            "steps": steps, "n": int(len(x))}
+            "steps": steps, "n": int(len(x)), "distill": float(distill) if teacher is not None else 0.0}
     done, losses = 0, []
     ck, ck_info = store.load_checkpoint()
     if ck is not None and {k: ck_info.get(k) for k in info} == info:
@@ -38,7 +45,12 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
         idx = order[(done * batch + np.arange(batch)) % len(x)]
         mix = getattr(trainer, "mix_replay", None) or mix_replay  # the conv tail mixes tail inputs
         bx, by = mix(x[idx], y[idx], replay, replay_n)
-        losses.append(trainer.step(bx, by))
+        targets = None
+        if teacher is not None and distill > 0 and len(by) > len(idx):
+            targets = np.eye(trainer.tail.n_classes, dtype=np.float32)[by]
+            r = slice(len(idx), None)
+            targets[r] = (1.0 - distill) * targets[r] + distill * teacher(bx[r])
+        losses.append(trainer.step(bx, by, targets=targets))
         done += 1
         if done % checkpoint_every == 0 and done < steps:
             store.save_checkpoint(trainer.state(), {**info, "done": done})

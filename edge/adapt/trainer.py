@@ -70,13 +70,36 @@ def choose_sparse(tail: Tail, x, y, memory_budget: int, optimizer: str) -> list[
     return chosen
 
 
-def _dlogits(logits: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _dlogits(logits: np.ndarray, y: np.ndarray, targets: np.ndarray | None = None) -> np.ndarray:
+    """Gradient of the mean cross-entropy w.r.t. the logits: labels ``y``, or soft ``targets`` (n, C)."""
     z = logits - logits.max(axis=1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(axis=1, keepdims=True)
-    p[np.arange(len(y)), y] -= 1.0
+    if targets is None:
+        p[np.arange(len(y)), y] -= 1.0
+    else:
+        p -= targets
     p /= len(y)
     return p
+
+
+def _xent(logits: np.ndarray, y: np.ndarray, targets: np.ndarray | None = None) -> float:
+    """Mean cross-entropy of the logits against labels ``y`` or soft ``targets``."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(z).sum(axis=1))
+    if targets is None:
+        return float(np.mean(lse - z[np.arange(len(y)), y]))
+    return float(np.mean(lse - (targets * z).sum(axis=1)))
+
+
+def check_targets(targets, n: int, n_classes: int):
+    if targets is None:
+        return None
+    t = np.asarray(targets, np.float32)
+    if t.shape != (n, n_classes):
+        raise EdgelearnError(f"soft targets have shape {t.shape}, the batch needs ({n}, {n_classes})",
+                             fix="one probability row per input")
+    return t
 
 
 class Resumable:
@@ -132,15 +155,18 @@ class Trainer(Resumable):
         self.v = {n: np.zeros_like(tail.delta[n]) for n in names} if optimizer == "adam" else {}
         self.last_bytes: dict[str, int] = {}
 
-    def step(self, x: np.ndarray, y: np.ndarray) -> float:
-        """One forward + backward + update on a batch; returns the mean cross-entropy."""
+    def step(self, x: np.ndarray, y: np.ndarray, targets=None) -> float:
+        """One forward + backward + update on a batch; returns the mean cross-entropy.
+
+        ``targets`` (optional, (n, classes)): soft target rows instead of the one-hot labels.
+        """
         x = np.asarray(x, np.float32)
         y = np.asarray(y, np.int64)
+        targets = check_targets(targets, len(y), self.tail.n_classes)
         logits, cache = self.tail.forward(x, keep=True)
         keep = self._kept(cache)
-        dl = _dlogits(logits, y)
-        z = logits - logits.max(axis=1, keepdims=True)
-        loss = float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(y)), y]))
+        dl = _dlogits(logits, y, targets)
+        loss = _xent(logits, y, targets)
         grads = self.tail.backward(keep, dl, set(self.names))
         self.last_bytes = {
             "params": sum(self.tail.delta[n].nbytes for n in self.names),

@@ -6,8 +6,9 @@ periodic Hann, FFT 512, power, 40 HTK-mel triangles 20-4000 Hz, ln with a
 the firmware has it and otherwise a pure-Python one: the 512-point real FFT
 as a 256-point complex radix-2 FFT plus the real-split pass (half the work of
 a 512-point complex one). The mel filterbank is stored sparsely (each
-triangle's first bin and weights, ~500 numbers instead of 257x40), so the
-tables take ~6 KB of heap and a frame allocates nothing that outlives it.
+triangle's first bin and weights, ~250 numbers instead of 257x40), so the
+tables take ~5 KB of heap (half the Hann window, cosine twiddles only) and a frame
+allocates nothing that outlives it.
 
     from edge.portable.mfcc import MfccStream, FeatureRing
     ring = FeatureRing()                       # the last 49 frames
@@ -60,16 +61,17 @@ class Tables:
     """Window, twiddles, sparse mel filterbank and DCT basis, built once per process."""
 
     def __init__(self):
-        self.window = _f(FRAME_LENGTH)
-        for n in range(FRAME_LENGTH):
+        # Half of the periodic Hann window: w[n] = w[480 - n], so w[0..240] is all of it
+        # (the board's heap keeps 1 KB instead of 2)
+        self.window = _f(FRAME_LENGTH // 2 + 1)
+        for n in range(FRAME_LENGTH // 2 + 1):
             self.window[n] = 0.5 - 0.5 * math.cos(2.0 * math.pi * n / FRAME_LENGTH)
         # the real-split twiddles for 512 points; the 256-point FFT's are every second one
-        # (2*pi*k/256 and 2*pi*(2k)/512 are the same double: scaling by 2 is exact)
+        # (2*pi*k/256 and 2*pi*(2k)/512 are the same double: scaling by 2 is exact). Only the
+        # cosines are stored: sin(2 pi k/512) = cos(2 pi |k - 128|/512)
         self.cos512 = _f(_BINS)
-        self.sin512 = _f(_BINS)
         for k in range(_BINS):
             self.cos512[k] = math.cos(2.0 * math.pi * k / N_FFT)
-            self.sin512[k] = math.sin(2.0 * math.pi * k / N_FFT)
         bits = 8
         self.rev = zeros("B", _HALF)
         for i in range(_HALF):
@@ -147,15 +149,22 @@ class Mfcc:
         if _np is not None:
             return self._frame_ulab(pcm, start, out, off)
         scale = 1.0 / 32768.0
-        for k in range(_HALF):  # even samples -> real part, odd -> imaginary, in bit-reversed order
+        # even samples -> real part, odd -> imaginary, in bit-reversed order; the window's
+        # second half is its first read backwards, and samples 480..511 are zero padding
+        for k in range(FRAME_LENGTH // 4):
             n = 2 * k
             j = rev[k]
-            if n < FRAME_LENGTH:
-                re[j] = pcm[start + n] * scale * win[n]
-                im[j] = pcm[start + n + 1] * scale * win[n + 1]
-            else:
-                re[j] = 0.0
-                im[j] = 0.0
+            re[j] = pcm[start + n] * scale * win[n]
+            im[j] = pcm[start + n + 1] * scale * win[n + 1]
+        for k in range(FRAME_LENGTH // 4, FRAME_LENGTH // 2):
+            n = 2 * k
+            j = rev[k]
+            re[j] = pcm[start + n] * scale * win[FRAME_LENGTH - n]
+            im[j] = pcm[start + n + 1] * scale * win[FRAME_LENGTH - 1 - n]
+        for k in range(FRAME_LENGTH // 2, _HALF):
+            j = rev[k]
+            re[j] = 0.0
+            im[j] = 0.0
         self._fft256()
         self._split_power()
         self._mel_log_dct(out, off)
@@ -163,8 +172,9 @@ class Mfcc:
     def _frame_ulab(self, pcm, start, out, off):
         t = self.t
         x = _np.zeros(N_FFT)
+        win = t.window
         for n in range(FRAME_LENGTH):
-            x[n] = pcm[start + n] / 32768.0 * t.window[n]
+            x[n] = pcm[start + n] / 32768.0 * win[n if n <= FRAME_LENGTH // 2 else FRAME_LENGTH - n]
         r, i = _np.fft.fft(x)
         p = self.power
         for k in range(_BINS):
@@ -173,16 +183,18 @@ class Mfcc:
 
     def _fft256(self):
         re, im = self.re, self.im
-        c, s = self.t.cos512, self.t.sin512
+        c = self.t.cos512
         size = 2
         step = _HALF
         while size <= _HALF:
             half = size >> 1
-            for base in range(0, _HALF, size):
-                k = 0
-                for j in range(base, base + half):
-                    wr = c[k]
-                    wi = -s[k]
+            k = 0
+            # twiddle-major: each twiddle is read once per stage (255 reads a frame, not 1024);
+            # butterflies of a stage are independent, so the result is the same bit for bit
+            for base in range(half):
+                wr = c[k]
+                wi = -c[k - 128] if k >= 128 else -c[128 - k]   # -sin(2 pi k/512)
+                for j in range(base, _HALF, size):
                     l = j + half
                     tr = re[l] * wr - im[l] * wi
                     ti = re[l] * wi + im[l] * wr
@@ -190,14 +202,14 @@ class Mfcc:
                     im[l] = im[j] - ti
                     re[j] += tr
                     im[j] += ti
-                    k += step
+                k += step
             size <<= 1
             step >>= 1
 
     def _split_power(self):
         # X[k] = (Z[k] + conj Z[N-k]) / 2 - i e^{-2 pi i k/512} (Z[k] - conj Z[N-k]) / 2
         re, im, p = self.re, self.im, self.power
-        c, s = self.t.cos512, self.t.sin512
+        c = self.t.cos512
         for k in range(_BINS):
             a = k if k < _HALF else 0
             b = (_HALF - k) % _HALF
@@ -206,7 +218,7 @@ class Mfcc:
             orr = 0.5 * (im[a] + im[b])
             oi = -0.5 * (re[a] - re[b])
             wr = c[k]
-            wi = -s[k]
+            wi = -c[k - 128] if k >= 128 else -c[128 - k]
             xr = er + orr * wr - oi * wi
             xi = ei + orr * wi + oi * wr
             p[k] = xr * xr + xi * xi

@@ -7,7 +7,8 @@ the firmware has it and otherwise a pure-Python one: the 512-point real FFT
 as a 256-point complex radix-2 FFT plus the real-split pass (half the work of
 a 512-point complex one). The mel filterbank is stored sparsely (each
 triangle's first bin and weights, ~250 numbers instead of 257x40), so the
-tables take ~5 KB of heap (half the Hann window, cosine twiddles only) and a frame
+tables take ~5 KB of heap (half the Hann window, cosine twiddles only; the power
+spectrum is computed in place for the 128 bins the filterbank reads) and a frame
 allocates nothing that outlives it.
 
     from edge.portable.mfcc import MfccStream, FeatureRing
@@ -19,7 +20,7 @@ allocates nothing that outlives it.
 
 import math
 
-from edge.portable.compat import zeros
+from edge.portable.compat import const, zeros
 
 SAMPLE_RATE = 16000
 FRAME_LENGTH = 480
@@ -33,6 +34,9 @@ LOG_FLOOR = 1e-6
 N_FRAMES = 49
 _HALF = 256          # complex FFT size used for the 512-point real FFT
 _BINS = 257
+# the mel triangles end below 4000 Hz = bin 128: the power spectrum is only needed (and only
+# computed) for bins 0..127, into the FFT's own buffer (see Mfcc._split_power)
+_MEL_BINS = const(128)
 
 try:
     from ulab import numpy as _np  # type: ignore
@@ -118,6 +122,8 @@ class Tables:
                 self.mel_start[m] = max(first, 0)
                 self.mel_len[m] = n
                 pos += n
+                if first + n > _MEL_BINS:  # the in-place power spectrum stops there
+                    raise ValueError("mel triangle %d reaches bin %d; FMAX must stay <= 4000 Hz" % (m, first + n))
             if not fill:
                 self.mel_w = _f(pos)
 
@@ -139,7 +145,6 @@ class Mfcc:
         self.t = tables()
         self.re = _f(_HALF)
         self.im = _f(_HALF)
-        self.power = _f(_BINS)
         self.mel = _f(N_MELS)
 
     def frame_into(self, pcm, start, out, off=0):
@@ -176,8 +181,8 @@ class Mfcc:
         for n in range(FRAME_LENGTH):
             x[n] = pcm[start + n] / 32768.0 * win[n if n <= FRAME_LENGTH // 2 else FRAME_LENGTH - n]
         r, i = _np.fft.fft(x)
-        p = self.power
-        for k in range(_BINS):
+        p = self.re
+        for k in range(_MEL_BINS):
             p[k] = r[k] * r[k] + i[k] * i[k]
         self._mel_log_dct(out, off)
 
@@ -208,9 +213,11 @@ class Mfcc:
 
     def _split_power(self):
         # X[k] = (Z[k] + conj Z[N-k]) / 2 - i e^{-2 pi i k/512} (Z[k] - conj Z[N-k]) / 2
-        re, im, p = self.re, self.im, self.power
+        # in place: bin k reads Z[k] and Z[256 - k], and for k < 128 the second is never a bin
+        # written before (bins 129..255 are not needed), so the power goes into re[k]
+        re, im = self.re, self.im
         c = self.t.cos512
-        for k in range(_BINS):
+        for k in range(_MEL_BINS):
             a = k if k < _HALF else 0
             b = (_HALF - k) % _HALF
             er = 0.5 * (re[a] + re[b])
@@ -221,11 +228,11 @@ class Mfcc:
             wi = -c[k - 128] if k >= 128 else -c[128 - k]
             xr = er + orr * wr - oi * wi
             xi = ei + orr * wi + oi * wr
-            p[k] = xr * xr + xi * xi
+            re[k] = xr * xr + xi * xi
 
     def _mel_log_dct(self, out, off):
         t = self.t
-        p, mel, w = self.power, self.mel, t.mel_w
+        p, mel, w = self.re, self.mel, t.mel_w   # the power spectrum, from _split_power
         starts, lens = t.mel_start, t.mel_len
         pos = 0
         for m in range(N_MELS):

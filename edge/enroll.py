@@ -79,6 +79,7 @@ class CustomKeywords:
                 raise StateError(f"keywords {stale} were verified with another backbone's quantisation",
                                  fix="re-enrol them for this bundle (--replace)")
         self.verify_thresholds = [e["verify"]["threshold"] if "verify" in e else None for e in entries]
+        self.verify_versions = [e["verify"].get("version", 1) if "verify" in e else None for e in entries]
 
     def verifies(self, k: int) -> bool:
         return self.verifier is not None and self.templates[k] is not None
@@ -87,7 +88,8 @@ class CustomKeywords:
         """Second stage for keyword ``k`` on one normalised (49, 10) window: (passes, distance)."""
         if not self.verifies(k):
             return True, 0.0
-        d = float(self.verifier.distance(self.verifier.sequences(np.asarray(feats)[None]), self.templates[k])[0])
+        d = float(self.verifier.distance(self.verifier.sequences(np.asarray(feats)[None]), self.templates[k],
+                                         version=self.verify_versions[k])[0])
         return d <= self.verify_thresholds[k], d
 
     def scores(self, emb: np.ndarray) -> np.ndarray:

@@ -8,8 +8,8 @@ backbone (``backbone_int8.tflite``, cut at ``pw3_relu``) gives 25 time steps of
 steps are a template (kept as the backbone's own int8 values). A window's
 distance to a template is the mean cosine distance along the best alignment of
 every template step to one window step, the window steps advancing by 0, 1 or 2
-(so the phrase may be up to twice as fast, or slower, and sit anywhere in the
-window): a subsequence DTW. The distance is the smallest over the templates; the
+and never by 0 twice in a row (so the phrase may be up to twice as fast, or up
+to twice as slow, and sit anywhere in the window): a subsequence DTW. The distance is the smallest over the templates; the
 window passes at or below the keyword's threshold.
 
 The threshold comes from the enrolment clips alone (``calibrate``): each clip is
@@ -37,7 +37,7 @@ STEPS = 25                    # backbone time steps per 1 s window (stride 2 ove
 MIN_TEMPLATE_STEPS = 4
 SPEEDS = (0.9, 1.0, 1.1)
 HARD_SNR_DB = 10.0
-VERSION = 1
+VERSION = 2   # 2: at most two template steps per window step; 1 (still read): no such limit
 
 
 class Verifier:
@@ -72,9 +72,11 @@ class Verifier:
         raw = self.raw(F.normalize(F.mfcc(np.asarray(windows)), scale))
         return [r[a:b] for r, (a, b) in zip(raw, (speech_steps(w) for w in windows))]
 
-    def distance(self, seqs: np.ndarray, templates: list[np.ndarray], exclude: int | None = None) -> np.ndarray:
-        """(N, 25, 320) unit sequences -> (N,) smallest template distance (``exclude``: a template index)."""
-        d = [sdtw(self.unit(t), seqs) for k, t in enumerate(templates) if k != exclude]
+    def distance(self, seqs: np.ndarray, templates: list[np.ndarray], exclude: int | None = None,
+                 version: int = VERSION) -> np.ndarray:
+        """(N, 25, 320) unit sequences -> (N,) smallest template distance (``exclude``: a template
+        index; ``version``: the entry's, whose threshold was calibrated with that alignment)."""
+        d = [sdtw(self.unit(t), seqs, version >= 2) for k, t in enumerate(templates) if k != exclude]
         return np.min(d, axis=0)
 
     def calibrate(self, windows: np.ndarray, templates: list[np.ndarray], scale, rng,
@@ -134,18 +136,24 @@ def distort(window: np.ndarray, rng) -> np.ndarray:
     return np.asarray(out).astype(np.int16)
 
 
-def sdtw(tpl: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+def sdtw(tpl: np.ndarray, seqs: np.ndarray, limit_speedup: bool = True) -> np.ndarray:
     """Mean cosine distance of unit ``tpl`` (m, d) aligned to each unit sequence in ``seqs``
     (N, n, d): every template step to one window step, window steps advancing by 0, 1 or 2,
-    free start and end in the window."""
+    free start and end in the window; with ``limit_speedup`` never by 0 twice in a row (version 1
+    entries were calibrated without that limit, which let a template collapse onto a few steps)."""
     cost = 1.0 - np.einsum("md,knd->kmn", tpl, seqs)
-    acc = cost[:, 0].copy()
+    moved = cost[:, 0].copy()             # paths whose last template step advanced the window
+    stayed = np.full_like(moved, np.inf)  # paths whose last template step stayed on its window step
     for i in range(1, len(tpl)):
-        best = acc.copy()
-        np.minimum(best[:, 1:], acc[:, :-1], out=best[:, 1:])
-        np.minimum(best[:, 2:], acc[:, :-2], out=best[:, 2:])
-        acc = cost[:, i] + best
-    return acc.min(axis=1) / len(tpl)
+        # a step may stay only after a step that advanced: two template steps per window step at
+        # most, so the phrase may be at most twice as fast as the template
+        prev = np.minimum(moved, stayed)
+        best = np.full_like(moved, np.inf)
+        best[:, 1:] = prev[:, :-1]
+        np.minimum(best[:, 2:], prev[:, :-2], out=best[:, 2:])
+        stayed = cost[:, i] + (moved if limit_speedup else prev)
+        moved = cost[:, i] + best
+    return np.minimum(moved, stayed).min(axis=1) / len(tpl)
 
 
 def pack(templates: list[np.ndarray], qparams, threshold: float, loo: np.ndarray) -> dict:
@@ -160,8 +168,8 @@ def pack(templates: list[np.ndarray], qparams, threshold: float, loo: np.ndarray
 def unpack(entry: dict) -> list[np.ndarray]:
     """int8 templates of a state entry; a clear error for an entry this runtime cannot read."""
     try:
-        if entry["version"] != VERSION:
-            raise ValueError(f"verifier version {entry['version']}, this runtime reads {VERSION}")
+        if entry["version"] not in (1, VERSION):
+            raise ValueError(f"verifier version {entry['version']}, this runtime reads 1 and {VERSION}")
         flat = np.frombuffer(base64.b64decode(entry["templates"]), np.int8)
         steps, dim = [int(s) for s in entry["steps"]], int(entry["dim"])
         if flat.size != sum(steps) * dim or not steps:

@@ -112,6 +112,23 @@ def test_format_1_state_still_runs_first_stage_only(km, enrolled, tmp_path):
     assert again["format"] == 2 and again["keywords"] == data["keywords"]
 
 
+def test_a_version_1_verifier_entry_keeps_the_alignment_its_threshold_was_calibrated_with(km, enrolled, tmp_path):
+    data = json.loads((enrolled[0] / "keywords.json").read_text())
+    assert data["keywords"][0]["verify"]["version"] == V.VERSION == 2
+    data["keywords"][0]["verify"]["version"] = 1
+    (tmp_path / "keywords.json").write_text(json.dumps(data))
+    old = DeviceState.open(tmp_path, km.bundle).custom()
+    new = DeviceState.open(enrolled[0], km.bundle).custom()
+    ver, tpl = V.Verifier(km.bundle), V.unpack(data["keywords"][0]["verify"])
+    feats = np.random.default_rng(1).standard_normal((4, 49, 10)).astype(np.float32)
+    seqs = ver.sequences(feats)
+    want_old = np.min([V.sdtw(ver.unit(t), seqs, limit_speedup=False) for t in tpl], axis=0)
+    want_new = np.min([V.sdtw(ver.unit(t), seqs) for t in tpl], axis=0)
+    np.testing.assert_allclose([old.verify(0, f)[1] for f in feats], want_old, rtol=1e-5)
+    np.testing.assert_allclose([new.verify(0, f)[1] for f in feats], want_new, rtol=1e-5)
+    assert np.all(want_old <= want_new + 1e-6)
+
+
 def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path):
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     cases = [({"templates": "AAAA"}, "template values"), ({"version": 99}, "verifier version 99"),
@@ -142,6 +159,14 @@ def test_sdtw_follows_order_and_tolerates_speed():
     assert V.sdtw(tpl, seq(*[a] * 4, *[b] * 4, *[c] * 4))[0] == pytest.approx(0.0, abs=1e-6)  # slower
     assert V.sdtw(tpl, seq(c, c, b, b, a, a))[0] > 0.5                                  # reversed
     assert V.sdtw(tpl, seq(a, a, x, x, x, x, x, c, c))[0] > 0.2                         # a gap it must not skip
+    # at most twice as fast: a template cannot collapse onto fewer than half its steps (version
+    # 1 entries, calibrated without that limit, are still aligned the old way)
+    tpl3 = np.stack([a, a, a, b, b, b, c, c, c])
+    assert V.sdtw(tpl3, seq(a, b, c))[0] > 0.2
+    assert V.sdtw(tpl3, seq(a, b, c), limit_speedup=False)[0] == pytest.approx(0.0, abs=1e-6)
+    assert V.sdtw(tpl3, seq(a, a, b, b, c, c))[0] == pytest.approx(0.0, abs=1e-6)
+    for t, s in ((tpl, seq(a, b, c)), (tpl3, seq(x, a, a, b, x, c, c))):   # the two agree where both may
+        assert V.sdtw(t, s, limit_speedup=False)[0] <= V.sdtw(t, s)[0] + 1e-6
 
 
 def test_count_events_verify_mirrors_detector_rules():

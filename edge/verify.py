@@ -9,8 +9,9 @@ steps are a template (kept as the backbone's own int8 values). A window's
 distance to a template is the mean cosine distance along the best alignment of
 every template step to one window step, the window steps advancing by 0, 1 or 2
 and never by 0 twice in a row (so the phrase may be up to twice as fast, or up
-to twice as slow, and sit anywhere in the window): a subsequence DTW. The distance is the smallest over the templates; the
-window passes at or below the keyword's threshold.
+to twice as slow, and sit anywhere in the window): a subsequence DTW. The
+distance is the smallest over the templates; the window passes at or below
+the keyword's threshold.
 
 The threshold comes from the enrolment clips alone (``calibrate``): each clip is
 distorted as a stream distorts speech (``edge.enroll.augment``'s time shifts and

@@ -46,6 +46,9 @@ def add_arguments(p) -> None:
             s.add_argument("--data", type=Path, help="DIR/<label>/*.wav with bundle labels")
             s.add_argument("--strategy", default="bias-only",
                            help="bias-only | residual-adapter | lora | sparse | full")
+            s.add_argument("--dw4", choices=("auto", "train", "freeze"), default="auto",
+                           help="train the tail's depthwise layer too (auto: frozen for bias-only, whose "
+                                "forward then starts after pw4, computed once per clip; see docs/edge-runtime.md)")
             s.add_argument("--optimizer", default="sgd", help="sgd | adam")
             s.add_argument("--steps", type=int, default=200)
             s.add_argument("--rank", type=int, default=4)
@@ -225,7 +228,8 @@ def _adapt(args) -> int:
         steps = min(steps, d.steps)
     bb = Backbone(bundle, backend=args.backend)
     x = cached_features(args.state, bb, km, windows)  # int8; epochs never rerun the backbone
-    tail = ConvTail(load_tail(bundle), store.load(args.context), qparams=bb.qparams)
+    train_dw = args.dw4 == "train" or (args.dw4 == "auto" and args.strategy != "bias-only")
+    tail = ConvTail(load_tail(bundle), store.load(args.context), qparams=bb.qparams, train_dw=train_dw)
     chosen = choose_sparse(tail, x[:32], y[:32], args.memory_budget, args.optimizer) \
         if args.strategy == "sparse" else ()
     tr = ConvTrainer(tail, args.strategy, args.optimizer, rank=args.rank, sparse_weights=chosen)

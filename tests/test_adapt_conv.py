@@ -8,8 +8,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from edge.adapt.conv import ConvTail, dwconv
-from edge.adapt.convtrain import ConvTrainer, choose_sparse, mix_replay
+from edge.adapt.conv import ConvTail, Prefix, dwconv
+from edge.adapt.convtrain import ConvTrainer, ReplayPool, choose_sparse, mix_replay
 from edge.errors import EdgelearnError
 
 STRATS = ("bias-only", "residual-adapter", "lora", "sparse", "full")
@@ -246,3 +246,115 @@ def test_one_hot_soft_targets_step_exactly_as_labels(strategy):
         np.testing.assert_allclose(a.delta[n], b.delta[n], atol=1e-7)
     with pytest.raises(EdgelearnError, match="soft targets"):
         ta.step(x, y, targets=np.ones((len(y), 2)))
+
+
+# --- the frozen prefix: computed once per example, the same step ---------------------------
+
+PREFIX_CASES = [("bias-only", False, (), "z2"), ("bias-only", True, (), "x"), ("residual-adapter", True, (), "z2"),
+                ("lora", True, (), "y1"), ("sparse", False, ["pw4_w"], "y1"), ("sparse", False, ["cls_w"], "z2"),
+                ("sparse", True, ["cls_w"], "x"), ("full", False, (), "y1"), ("full", True, (), "x")]
+
+
+@pytest.mark.parametrize("strategy,train_dw,sw,stage", PREFIX_CASES)
+def test_a_prepared_prefix_gives_the_same_step(strategy, train_dw, sw, stage):
+    """The forward starts at the deepest point no trained tensor changes; the step is the same up
+    to the prefix's int16 rounding (exactly the same where nothing is skipped)."""
+    x, y = data(n=7)
+    q = np.round(x * 20).astype(np.int8)
+    grads, losses = [], []
+    for prepared in (False, True):
+        tr = ConvTrainer(ConvTail(tail_arrays(), qparams=(0.05, 0), train_dw=train_dw), strategy, "sgd",
+                         sparse_weights=sw)
+        assert tr.stage == stage
+        xin = tr.prepare(q) if prepared else q
+        if prepared:
+            assert (xin is q) == (stage == "x") and isinstance(xin, Prefix) == (stage != "x")
+        losses.append(tr.gradients(xin, y))
+        grads.append({k: g.copy() for k, g in tr.grads.items()})
+    assert losses[1] == pytest.approx(losses[0], rel=1e-3)
+    for k in grads[0]:
+        scale = np.abs(grads[0][k]).max()
+        np.testing.assert_allclose(grads[1][k], grads[0][k], atol=2e-3 * scale + 1e-7, err_msg=k)
+        if stage == "x":
+            np.testing.assert_array_equal(grads[1][k], grads[0][k])
+
+
+def test_a_prefix_that_skips_trained_tensors_is_refused():
+    x, y = data()
+    z2 = ConvTrainer(ConvTail(tail_arrays(), train_dw=False), "bias-only").prepare(x)
+    assert z2.stage == "z2" and z2.q.dtype == np.int16 and z2.q.shape == (len(x), 15, 8)
+    for strategy, train_dw in (("full", False), ("bias-only", True), ("lora", True)):
+        with pytest.raises(EdgelearnError, match="prefix skips tensors"):
+            ConvTrainer(ConvTail(tail_arrays(), train_dw=train_dw), strategy).step(z2, y)
+    with pytest.raises(EdgelearnError, match="different stages"):
+        y1 = ConvTrainer(ConvTail(tail_arrays()), "lora").prepare(x)
+        Prefix.concat([z2, y1])
+
+
+def test_bias_only_on_a_prefix_learns_and_never_recomputes_the_frozen_layers(monkeypatch):
+    import edge.adapt.conv as conv
+
+    x, y = data(n=12)
+    tr = ConvTrainer(ConvTail(tail_arrays(), train_dw=False), "bias-only", "adam", lr=0.05)
+    z2 = tr.prepare(x)
+    monkeypatch.setattr(conv, "dwconv", lambda *a, **k: pytest.fail("dw4 ran during a step"))
+    first = tr.step(z2, y)
+    for _ in range(40):
+        last = tr.step(z2, y)
+    assert last < first and tr.names == ["pw4_b", "cls_b"]
+
+
+def _replay(x, y):
+    from edge.portable.replay import ReplayBuffer
+
+    rb = ReplayBuffer(int(np.prod(x.shape[1:])), 1 << 16)
+    for v, lab in zip(x, y):
+        rb.add(list(v.ravel()), int(lab))
+    return rb
+
+
+@pytest.mark.parametrize("train_dw", [True, False])
+def test_replay_pool_samples_as_mix_replay_and_prepares_once(train_dw):
+    """Same class-balanced sequence as mix_replay; teacher posteriors per slot equal teacher(sample)."""
+    x, y = data(n=9)
+    base = ConvTail(tail_arrays())
+    tr = ConvTrainer(ConvTail(tail_arrays(), train_dw=train_dw), "bias-only")
+    pool = ReplayPool(_replay(x, y), tr, x.shape[1:], teacher=base.probs)
+    ref = _replay(x, y)
+    for _ in range(4):
+        bx, by, soft = pool.mix(tr.prepare(x[:2]), y[:2], 5)
+        rx, ry = mix_replay(x[:2], y[:2], ref, 5)
+        np.testing.assert_array_equal(by, ry)
+        np.testing.assert_allclose(soft, base.probs(rx[2:]), atol=1e-6)
+        if train_dw:  # stage "x": the dequantised slots, as before
+            np.testing.assert_allclose(bx, rx, atol=1e-6)
+        else:
+            assert isinstance(bx, Prefix) and len(bx) == 7
+            np.testing.assert_allclose(bx.to_float(), tr.prepare(rx).to_float(), atol=1e-3)
+    assert ConvTrainer(ConvTail(tail_arrays()), "full").replay_pool(None, x.shape[1:]) is None
+
+
+def test_a_paused_run_on_a_prefix_resumes_to_the_same_result(tmp_path):
+    from edge.adapt.run import train
+    from edge.adapt.store import AdaptStore
+
+    class Bundle:
+        model_id, version = "m", 1
+
+    x, y = data(n=10)
+    base = ConvTail(tail_arrays())
+    results = []
+    for pause_at in (None, 7):
+        store = AdaptStore(tmp_path / f"s{pause_at}", Bundle())
+        calls, rb = iter(range(10 ** 6)), _replay(x, y)  # one buffer: its sampler goes on where it stopped
+        tr = ConvTrainer(ConvTail(tail_arrays(), train_dw=False), "bias-only", "adam")
+        res = train(tr, x, y, store, "c", 20, batch=4, replay=rb, replay_n=4, teacher=base.probs,
+                    should_continue=(lambda: next(calls) != pause_at) if pause_at else (lambda: True))
+        if pause_at:
+            assert res["status"] == "paused" and res["steps_done"] == 7
+            tr = ConvTrainer(ConvTail(tail_arrays(), train_dw=False), "bias-only", "adam")
+            res = train(tr, x, y, store, "c", 20, batch=4, replay=rb, replay_n=4, teacher=base.probs)
+        assert res["status"] == "done"
+        results.append({k: tr.tail.delta[k].copy() for k in tr.names})
+    for k in results[0]:
+        np.testing.assert_allclose(results[1][k], results[0][k], atol=1e-6)

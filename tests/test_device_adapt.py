@@ -55,10 +55,11 @@ def test_adapt_trains_the_conv_tail_and_detect_uses_it(audio, tmp_path):
     out = cli("adapt", "--state", st, "--data", data, "--strategy", "bias-only", "--steps", "6", "--force",
               "--context", "kitchen")
     res = json.loads(out.stdout)
-    assert res["status"] == "done" and res["tensors"] == ["dw4_b", "pw4_b", "cls_b"]
+    # bias-only freezes dw4 by default (--dw4 auto): its forward starts after pw4, once per clip
+    assert res["status"] == "done" and res["tensors"] == ["pw4_b", "cls_b"]
     assert res["step_bytes"] > 0
     saved = np.load(st / "adapt" / "kitchen" / "v1.npz")
-    assert {"dw4_b", "pw4_b", "cls_b"} <= set(saved.files)
+    assert {"pw4_b", "cls_b"} <= set(saved.files) and "dw4_b" not in saved.files
     [cache] = (st / "adapt").glob("features-*.npy")
     x = np.load(cache)
     assert x.dtype == np.int8 and x.shape == (9, 25, 5, 64)
@@ -66,6 +67,9 @@ def test_adapt_trains_the_conv_tail_and_detect_uses_it(audio, tmp_path):
     cli("adapt", "--state", st, "--data", data, "--strategy", "lora", "--steps", "3", "--force",
         "--context", "kitchen")
     assert cache.stat().st_mtime_ns == stamp  # the second run read the cache, no backbone rerun
+    res = json.loads(cli("adapt", "--state", st, "--data", data, "--strategy", "bias-only", "--dw4", "train",
+                         "--steps", "3", "--force", "--context", "hall").stdout)
+    assert res["tensors"] == ["dw4_b", "pw4_b", "cls_b"]
     bad = cli("adapt", "--state", st, "--data", data, "--distill", "1.5", "--force", check=False)
     assert bad.returncode != 0 and "--distill 1.5 is outside 0..1" in bad.stderr and "Traceback" not in bad.stderr
     assert (st / "adapt" / "kitchen" / "v2.npz").exists() and not (st / "adapt" / "kitchen" / "v3.npz").exists()

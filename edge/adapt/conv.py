@@ -12,7 +12,13 @@ float32 with batch norm folded (``host/tail_export.py`` has the reference)::
 ``delta`` overrides ``base`` by name (replaced tensors, LoRA and adapter factors),
 so contexts swap by swapping ``delta``. ``train_dw=False`` freezes dw4 into the
 forward (the tail the host's training-memory model describes: it cannot model a
-depthwise layer); the default trains the whole tail. ReLU masks are kept
+depthwise layer); the default trains the whole tail.
+
+Whatever lies before the first trained tensor is a fixed function of the example, so
+a trainer computes it once per example (``prefix``) instead of every step, the same
+way the int8 backbone's output is cached: ``frozen_stage`` names the deepest such
+point (``"x"`` the backbone output, ``"y1"`` dw4's output, ``"z2"`` pw4's output
+before its bias), and ``Prefix`` holds it as int16 with a scale per example. ReLU masks are kept
 bit-packed (``np.packbits``) unless ``pack_masks=False`` (one byte each, the
 host model's definition). ``ConvTrainer`` is in ``edge.adapt.convtrain``.
 
@@ -28,6 +34,54 @@ from edge.errors import EdgelearnError
 
 ARRAYS = ("dw4_w", "dw4_b", "pw4_w", "pw4_b", "cls_w", "cls_b")
 LINEAR = ("pw4", "cls")
+STAGES = ("x", "y1", "z2")
+
+
+class Prefix:
+    """The frozen prefix of the tail for n examples at ``stage``: (n, P, C) int16, one float32 scale each.
+
+    Symmetric per-example quantisation to int16: half the float32 map, twice the int8
+    backbone output. int8 was tried and rejected: its rounding flips ReLUs just above zero,
+    which moved LoRA's gradients by up to 10 % on a small map. float16 keeps the step as
+    well but numpy converts it to float32 ~15x slower than int16 (150 vs 10 us per batch
+    here), which was most of a bias-only step. Indexing and ``concat`` keep the stage.
+    """
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, stage: str):
+        self.q, self.scale, self.stage = q, scale, stage
+
+    @classmethod
+    def of(cls, v: np.ndarray, stage: str) -> "Prefix":
+        v = np.asarray(v, np.float32)
+        peak = np.abs(v).reshape(len(v), -1).max(axis=1) if v.size else np.zeros(len(v), np.float32)
+        if not np.isfinite(peak).all():
+            raise EdgelearnError(f"the tail's {stage!r} prefix is not finite",
+                                 fix="check the bundle's tail.npz and the backbone output")
+        scale = np.where(peak > 0, peak / 32767.0, 1.0).astype(np.float32)
+        q = np.rint(v / scale.reshape((-1,) + (1,) * (v.ndim - 1)))
+        return cls(q.astype(np.int16), scale, stage)
+
+    @classmethod
+    def concat(cls, parts) -> "Prefix":
+        stages = {p.stage for p in parts}
+        if len(stages) != 1:
+            raise EdgelearnError(f"prefixes of different stages {sorted(stages)}", fix="prepare them with one trainer")
+        return cls(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]), stages.pop())
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def __getitem__(self, idx) -> "Prefix":
+        return Prefix(self.q[idx], self.scale[idx], self.stage)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.scale.nbytes
+
+    def to_float(self) -> np.ndarray:
+        out = self.q.astype(np.float32)
+        out *= self.scale.reshape((-1,) + (1,) * (out.ndim - 1))
+        return out
 
 
 def load_tail(bundle) -> dict:
@@ -138,11 +192,56 @@ class ConvTail:
         out *= s
         return out
 
-    def _linear(self, x, layer, keep, need_in):
-        w, b = self.p(f"{layer}_w"), self.p(f"{layer}_b")
-        y = x @ w
-        y += b
+    def frozen_stage(self, wanted) -> str:
+        """The deepest point of the forward that no tensor in ``wanted`` changes (see ``STAGES``)."""
+        w = set(wanted)
+        if self.train_dw and w & {"dw4_w", "dw4_b"}:
+            return "x"
+        if w & {"pw4_w", "pw4.lora_a", "pw4.lora_b"}:
+            return "y1"
+        return "z2"
+
+    def prefix(self, x: np.ndarray, stage: str, chunk: int = 1):
+        """The tail's frozen prefix of backbone outputs ``x`` up to ``stage`` (``x`` itself at ``"x"``).
+
+        ``chunk`` examples at a time (float32 working memory: a few maps of one chunk); the
+        int16 result is written in place, so the whole set is never held in float32.
+        """
+        if stage not in STAGES:
+            raise EdgelearnError(f"stage {stage!r} is unknown", fix=f"choose one of {STAGES}")
+        if stage == "x" or isinstance(x, Prefix):
+            return x
+        n, hh, ww = np.shape(x)[:3]
+        out = Prefix(np.empty((n, hh * ww, self.channels), np.int16), np.empty(n, np.float32), stage)
+        for a in range(0, n, chunk):
+            xf = self.to_float(x[a:a + chunk])
+            y1 = dwconv(xf, self.p("dw4_w"))
+            del xf
+            y1 += self.p("dw4_b")
+            np.maximum(y1, 0, out=y1)
+            y1 = y1.reshape(len(y1), hh * ww, -1)
+            if stage == "z2":
+                y1 = self._pre_bias(y1, "pw4")
+            part = Prefix.of(y1, stage)
+            out.q[a:a + chunk], out.scale[a:a + chunk] = part.q, part.scale
+        return out
+
+    def _pre_bias(self, x, layer):
+        """``x W`` (plus a frozen, unmerged LoRA term): the linear layer before its bias."""
+        y = x @ self.p(f"{layer}_w")
         a = self.p(f"{layer}.lora_a")
+        if a is not None:
+            t = (x @ a) @ self.p(f"{layer}.lora_b")
+            t *= self.lora_scale
+            y += t
+        return y
+
+    def _linear(self, x, layer, keep, need_in, pre=None):
+        """``x W + b`` (+ LoRA, + adapter); ``pre``: ``x W`` already computed (a ``"z2"`` prefix)."""
+        w, b = self.p(f"{layer}_w"), self.p(f"{layer}_b")
+        y = x @ w if pre is None else pre
+        y += b
+        a = self.p(f"{layer}.lora_a") if pre is None else None
         if a is not None:
             u = x @ a
             t = u @ self.p(f"{layer}.lora_b")
@@ -182,10 +281,14 @@ class ConvTail:
         one chunk's, and only what backward needs is kept for the whole batch (for bias-only
         that is bit-packed masks, so training memory no longer grows with the batch's forward).
         """
+        if wanted is not None and isinstance(x, Prefix) \
+                and STAGES.index(x.stage) > STAGES.index(self.frozen_stage(wanted)):
+            raise EdgelearnError(f"a {x.stage!r} prefix skips tensors this step trains ({sorted(wanted)})",
+                                 fix="prepare the inputs with this trainer (ConvTrainer.prepare)")
         n = len(x)
         if chunk is None or n <= chunk:
             return self._forward(x, wanted)
-        float_in = np.asarray(x).dtype.kind == "f"
+        float_in = not isinstance(x, Prefix) and np.asarray(x).dtype.kind == "f"
         logits, embs, keep = [], [], None
         for a in range(0, n, chunk):
             lg, kc, e = self._forward(x[a:a + chunk], wanted)
@@ -204,24 +307,32 @@ class ConvTail:
             keep["x"] = x
         return np.concatenate(logits), keep, np.concatenate(embs)
 
-    def _forward(self, x: np.ndarray, wanted: set | None = None):
+    def _forward(self, x, wanted: set | None = None):
+        """One forward from the backbone output, or from a ``Prefix`` (what no trained tensor changes)."""
         keep = None if wanted is None else {}
         w = wanted or set()
+        stage = x.stage if isinstance(x, Prefix) else "x"
         dw_train = self.train_dw and bool(w & {"dw4_w", "dw4_b"})
         pw_deep = bool(w & {"pw4_w", "pw4.lora_a", "pw4.adapter_a"}) or dw_train
-        x = self.to_float(x)
-        b, hh, ww, c = x.shape
-        y1 = dwconv(x, self.p("dw4_w"))
-        y1 += self.p("dw4_b")
-        if keep is not None and dw_train:
-            keep["mask1"] = self._mask(y1)
-            if "dw4_w" in w:
-                keep["x"] = x
-        np.maximum(y1, 0, out=y1)
-        y1 = y1.reshape(b, hh * ww, c)
+        if stage == "x":
+            x = self.to_float(x)
+            b, hh, ww, c = x.shape
+            y1 = dwconv(x, self.p("dw4_w"))
+            y1 += self.p("dw4_b")
+            if keep is not None and dw_train:
+                keep["mask1"] = self._mask(y1)
+                if "dw4_w" in w:
+                    keep["x"] = x
+            np.maximum(y1, 0, out=y1)
+            y1 = y1.reshape(b, hh * ww, c)
+            npos = hh * ww
+        else:
+            y1 = x.to_float()
+            npos = y1.shape[1]
         need_in = keep is not None and bool(w & {"pw4_w", "pw4.lora_a"})
-        a2 = self._linear(y1, "pw4", keep if keep is not None and pw_deep else None, need_in)
-        del y1
+        pre = y1 if stage == "z2" else None
+        a2 = self._linear(y1, "pw4", keep if keep is not None and pw_deep else None, need_in, pre=pre)
+        del y1, pre
         if keep is not None and (pw_deep or "pw4_b" in w):
             if pw_deep:
                 keep["mask2"] = self._mask(a2)
@@ -233,7 +344,7 @@ class ConvTail:
         need_e = keep is not None and bool(w & {"cls_w", "cls.lora_a"})
         logits = self._linear(e, "cls", keep, need_e)
         if keep is not None:
-            keep["P"] = hh * ww
+            keep["P"] = npos
         return logits, keep, e
 
     def probs(self, x: np.ndarray, batch: int = 256) -> np.ndarray:

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.adapt.conv import ConvTail, dwconv_grad
+from edge.adapt.conv import ConvTail, Prefix, dwconv_grad
 from edge.adapt.trainer import OPTIMIZERS, STRATEGIES, Resumable, _dlogits, _xent, check_targets
 from edge.errors import EdgelearnError
 
 WEIGHTS = ("dw4_w", "pw4_w", "cls_w")
+PREFIX_PER_RAW = 3  # prefix examples per forward chunk for each raw one (see gradients)
 
 
 def trained_names(tail: ConvTail, strategy: str, sparse_weights=()) -> list[str]:
@@ -92,6 +93,16 @@ class ConvTrainer(Resumable):
         self._probe = None
         self._ws = self._kept = 0
 
+    # -- the frozen prefix -----------------------------------------------------------
+    @property
+    def stage(self) -> str:
+        """Where this trainer's forward starts (``ConvTail.frozen_stage`` of its tensors)."""
+        return self.tail.frozen_stage(self.names)
+
+    def prepare(self, x):
+        """What no trained tensor changes, computed once: pass the result to ``step`` instead of ``x``."""
+        return self.tail.prefix(x, self.stage)
+
     # -- accounting ----------------------------------------------------------------
     def _hold(self, *temps) -> None:
         """Record the workspace of the temporaries alive now; let a test sample memory here."""
@@ -103,8 +114,11 @@ class ConvTrainer(Resumable):
         return sum(self.last_bytes.values())
 
     # -- one step --------------------------------------------------------------------
-    def step(self, x: np.ndarray, y: np.ndarray, probe=None, targets=None) -> float:
-        """Forward + backward + update on a batch (int8 backbone output or float); returns the mean loss.
+    def step(self, x, y: np.ndarray, probe=None, targets=None) -> float:
+        """Forward + backward + update on a batch; returns the mean loss.
+
+        ``x``: backbone outputs (int8 or float), or ``prepare(x)`` (the same step, with the
+        frozen prefix computed once per example instead of every step).
 
         ``targets`` (optional, (n, classes)): soft target rows instead of the one-hot labels
         (``edge.adapt.run.train`` uses them to distil the base model on replay examples).
@@ -121,7 +135,7 @@ class ConvTrainer(Resumable):
         }
         return loss
 
-    def gradients(self, x: np.ndarray, y: np.ndarray, probe=None, targets=None) -> float:
+    def gradients(self, x, y: np.ndarray, probe=None, targets=None) -> float:
         """Forward + backward only: fills ``self.grads`` with the mean-loss gradients; returns the loss."""
         y = np.asarray(y, np.int64)
         if len(x) != len(y) or len(y) == 0:
@@ -131,7 +145,12 @@ class ConvTrainer(Resumable):
                                  fix="use the bundle's label ids")
         targets = check_targets(targets, len(y), self.tail.n_classes)
         wanted = set(self.names)
-        logits, keep, e = self.tail.forward(x, wanted, chunk=self.forward_chunk)
+        chunk = self.forward_chunk
+        if chunk is not None and isinstance(x, Prefix):
+            # a raw example's forward holds three float maps (input, depthwise temporary, output);
+            # a prefix's holds one: three prefix examples per chunk keep the same working memory
+            chunk *= PREFIX_PER_RAW
+        logits, keep, e = self.tail.forward(x, wanted, chunk=chunk)
         del e
         loss = _xent(logits, y, targets)
         g = _dlogits(logits, y, targets)
@@ -287,6 +306,82 @@ class ConvTrainer(Resumable):
     def mix_replay(self, x, y, replay, n: int):
         """Append ``n`` replay examples (tail inputs) to a batch; see ``mix_replay``."""
         return mix_replay(x, y, replay, n, to_float=self.tail.to_float)
+
+    def replay_pool(self, replay, shape, teacher=None) -> "ReplayPool | None":
+        """The replay buffer prepared for this trainer's runs (None if it is empty); ``shape``: one tail input's."""
+        if replay is None or replay.count == 0:
+            return None
+        return ReplayPool(replay, self, shape, teacher)
+
+
+class ReplayPool:
+    """A replay buffer's examples, prepared once per training run instead of every step.
+
+    Sampling is the buffer's own (class-balanced, the same sequence as ``mix_replay``).
+    Per occupied slot it holds the teacher's posteriors (the base tail never changes
+    during a run) and, when the trainer's forward starts past the backbone output, the
+    trainer's ``Prefix`` (int16: twice the slot's int8 bytes). At stage ``"x"`` the
+    slots are dequantised when sampled, as ``mix_replay`` does.
+    """
+
+    def __init__(self, replay, trainer: ConvTrainer, shape, teacher=None, chunk: int = 64):
+        self.replay, self.trainer, self.shape = replay, trainer, tuple(shape)
+        buf = getattr(replay, "buffer", replay)
+        slots = np.array([s for s in range(buf.capacity) if buf.label_at(s) >= 0], np.int64)
+        self.row = np.full(buf.capacity, -1, np.int64)
+        self.row[slots] = np.arange(len(slots))
+        self.y = np.empty(len(slots), np.int64)  # labels of the prepared slots (at "x" sample() reads them)
+        self.x = None if trainer.stage == "x" else []
+        soft = []
+        for a in range(0, len(slots) if teacher is not None or self.x is not None else 0, chunk):
+            rx, self.y[a:a + chunk] = _slot_arrays(replay, slots[a:a + chunk])
+            rx = rx.reshape((len(rx),) + self.shape)
+            if teacher is not None:
+                soft.append(np.asarray(teacher(rx), np.float32))
+            if self.x is not None:
+                self.x.append(trainer.prepare(rx))
+        self.soft = np.concatenate(soft) if soft else None
+        if self.x is not None:
+            self.x = Prefix.concat(self.x)
+
+    @property
+    def nbytes(self) -> int:
+        return (self.x.nbytes if self.x is not None else 0) + (self.soft.nbytes if self.soft is not None else 0)
+
+    def sample(self, n: int):
+        """``n`` class-balanced replay examples: (inputs for ``step``, labels, teacher posteriors or None)."""
+        buf = getattr(self.replay, "buffer", self.replay)
+        slots = np.fromiter(buf.sample(n), np.int64)
+        rows = self.row[slots]
+        if self.x is None:
+            rx, ry = _slot_arrays(self.replay, slots)
+            rx = rx.reshape((len(rx),) + self.shape)
+        else:
+            rx, ry = self.x[rows], self.y[rows]
+        return rx, ry, (self.soft[rows] if self.soft is not None else None)
+
+    def mix(self, x, y, n: int):
+        """A batch with ``n`` replay examples appended; the replay rows' teacher posteriors (or None)."""
+        rx, ry, soft = self.sample(n)
+        if isinstance(rx, Prefix):
+            bx = Prefix.concat([x, rx])
+        else:
+            bx = np.concatenate([self.trainer.tail.to_float(x), rx])
+        return bx, np.concatenate([np.asarray(y, np.int64), ry]), soft
+
+
+def _slot_arrays(replay, slots):
+    """Dequantised vectors and labels of replay slots (a ``ReplayStore`` or a portable ``ReplayBuffer``)."""
+    if hasattr(replay, "arrays"):
+        return replay.arrays(slots)
+    import array
+
+    buf = array.array("f", bytes(4 * replay.dim))
+    rx, ry = np.empty((len(slots), replay.dim), np.float32), np.empty(len(slots), np.int64)
+    for i, slot in enumerate(slots):
+        ry[i] = replay.get(int(slot), buf)
+        rx[i] = np.frombuffer(buf, np.float32)
+    return rx, ry
 
 
 def _nbytes(v) -> int:

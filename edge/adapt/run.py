@@ -30,7 +30,8 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
     2020; learning without forgetting, Li & Hoiem 2016). The local examples keep their labels.
     """
     info = {"context": context, "strategy": trainer.strategy, "optimizer": trainer.optimizer,
-            "steps": steps, "n": int(len(x)), "distill": float(distill) if teacher is not None else 0.0}
+            "steps": steps, "n": int(len(x)), "distill": float(distill) if teacher is not None else 0.0,
+            "tensors": list(trainer.names)}
     done, losses = 0, []
     ck, ck_info = store.load_checkpoint()
     if ck is not None and {k: ck_info.get(k) for k in info} == info:
@@ -38,18 +39,29 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
         done = int(ck_info["done"])
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x))
+    pool, conv = None, hasattr(trainer, "replay_pool")
+    if conv:  # the conv tail: its frozen prefix and the teacher's posteriors are computed once per run
+        pool = trainer.replay_pool(replay, np.shape(x)[1:], teacher if distill > 0 else None)
+        x = trainer.prepare(x)
     while done < steps:
         if not should_continue():
             store.save_checkpoint(trainer.state(), {**info, "done": done})
             return {"status": "paused", "steps_done": done, "loss": losses[-1] if losses else None}
         idx = order[(done * batch + np.arange(batch)) % len(x)]
-        mix = getattr(trainer, "mix_replay", None) or mix_replay  # the conv tail mixes tail inputs
-        bx, by = mix(x[idx], y[idx], replay, replay_n)
+        soft = None
+        if pool is not None:
+            bx, by, soft = pool.mix(x[idx], y[idx], replay_n)
+        elif conv:  # nothing to replay
+            bx, by = x[idx], y[idx]
+        else:
+            bx, by = mix_replay(x[idx], y[idx], replay, replay_n)
+            if teacher is not None and distill > 0 and len(by) > len(idx):
+                soft = teacher(bx[len(idx):])
         targets = None
-        if teacher is not None and distill > 0 and len(by) > len(idx):
+        if soft is not None:
             targets = np.eye(trainer.tail.n_classes, dtype=np.float32)[by]
             r = slice(len(idx), None)
-            targets[r] = (1.0 - distill) * targets[r] + distill * teacher(bx[r])
+            targets[r] = (1.0 - distill) * targets[r] + distill * soft
         losses.append(trainer.step(bx, by, targets=targets))
         done += 1
         if done % checkpoint_every == 0 and done < steps:

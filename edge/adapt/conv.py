@@ -18,9 +18,10 @@ Whatever lies before the first trained tensor is a fixed function of the example
 a trainer computes it once per example (``prefix``) instead of every step, the same
 way the int8 backbone's output is cached: ``frozen_stage`` names the deepest such
 point (``"x"`` the backbone output, ``"y1"`` dw4's output, ``"z2"`` pw4's output
-before its bias), and ``Prefix`` holds it as int16 with a scale per example. ReLU masks are kept
-bit-packed (``np.packbits``) unless ``pack_masks=False`` (one byte each, the
-host model's definition). ``ConvTrainer`` is in ``edge.adapt.convtrain``.
+before its bias), and ``Prefix`` holds it as int16 with a scale per example.
+
+ReLU masks are kept bit-packed (``np.packbits``) unless ``pack_masks=False`` (one
+byte each, the host model's definition). ``ConvTrainer`` is in ``edge.adapt.convtrain``.
 
     >>> tail = ConvTail(load_tail(bundle))
     >>> probs = tail.probs(tail.to_float(features_int8))

@@ -28,6 +28,10 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
     replay examples' targets are ``(1 - distill) * label + distill * teacher(x)``: the replay
     keeps the old model's outputs, not only its labels (dark experience replay, Buzzega et al.
     2020; learning without forgetting, Li & Hoiem 2016). The local examples keep their labels.
+
+    A conv-tail trainer (``ConvTrainer``) gets its inputs prepared once per run: the part of the
+    tail no trained tensor changes (``ConvTrainer.prepare``), for the local examples and every
+    replay slot, and the teacher's posteriors per replay slot (``ReplayPool``).
     """
     info = {"context": context, "strategy": trainer.strategy, "optimizer": trainer.optimizer,
             "steps": steps, "n": int(len(x)), "distill": float(distill) if teacher is not None else 0.0,

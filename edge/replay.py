@@ -32,6 +32,25 @@ EMBEDDING_REPLAY = "replay.bin"
 TAIL_REPLAY = "replay_tail.bin"
 
 
+def sample_slots(replay, n: int) -> list[int]:
+    """``n`` class-balanced slots from a ``ReplayStore`` or a portable ``ReplayBuffer`` (its sampler)."""
+    return list(getattr(replay, "buffer", replay).sample(n))
+
+
+def slot_arrays(replay, slots) -> tuple[np.ndarray, np.ndarray]:
+    """Dequantised vectors (n, dim) float32 and labels of replay slots, from either kind of buffer."""
+    if hasattr(replay, "arrays"):
+        return replay.arrays(slots)
+    import array
+
+    buf = array.array("f", bytes(4 * replay.dim))
+    rx, ry = np.empty((len(slots), replay.dim), np.float32), np.empty(len(slots), np.int64)
+    for i, slot in enumerate(slots):
+        ry[i] = replay.get(int(slot), buf)
+        rx[i] = np.frombuffer(buf, np.float32)
+    return rx, ry
+
+
 class ReplayStore:
     def __init__(self, state_dir, dim: int = 64, max_bytes: int = 64 * 1024, flush_every: int = 32,
                  name: str = EMBEDDING_REPLAY):

@@ -8,8 +8,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from edge.adapt.conv import ConvTail, Prefix, dwconv
-from edge.adapt.convtrain import ConvTrainer, ReplayPool, choose_sparse, mix_replay
+from edge.adapt.conv import ConvTail, dwconv
+from edge.adapt.prefix import Prefix
+from edge.adapt.convreplay import ReplayPool, mix_replay
+from edge.adapt.convtrain import ConvTrainer, choose_sparse
 from edge.errors import EdgelearnError
 
 STRATS = ("bias-only", "residual-adapter", "lora", "sparse", "full")

@@ -3,7 +3,9 @@
 - ``conv`` / ``convtrain``: the network's real tail (float dw4 -> pw4 -> pool ->
   classifier from the bundle's ``tail.npz``) on the frozen int8 backbone, and its
   trainers (bias-only, adapter, LoRA, sparse, full; SGD/Adam; exact bytes). This is
-  what ``edgelearn device adapt`` trains. ``fcache``: int8 backbone outputs cached.
+  what ``edgelearn device adapt`` trains. ``fcache``: int8 backbone outputs cached;
+  ``prefix``: the part of the tail no trained tensor changes, computed once per example;
+  ``convreplay``: tail-input replay mixed into batches, prepared once per run.
 - ``tail``: the embedding-level head (identity-initialised projection + the bundle's classifier on the
   64-d embedding), forward/backward, LoRA merge, classifier recovery from a bundle.
 - ``trainer``: bias-only, residual adapter, LoRA, sparse (contribution analysis under

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.adapt.conv import ConvTail, Prefix, dwconv_grad
+from edge.adapt.conv import ConvTail, dwconv_grad
+from edge.adapt.prefix import Prefix
 from edge.adapt.trainer import OPTIMIZERS, STRATEGIES, Resumable, _dlogits, _xent, check_targets
 from edge.errors import EdgelearnError
 
@@ -304,84 +305,19 @@ class ConvTrainer(Resumable):
             del tmp
 
     def mix_replay(self, x, y, replay, n: int):
-        """Append ``n`` replay examples (tail inputs) to a batch; see ``mix_replay``."""
+        """Append ``n`` replay examples (tail inputs) to a batch; see ``convreplay.mix_replay``."""
+        from edge.adapt.convreplay import mix_replay
+
         return mix_replay(x, y, replay, n, to_float=self.tail.to_float)
 
-    def replay_pool(self, replay, shape, teacher=None) -> "ReplayPool | None":
-        """The replay buffer prepared for this trainer's runs (None if it is empty); ``shape``: one tail input's."""
+    def replay_pool(self, replay, shape, teacher=None):
+        """The replay buffer prepared for this trainer's runs (``convreplay.ReplayPool``; None if
+        it is empty); ``shape``: one tail input's."""
+        from edge.adapt.convreplay import ReplayPool
+
         if replay is None or replay.count == 0:
             return None
         return ReplayPool(replay, self, shape, teacher)
-
-
-class ReplayPool:
-    """A replay buffer's examples, prepared once per training run instead of every step.
-
-    Sampling is the buffer's own (class-balanced, the same sequence as ``mix_replay``).
-    Per occupied slot it holds the teacher's posteriors (the base tail never changes
-    during a run) and, when the trainer's forward starts past the backbone output, the
-    trainer's ``Prefix`` (int16: twice the slot's int8 bytes). At stage ``"x"`` the
-    slots are dequantised when sampled, as ``mix_replay`` does.
-    """
-
-    def __init__(self, replay, trainer: ConvTrainer, shape, teacher=None, chunk: int = 64):
-        self.replay, self.trainer, self.shape = replay, trainer, tuple(shape)
-        buf = getattr(replay, "buffer", replay)
-        slots = np.array([s for s in range(buf.capacity) if buf.label_at(s) >= 0], np.int64)
-        self.row = np.full(buf.capacity, -1, np.int64)
-        self.row[slots] = np.arange(len(slots))
-        self.y = np.empty(len(slots), np.int64)  # labels of the prepared slots (at "x" sample() reads them)
-        self.x = None if trainer.stage == "x" else []
-        soft = []
-        for a in range(0, len(slots) if teacher is not None or self.x is not None else 0, chunk):
-            rx, self.y[a:a + chunk] = _slot_arrays(replay, slots[a:a + chunk])
-            rx = rx.reshape((len(rx),) + self.shape)
-            if teacher is not None:
-                soft.append(np.asarray(teacher(rx), np.float32))
-            if self.x is not None:
-                self.x.append(trainer.prepare(rx))
-        self.soft = np.concatenate(soft) if soft else None
-        if self.x is not None:
-            self.x = Prefix.concat(self.x)
-
-    @property
-    def nbytes(self) -> int:
-        return (self.x.nbytes if self.x is not None else 0) + (self.soft.nbytes if self.soft is not None else 0)
-
-    def sample(self, n: int):
-        """``n`` class-balanced replay examples: (inputs for ``step``, labels, teacher posteriors or None)."""
-        buf = getattr(self.replay, "buffer", self.replay)
-        slots = np.fromiter(buf.sample(n), np.int64)
-        rows = self.row[slots]
-        if self.x is None:
-            rx, ry = _slot_arrays(self.replay, slots)
-            rx = rx.reshape((len(rx),) + self.shape)
-        else:
-            rx, ry = self.x[rows], self.y[rows]
-        return rx, ry, (self.soft[rows] if self.soft is not None else None)
-
-    def mix(self, x, y, n: int):
-        """A batch with ``n`` replay examples appended; the replay rows' teacher posteriors (or None)."""
-        rx, ry, soft = self.sample(n)
-        if isinstance(rx, Prefix):
-            bx = Prefix.concat([x, rx])
-        else:
-            bx = np.concatenate([self.trainer.tail.to_float(x), rx])
-        return bx, np.concatenate([np.asarray(y, np.int64), ry]), soft
-
-
-def _slot_arrays(replay, slots):
-    """Dequantised vectors and labels of replay slots (a ``ReplayStore`` or a portable ``ReplayBuffer``)."""
-    if hasattr(replay, "arrays"):
-        return replay.arrays(slots)
-    import array
-
-    buf = array.array("f", bytes(4 * replay.dim))
-    rx, ry = np.empty((len(slots), replay.dim), np.float32), np.empty(len(slots), np.int64)
-    for i, slot in enumerate(slots):
-        ry[i] = replay.get(int(slot), buf)
-        rx[i] = np.frombuffer(buf, np.float32)
-    return rx, ry
 
 
 def _nbytes(v) -> int:
@@ -417,23 +353,3 @@ def choose_sparse(tail: ConvTail, x, y, memory_budget: int, optimizer: str = "sg
             chosen.append(k)
             used += cost[k]
     return chosen
-
-
-def mix_replay(x, y, replay, n: int, to_float=None):
-    """Append ``n`` class-balanced replay examples (dequantised tail inputs) to a batch."""
-    if replay is None or replay.count == 0 or n <= 0:
-        return x, y
-    rx, ry = replay.sample_arrays(n) if hasattr(replay, "sample_arrays") else _sample(replay, n)
-    x = to_float(x) if to_float is not None else np.asarray(x, np.float32)
-    return np.concatenate([x, rx.reshape((n,) + x.shape[1:])]), np.concatenate([np.asarray(y), ry])
-
-
-def _sample(replay, n):
-    import array
-
-    buf = array.array("f", bytes(4 * replay.dim))
-    rx, ry = np.empty((n, replay.dim), np.float32), np.empty(n, np.int64)
-    for i, slot in enumerate(replay.sample(n)):
-        ry[i] = replay.get(slot, buf)
-        rx[i] = np.frombuffer(buf, np.float32)
-    return rx, ry

@@ -218,13 +218,9 @@ class Trainer(Resumable):
 
 def mix_replay(x, y, replay, n: int, label_map=None):
     """Append ``n`` class-balanced replay examples to a batch (the anti-forgetting step)."""
+    from edge.replay import sample_slots, slot_arrays
+
     if replay is None or replay.count == 0 or n <= 0:
         return x, y
-    import array
-
-    buf = array.array("f", bytes(4 * replay.dim))
-    rx, ry = np.empty((n, replay.dim), np.float32), np.empty(n, np.int64)
-    for i, slot in enumerate(replay.sample(n)):
-        ry[i] = replay.get(slot, buf)
-        rx[i] = np.frombuffer(buf, np.float32)
+    rx, ry = slot_arrays(replay, sample_slots(replay, n))
     return np.concatenate([x, rx]), np.concatenate([y, ry])

@@ -117,7 +117,7 @@ def two_stage_rows(res, models, hours, fa_src, km):
         km.infer(win[None])
     enc = (time.perf_counter() - t0) / 100
     v = Verifier(km.bundle)
-    tpl = [np.zeros((15, 320), np.int8) + 1] * D.SHOTS
+    tpl = [np.zeros((15, v.dim()), np.int8) + 1] * D.SHOTS
     t0 = time.perf_counter()
     for _ in range(100):
         v.distance(v.sequences(win[None]), tpl)

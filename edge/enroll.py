@@ -72,7 +72,8 @@ class CustomKeywords:
             from edge import verify as V
 
             self.verifier = V.Verifier(bundle)
-            self.templates = [V.unpack(e["verify"]) if "verify" in e else None for e in entries]
+            dim = self.verifier.backbone_dim
+            self.templates = [V.unpack(e["verify"], dim) if "verify" in e else None for e in entries]
             stale = [e["name"] for e in entries if "verify" in e
                      and tuple(e["verify"].get("qparams", ())) != tuple(self.verifier.qparams)]
             if stale:
@@ -88,8 +89,9 @@ class CustomKeywords:
         """Second stage for keyword ``k`` on one normalised (49, 10) window: (passes, distance)."""
         if not self.verifies(k):
             return True, 0.0
-        d = float(self.verifier.distance(self.verifier.sequences(np.asarray(feats)[None]), self.templates[k],
-                                         version=self.verify_versions[k])[0])
+        version = self.verify_versions[k]
+        seqs = self.verifier.sequences(np.asarray(feats)[None], version)
+        d = float(self.verifier.distance(seqs, self.templates[k], version=version)[0])
         return d <= self.verify_thresholds[k], d
 
     def scores(self, emb: np.ndarray) -> np.ndarray:

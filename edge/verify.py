@@ -4,8 +4,13 @@ The first stage (``edge.enroll.CustomKeywords``) scores a 64-d embedding that is
 mean over time, so "blue ferry" and "blueberry" can look alike to it. When it
 fires, the verifier looks at the same 1 s window as a sequence: the frozen int8
 backbone (``backbone_int8.tflite``, cut at ``pw3_relu``) gives 25 time steps of
-5 x 64 activations, one 320-d vector per 40 ms. Each enrolment clip's speech
-steps are a template (kept as the backbone's own int8 values). A window's
+5 x 64 activations, one 320-d vector per 40 ms, and each step also carries the
+window's own two normalised MFCC frames it covers (20 values, int8 at ``MFCC_Q``;
+version 3): the backbone's features were trained to name 35 words, and the
+spectral detail they drop is what tells "bandana" from "banana". Each enrolment
+clip's speech steps are a template (kept as int8). The cosine between two steps is
+``(1 - MFCC_WEIGHT)`` times the backbone parts' cosine plus ``MFCC_WEIGHT`` times
+the MFCC parts'. A window's
 distance to a template is the mean cosine distance along the best alignment of
 every template step to one window step, the window steps advancing by 0, 1 or 2
 and never by 0 twice in a row (so the phrase may be up to twice as fast, or up
@@ -38,7 +43,13 @@ STEPS = 25                    # backbone time steps per 1 s window (stride 2 ove
 MIN_TEMPLATE_STEPS = 4
 SPEEDS = (0.9, 1.0, 1.1)
 HARD_SNR_DB = 10.0
-VERSION = 2   # 2: at most two template steps per window step; 1 (still read): no such limit
+# 3: MFCC frames beside the backbone steps; 2: at most two template steps per window step;
+# 1: no such limit. Entries keep the version they were enrolled (and calibrated) with.
+VERSION = 3
+READABLE = (1, 2, 3)
+MFCC_DIM = 2 * F.N_MFCC       # two 20 ms frames per 40 ms backbone step
+MFCC_Q = 24.0                 # int8 units per unit of normalised MFCC (|v| <= 5.3 kept)
+MFCC_WEIGHT = 0.3             # chosen on the kws_fewshot main set; see docs/edge-runtime.md
 
 
 class Verifier:
@@ -54,30 +65,51 @@ class Verifier:
                                  fix="use a bundle built by `edgelearn model` (it ships backbone_int8.tflite), "
                                      "or enrol with verify=False") from None
         self.qparams = self.backbone.qparams
+        out = self.backbone.backend.outputs[0]
+        self.backbone_dim = int(np.prod(out.shape[2:]))  # 5 x 64 per time step
 
-    def raw(self, feats: np.ndarray) -> np.ndarray:
-        """(N, 49, 10) normalised features -> int8 (N, 25, 320) backbone steps."""
-        q = self.backbone(np.asarray(feats, np.float32))
-        return q.reshape(len(q), q.shape[1], -1)
+    def dim(self, version: int = VERSION) -> int:
+        """Values per step of a template of ``version``."""
+        return self.backbone_dim + (MFCC_DIM if version >= 3 else 0)
 
-    def unit(self, q: np.ndarray) -> np.ndarray:
-        """int8 backbone steps -> float32 unit vectors (the zero point removed first)."""
-        x = q.astype(np.float32) - np.float32(self.qparams[1])
-        return (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-6)).astype(np.float32)
+    def raw(self, feats: np.ndarray, version: int = VERSION) -> np.ndarray:
+        """(N, 49, 10) normalised features -> int8 (N, 25, dim) steps: backbone (+ MFCC frames, v3)."""
+        f = np.asarray(feats, np.float32).reshape(-1, F.N_FRAMES, F.N_MFCC)
+        q = self.backbone(f)
+        q = q.reshape(len(q), q.shape[1], -1)
+        if version < 3:
+            return q
+        f = np.concatenate([f, f[:, -1:]], axis=1).reshape(len(f), STEPS, MFCC_DIM)  # frame 49 repeats 48
+        m = np.clip(np.rint(f * MFCC_Q), -127, 127).astype(np.int8)
+        return np.concatenate([q, m], axis=-1)
 
-    def sequences(self, feats: np.ndarray) -> np.ndarray:
-        return self.unit(self.raw(feats))
+    def unit(self, q: np.ndarray, version: int = VERSION) -> np.ndarray:
+        """int8 steps -> float32 vectors whose dot product is the step cosine of ``version``: each
+        part a unit vector (the backbone's zero point removed first), weighted by its share."""
+        bb = q[..., : self.backbone_dim].astype(np.float32) - np.float32(self.qparams[1])
+        bb /= np.maximum(np.linalg.norm(bb, axis=-1, keepdims=True), 1e-6)
+        if version < 3:
+            return bb
+        m = q[..., self.backbone_dim:].astype(np.float32)
+        m /= np.maximum(np.linalg.norm(m, axis=-1, keepdims=True), 1e-6)
+        bb *= np.float32(np.sqrt(1.0 - MFCC_WEIGHT))
+        m *= np.float32(np.sqrt(MFCC_WEIGHT))
+        return np.concatenate([bb, m], axis=-1)
+
+    def sequences(self, feats: np.ndarray, version: int = VERSION) -> np.ndarray:
+        return self.unit(self.raw(feats, version), version)
 
     def templates(self, windows: np.ndarray, scale) -> list[np.ndarray]:
-        """1 s int16 enrolment windows (speech centred) -> one int8 (m, 320) template each."""
+        """1 s int16 enrolment windows (speech centred) -> one int8 (m, dim) template each."""
         raw = self.raw(F.normalize(F.mfcc(np.asarray(windows)), scale))
         return [r[a:b] for r, (a, b) in zip(raw, (speech_steps(w) for w in windows))]
 
     def distance(self, seqs: np.ndarray, templates: list[np.ndarray], exclude: int | None = None,
                  version: int = VERSION) -> np.ndarray:
-        """(N, 25, 320) unit sequences -> (N,) smallest template distance (``exclude``: a template
-        index; ``version``: the entry's, whose threshold was calibrated with that alignment)."""
-        d = [sdtw(self.unit(t), seqs, version >= 2) for k, t in enumerate(templates) if k != exclude]
+        """(N, 25, dim) ``sequences(feats, version)`` -> (N,) smallest template distance (``exclude``:
+        a template index; ``version``: the entry's, whose threshold was calibrated with its
+        features and alignment)."""
+        d = [sdtw(self.unit(t, version), seqs, version >= 2) for k, t in enumerate(templates) if k != exclude]
         return np.min(d, axis=0)
 
     def calibrate(self, windows: np.ndarray, templates: list[np.ndarray], scale, rng,
@@ -157,24 +189,28 @@ def sdtw(tpl: np.ndarray, seqs: np.ndarray, limit_speedup: bool = True) -> np.nd
     return np.minimum(moved, stayed).min(axis=1) / len(tpl)
 
 
-def pack(templates: list[np.ndarray], qparams, threshold: float, loo: np.ndarray) -> dict:
+def pack(templates: list[np.ndarray], qparams, threshold: float, loo: np.ndarray, version: int = VERSION) -> dict:
     """The state entry of a keyword's verifier (JSON-safe; int8 templates in base64)."""
-    return {"version": VERSION, "threshold": round(float(threshold), 6),
+    return {"version": version, "threshold": round(float(threshold), 6),
             "qparams": [float(qparams[0]), int(qparams[1])], "dim": int(templates[0].shape[1]),
             "steps": [int(len(t)) for t in templates],
             "templates": base64.b64encode(np.concatenate(templates).astype(np.int8).tobytes()).decode(),
             "loo_median": round(float(np.median(loo)), 4)}
 
 
-def unpack(entry: dict) -> list[np.ndarray]:
-    """int8 templates of a state entry; a clear error for an entry this runtime cannot read."""
+def unpack(entry: dict, backbone_dim: int | None = None) -> list[np.ndarray]:
+    """int8 templates of a state entry; a clear error for an entry this runtime cannot read
+    (``backbone_dim``: the bundle backbone's values per step, to check the entry's ``dim``)."""
     try:
-        if entry["version"] not in (1, VERSION):
-            raise ValueError(f"verifier version {entry['version']}, this runtime reads 1 and {VERSION}")
+        if entry["version"] not in READABLE:
+            raise ValueError(f"verifier version {entry['version']}, this runtime reads {READABLE}")
         flat = np.frombuffer(base64.b64decode(entry["templates"]), np.int8)
         steps, dim = [int(s) for s in entry["steps"]], int(entry["dim"])
         if flat.size != sum(steps) * dim or not steps:
             raise ValueError(f"{flat.size} template values for steps {steps} x {dim}")
+        want = None if backbone_dim is None else backbone_dim + (MFCC_DIM if entry["version"] >= 3 else 0)
+        if want is not None and dim != want:
+            raise ValueError(f"dim {dim} for a version-{entry['version']} entry of this backbone (expected {want})")
     except (KeyError, ValueError, TypeError) as e:
         raise EdgelearnError(f"a keyword's verifier entry is unreadable ({e})",
                              fix="re-enrol the keyword (--replace)") from None

@@ -86,7 +86,7 @@ def test_enrolment_report_and_state_round_trip(km, enrolled):
     assert data["format"] == 2
     entry = data["keywords"][0]["verify"]
     tpl = V.unpack(entry)
-    assert len(tpl) == 5 and all(t.dtype == np.int8 and t.shape[1] == 320 for t in tpl)
+    assert len(tpl) == 5 and all(t.dtype == np.int8 and t.shape[1] == 320 + V.MFCC_DIM for t in tpl)
     assert [len(t) for t in tpl] == entry["steps"] and all(len(t) >= V.MIN_TEMPLATE_STEPS for t in tpl)
     # reloaded from disk, the second stage gives the same distances as the templates packed at enrolment
     custom = DeviceState.open(d, km.bundle).custom()
@@ -112,27 +112,47 @@ def test_format_1_state_still_runs_first_stage_only(km, enrolled, tmp_path):
     assert again["format"] == 2 and again["keywords"] == data["keywords"]
 
 
-def test_a_version_1_verifier_entry_keeps_the_alignment_its_threshold_was_calibrated_with(km, enrolled, tmp_path):
+def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibrated_with(km, enrolled, tmp_path):
+    """Version 1 (free speed-up) and 2 (at most 2x) entries hold backbone steps only; version 3 adds
+    the MFCC frames. Each is scored the way its threshold was calibrated."""
+    import base64
+
     data = json.loads((enrolled[0] / "keywords.json").read_text())
-    assert data["keywords"][0]["verify"]["version"] == V.VERSION == 2
-    data["keywords"][0]["verify"]["version"] = 1
-    (tmp_path / "keywords.json").write_text(json.dumps(data))
-    old = DeviceState.open(tmp_path, km.bundle).custom()
-    new = DeviceState.open(enrolled[0], km.bundle).custom()
-    ver, tpl = V.Verifier(km.bundle), V.unpack(data["keywords"][0]["verify"])
+    entry = data["keywords"][0]["verify"]
+    assert entry["version"] == V.VERSION == 3 and entry["dim"] == 320 + V.MFCC_DIM
+    ver, tpl = V.Verifier(km.bundle), V.unpack(entry)
+    bb = [t[:, :320] for t in tpl]  # a version-3 template's backbone part is the older template
     feats = np.random.default_rng(1).standard_normal((4, 49, 10)).astype(np.float32)
-    seqs = ver.sequences(feats)
-    want_old = np.min([V.sdtw(ver.unit(t), seqs, limit_speedup=False) for t in tpl], axis=0)
-    want_new = np.min([V.sdtw(ver.unit(t), seqs) for t in tpl], axis=0)
-    np.testing.assert_allclose([old.verify(0, f)[1] for f in feats], want_old, rtol=1e-5)
-    np.testing.assert_allclose([new.verify(0, f)[1] for f in feats], want_new, rtol=1e-5)
-    assert np.all(want_old <= want_new + 1e-6)
+    got = {}
+    for version in (1, 2, 3):
+        old = json.loads(json.dumps(data))
+        if version < 3:
+            old["keywords"][0]["verify"].update(
+                version=version, dim=320, templates=base64.b64encode(np.concatenate(bb).tobytes()).decode())
+        (tmp_path / "keywords.json").write_text(json.dumps(old))
+        custom = DeviceState.open(tmp_path, km.bundle).custom()
+        got[version] = np.array([custom.verify(0, f)[1] for f in feats])
+    seqs2 = ver.sequences(feats, 2)
+    assert seqs2.shape[-1] == 320 and ver.sequences(feats).shape[-1] == 320 + V.MFCC_DIM
+    want = {1: np.min([V.sdtw(ver.unit(t, 1), seqs2, limit_speedup=False) for t in bb], axis=0),
+            2: np.min([V.sdtw(ver.unit(t, 2), seqs2) for t in bb], axis=0),
+            3: ver.distance(ver.sequences(feats), tpl)}
+    for version in (1, 2, 3):
+        np.testing.assert_allclose(got[version], want[version], rtol=1e-5)
+    assert np.all(want[1] <= want[2] + 1e-6)
+    # version 3's step cosine is the weighted sum of the two parts' cosines
+    u = ver.unit(tpl[0])
+    m = tpl[0][:, 320:].astype(np.float32)
+    m /= np.linalg.norm(m, axis=1, keepdims=True)
+    b = ver.unit(bb[0], 2)
+    np.testing.assert_allclose(u @ u[0], (1 - V.MFCC_WEIGHT) * (b @ b[0]) + V.MFCC_WEIGHT * (m @ m[0]), atol=1e-5)
 
 
 def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path):
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     cases = [({"templates": "AAAA"}, "template values"), ({"version": 99}, "verifier version 99"),
-             ({"qparams": [0.5, 3]}, "another backbone's quantisation")]
+             ({"qparams": [0.5, 3]}, "another backbone's quantisation"),
+             ({"version": 2}, "dim 340 for a version-2 entry")]
     for change, msg in cases:
         bad = json.loads(json.dumps(data))
         bad["keywords"][0]["verify"].update(change)

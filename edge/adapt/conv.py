@@ -84,21 +84,29 @@ class Backbone:
         return self.backend.invoke(q)[0]
 
 
-def dwconv(x: np.ndarray, w: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Depthwise 3x3, same padding, stride 1, on (B, H, W, C); no padded copy (slices instead)."""
+def dwconv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Depthwise 3x3, same padding, stride 1, on (B, H, W, C).
+
+    The zero-padded map's rows are laid end to end, so each of the nine taps is one
+    contiguous slice (a shift by ``i (W + 2) + j`` positions), viewed as (B, H, W + 2, C)
+    and multiplied by the tap's weights tiled to one row (W + 2, C): numpy multiplies
+    same-shape inner blocks about 3x faster than it broadcasts a C-vector over every
+    position (1 window: 33 instead of 57 us). The padding columns' outputs are computed
+    and dropped (the result is a (B, H, W, C) view).
+    """
     b, h, wd, c = x.shape
-    y = np.zeros_like(x) if out is None else out
-    tmp = np.empty((b, h, wd, c), x.dtype)
-    for i in range(3):
-        di = i - 1
-        ys, xs = slice(max(0, -di), h - max(0, di)), slice(max(0, di), h + min(0, di))
-        for j in range(3):
-            dj = j - 1
-            yc, xc = slice(max(0, -dj), wd - max(0, dj)), slice(max(0, dj), wd + min(0, dj))
-            t = tmp[:, : ys.stop - ys.start, : yc.stop - yc.start]
-            np.multiply(x[:, xs, xc], w[i, j], out=t)
-            y[:, ys, yc] += t
-    return y
+    row = wd + 2
+    n = h * row
+    xp = np.zeros((b, (h + 2) * row + 2, c), x.dtype)  # +2: the last taps read past the last row
+    xp[:, : (h + 2) * row].reshape(b, h + 2, row, c)[:, 1:-1, 1:-1] = x
+    taps = np.ascontiguousarray(np.broadcast_to(w.reshape(9, 1, c).astype(x.dtype), (9, row, c)))
+    y = np.multiply(xp[:, :n].reshape(b, h, row, c), taps[0])
+    tmp = np.empty_like(y)
+    for k in range(1, 9):
+        off = (k // 3) * row + k % 3
+        np.multiply(xp[:, off:off + n].reshape(b, h, row, c), taps[k], out=tmp)
+        y += tmp
+    return y[:, :, :wd]
 
 
 def dwconv_grad(x: np.ndarray, dy: np.ndarray, out: np.ndarray) -> None:

@@ -5,8 +5,8 @@ mean over time, so "blue ferry" and "blueberry" can look alike to it. When it
 fires, the verifier looks at the same 1 s window as a sequence: the frozen int8
 backbone (``backbone_int8.tflite``, cut at ``pw3_relu``) gives 25 time steps of
 5 x 64 activations, one 320-d vector per 40 ms, and each step also carries the
-window's own two normalised MFCC frames it covers (20 values, int8 at ``MFCC_Q``;
-version 3): the backbone's features were trained to name 35 words, and the
+window's own two normalised MFCC frames it covers, c1-c9 (18 values, int8 at ``MFCC_Q``;
+version 3; c0, the loudness contour, is left to the backbone): the backbone's features were trained to name 35 words, and the
 spectral detail they drop is what tells "bandana" from "banana". Each enrolment
 clip's speech steps are a template (kept as int8). The cosine between two steps is
 ``(1 - MFCC_WEIGHT)`` times the backbone parts' cosine plus ``MFCC_WEIGHT`` times
@@ -47,7 +47,7 @@ HARD_SNR_DB = 10.0
 # 1: no such limit. Entries keep the version they were enrolled (and calibrated) with.
 VERSION = 3
 READABLE = (1, 2, 3)
-MFCC_DIM = 2 * F.N_MFCC       # two 20 ms frames per 40 ms backbone step
+MFCC_DIM = 2 * (F.N_MFCC - 1)  # c1-c9 of two 20 ms frames per 40 ms backbone step
 MFCC_Q = 24.0                 # int8 units per unit of normalised MFCC (|v| <= 5.3 kept)
 MFCC_WEIGHT = 0.3             # chosen on the kws_fewshot main set; see docs/edge-runtime.md
 
@@ -79,7 +79,8 @@ class Verifier:
         q = q.reshape(len(q), q.shape[1], -1)
         if version < 3:
             return q
-        f = np.concatenate([f, f[:, -1:]], axis=1).reshape(len(f), STEPS, MFCC_DIM)  # frame 49 repeats 48
+        f = np.concatenate([f, f[:, -1:]], axis=1)[..., 1:]  # frame 49 repeats 48; c0 left out
+        f = f.reshape(len(f), STEPS, MFCC_DIM)
         m = np.clip(np.rint(f * MFCC_Q), -127, 127).astype(np.int8)
         return np.concatenate([q, m], axis=-1)
 

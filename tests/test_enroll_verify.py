@@ -152,7 +152,7 @@ def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path):
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     cases = [({"templates": "AAAA"}, "template values"), ({"version": 99}, "verifier version 99"),
              ({"qparams": [0.5, 3]}, "another backbone's quantisation"),
-             ({"version": 2}, "dim 340 for a version-2 entry")]
+             ({"version": 2}, "dim 338 for a version-2 entry")]
     for change, msg in cases:
         bad = json.loads(json.dumps(data))
         bad["keywords"][0]["verify"].update(change)

@@ -72,8 +72,8 @@ class CustomKeywords:
             from edge import verify as V
 
             self.verifier = V.Verifier(bundle)
-            dim = self.verifier.backbone_dim
-            self.templates = [V.unpack(e["verify"], dim) if "verify" in e else None for e in entries]
+            self.templates = [V.unpack(e["verify"], self.verifier.dim) if "verify" in e else None
+                              for e in entries]
             stale = [e["name"] for e in entries if "verify" in e
                      and tuple(e["verify"].get("qparams", ())) != tuple(self.verifier.qparams)]
             if stale:

@@ -4,13 +4,13 @@ The first stage (``edge.enroll.CustomKeywords``) scores a 64-d embedding that is
 mean over time, so "blue ferry" and "blueberry" can look alike to it. When it
 fires, the verifier looks at the same 1 s window as a sequence: the frozen int8
 backbone (``backbone_int8.tflite``, cut at ``pw3_relu``) gives 25 time steps of
-5 x 64 activations, one 320-d vector per 40 ms, and each step also carries the
-window's own two normalised MFCC frames it covers, c1-c9 (18 values, int8 at ``MFCC_Q``;
-version 3; c0, the loudness contour, is left to the backbone): the backbone's features were trained to name 35 words, and the
-spectral detail they drop is what tells "bandana" from "banana". Each enrolment
-clip's speech steps are a template (kept as int8). The cosine between two steps is
-``(1 - MFCC_WEIGHT)`` times the backbone parts' cosine plus ``MFCC_WEIGHT`` times
-the MFCC parts'. A window's
+5 x 64 activations, one 320-d vector per 40 ms, and (version 3) each step also
+carries c1-c9 of the two normalised MFCC frames it covers (18 values, int8 at
+``MFCC_Q``; c0, the loudness contour, is left to the backbone). The backbone's
+features were trained to name 35 words; the spectral detail they drop is what
+tells "bandana" from "banana". Each enrolment clip's speech steps are a template
+(kept as int8). The cosine of two steps is ``1 - MFCC_WEIGHT`` times their
+backbone parts' cosine plus ``MFCC_WEIGHT`` times their MFCC parts'. A window's
 distance to a template is the mean cosine distance along the best alignment of
 every template step to one window step, the window steps advancing by 0, 1 or 2
 and never by 0 twice in a row (so the phrase may be up to twice as fast, or up
@@ -190,18 +190,18 @@ def sdtw(tpl: np.ndarray, seqs: np.ndarray, limit_speedup: bool = True) -> np.nd
     return np.minimum(moved, stayed).min(axis=1) / len(tpl)
 
 
-def pack(templates: list[np.ndarray], qparams, threshold: float, loo: np.ndarray, version: int = VERSION) -> dict:
+def pack(templates: list[np.ndarray], qparams, threshold: float, loo: np.ndarray) -> dict:
     """The state entry of a keyword's verifier (JSON-safe; int8 templates in base64)."""
-    return {"version": version, "threshold": round(float(threshold), 6),
+    return {"version": VERSION, "threshold": round(float(threshold), 6),
             "qparams": [float(qparams[0]), int(qparams[1])], "dim": int(templates[0].shape[1]),
             "steps": [int(len(t)) for t in templates],
             "templates": base64.b64encode(np.concatenate(templates).astype(np.int8).tobytes()).decode(),
             "loo_median": round(float(np.median(loo)), 4)}
 
 
-def unpack(entry: dict, backbone_dim: int | None = None) -> list[np.ndarray]:
+def unpack(entry: dict, dim_of=None) -> list[np.ndarray]:
     """int8 templates of a state entry; a clear error for an entry this runtime cannot read
-    (``backbone_dim``: the bundle backbone's values per step, to check the entry's ``dim``)."""
+    (``dim_of``: ``Verifier.dim``, values per step by version, to check the entry's ``dim``)."""
     try:
         if entry["version"] not in READABLE:
             raise ValueError(f"verifier version {entry['version']}, this runtime reads {READABLE}")
@@ -209,7 +209,7 @@ def unpack(entry: dict, backbone_dim: int | None = None) -> list[np.ndarray]:
         steps, dim = [int(s) for s in entry["steps"]], int(entry["dim"])
         if flat.size != sum(steps) * dim or not steps:
             raise ValueError(f"{flat.size} template values for steps {steps} x {dim}")
-        want = None if backbone_dim is None else backbone_dim + (MFCC_DIM if entry["version"] >= 3 else 0)
+        want = None if dim_of is None else dim_of(entry["version"])
         if want is not None and dim != want:
             raise ValueError(f"dim {dim} for a version-{entry['version']} entry of this backbone (expected {want})")
     except (KeyError, ValueError, TypeError) as e:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge.adapt.tail import Tail
+from edge.replay import sample_slots, slot_arrays
 from edge.errors import EdgelearnError
 
 STRATEGIES = ("bias-only", "residual-adapter", "lora", "sparse", "full")
@@ -218,8 +219,6 @@ class Trainer(Resumable):
 
 def mix_replay(x, y, replay, n: int, label_map=None):
     """Append ``n`` class-balanced replay examples to a batch (the anti-forgetting step)."""
-    from edge.replay import sample_slots, slot_arrays
-
     if replay is None or replay.count == 0 or n <= 0:
         return x, y
     rx, ry = slot_arrays(replay, sample_slots(replay, n))

@@ -39,7 +39,7 @@ class ReplayPool:
         slots = np.array([s for s in range(buf.capacity) if buf.label_at(s) >= 0], np.int64)
         self.row = np.full(buf.capacity, -1, np.int64)
         self.row[slots] = np.arange(len(slots))
-        self.y = np.empty(len(slots), np.int64)  # labels of the prepared slots (at "x" sample() reads them)
+        self.y = np.empty(len(slots), np.int64)  # read by sample() only when self.x holds prefixes
         self.x = None if trainer.stage == "x" else []
         soft = []
         for a in range(0, len(slots) if teacher is not None or self.x is not None else 0, chunk):
@@ -52,10 +52,6 @@ class ReplayPool:
         self.soft = np.concatenate(soft) if soft else None
         if self.x is not None:
             self.x = Prefix.concat(self.x)
-
-    @property
-    def nbytes(self) -> int:
-        return (self.x.nbytes if self.x is not None else 0) + (self.soft.nbytes if self.soft is not None else 0)
 
     def sample(self, n: int):
         """``n`` class-balanced replay examples: (inputs for ``step``, labels, teacher posteriors or None)."""

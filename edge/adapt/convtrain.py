@@ -148,8 +148,8 @@ class ConvTrainer(Resumable):
         wanted = set(self.names)
         chunk = self.forward_chunk
         if chunk is not None and isinstance(x, Prefix):
-            # a raw example's forward holds three float maps (input, depthwise temporary, output);
-            # a prefix's holds one: three prefix examples per chunk keep the same working memory
+            # a raw example's forward holds at least three float maps (input, padded copy, depthwise
+            # output and temporary); a prefix's holds one: three prefix examples per chunk hold no more
             chunk *= PREFIX_PER_RAW
         logits, keep, e = self.tail.forward(x, wanted, chunk=chunk)
         del e

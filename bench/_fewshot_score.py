@@ -158,10 +158,28 @@ def _letters(text: str) -> str:
     return "".join(ch for ch in text.lower() if ch.isalpha())
 
 
+_PHONEMES: dict = {}
+
+
+def phonemes(text: str) -> str:
+    """espeak-ng's US English phonemes of ``text`` (its ASCII notation), stress marks, pauses and word
+    breaks removed: one string per pronunciation, whoever the voice. Cached per text."""
+    if text not in _PHONEMES:
+        import re
+        import subprocess
+
+        out = subprocess.run(["espeak-ng", "-q", "-x", "-v", "en-us", text], capture_output=True, text=True,
+                             check=True).stdout
+        _PHONEMES[text] = re.sub(r"[\s'_,%=]", "", out)
+    return _PHONEMES[text]
+
+
 def says_keyword(text: str, phrase: str) -> bool:
-    """Does a negative piece actually say the keyword? ("cinnamon roll" for "cinnamon", "magnets" for
-    "magnet", "goodnight moon" for "good night"): letters compared, spaces ignored."""
-    return _letters(phrase) in _letters(text)
+    """Does a negative piece actually say the keyword? By letters ("cinnamon roll" for "cinnamon",
+    "magnets" for "magnet", "goodnight moon" for "good night", spaces ignored) or by pronunciation
+    (a homophone: "good knight" for "good night", "doll fin" for "dolphin"), which no detector
+    listening to sounds can or should tell apart."""
+    return _letters(phrase) in _letters(text) or phonemes(phrase) in phonemes(text)
 
 
 def without_spoken_keyword(audio, root: Path, times, phrases, n_models: int, hours: float) -> tuple[float, int]:

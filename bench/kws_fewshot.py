@@ -11,7 +11,8 @@ unseen voices (fillers, Speech Commands words, near-miss phrases sharing a word 
 syllables with the custom ones, short word runs) with gaps, over coloured noise
 and babble, streamed at the detector's stride; every event of an enrolled keyword
 is a false accept (extra rows leave out events on the few near-miss pieces that
-say the keyword itself, e.g. "cinnamon roll" for "cinnamon"). Audio and stream embeddings are generated once and cached
+say the keyword itself, e.g. "cinnamon roll" for "cinnamon", or a homophone of it, "good knight" for
+"good night", by espeak-ng's phonemes). Audio and stream embeddings are generated once and cached
 under ``.cache/edgelearn`` (not in git). Reference side by side: the nearest-
 prototype cosine score (the ESP32's head) with its threshold set on the same bank
 at the same target rate. Two-stage rows: the same keyword models with the
@@ -171,11 +172,12 @@ def independent_rows(res, hours, tag=INDEPENDENT_TAG, seeds=None):
 
 
 def spoken_rows(audio, root, res, fa, hours, tag=""):
-    """FA/h once stream pieces that say the keyword itself ("cinnamon roll", "magnets") stop counting."""
+    """FA/h once stream pieces that say the keyword itself ("cinnamon roll", "magnets", or its homophone
+    "good knight") stop counting."""
     one, d1 = S.without_spoken_keyword(audio, root, fa["times"], fa["phrases"], len(res), hours)
     two, d2 = S.without_spoken_keyword(audio, root, fa["times2"], fa["phrases2"], len(res), hours)
     what = ("false accepts per hour per keyword, not counting events on stream pieces that say the keyword "
-            "itself (e.g. 'cinnamon roll', 'magnets')")
+            "itself (e.g. 'cinnamon roll', 'magnets', or its homophone 'good knight')")
     return [row("kws_fewshot", f"{tag}first stage: {what}", round(one, 3), "FA/h", "all events counted",
                 round(float(np.mean([r[4] for r in res]) / hours), 3), events_dropped=d1),
             row("kws_fewshot", f"{tag}two-stage: {what}", round(two, 3), "FA/h", "all events counted",

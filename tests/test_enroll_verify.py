@@ -211,3 +211,23 @@ def test_partial_phrase_is_rejected(km, voice, enrolled):
     ok, d = custom.verify(0, feats[0])
     assert not ok and d > custom.verify_thresholds[0]
     assert events(km, custom, hey)[0] == []
+
+
+def test_device_status_names_each_keywords_verifier_version(km, enrolled, tmp_path):
+    import base64
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = json.loads((enrolled[0] / "keywords.json").read_text())
+    old = json.loads(json.dumps(data["keywords"][0]))
+    bb = np.concatenate([t[:, :320] for t in V.unpack(old["verify"])])
+    old["name"] = "hey rover"
+    old["verify"].update(version=2, dim=320, templates=base64.b64encode(bb.tobytes()).decode())
+    plain = {k: v for k, v in old.items() if k != "verify"} | {"name": "plain"}
+    data["keywords"] += [old, plain]
+    (tmp_path / "keywords.json").write_text(json.dumps(data))
+    res = subprocess.run([sys.executable, "-m", "edge.cli", "device", "status", "--state", str(tmp_path)],
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], check=True)
+    assert json.loads(res.stdout)["verifier"] == {"hey robot": {"version": V.VERSION, "current": True},
+                                                  "hey rover": {"version": 2, "current": False}, "plain": None}

@@ -51,7 +51,7 @@ def evaluate_keywords(km, voices, pos_audio, pieces, stream: dict, rng):
     misses proto, outliers, misses 2-stage, fa 2-stage); models the score series ``operating_curve``
     and ``check_counter`` read; fa the false accepts' times and phrases per stage."""
     from edge.detect import Detector, detect_pcm
-    from edge.enroll import DeviceState, enroll
+    from edge.enroll import FAR_TARGET, DeviceState, enroll
     from host.data.words import CUSTOM_PHRASES
 
     emb, unit, ends, frames, bank_unit = (stream[k] for k in ("emb", "unit", "ends", "frames", "bank_unit"))
@@ -87,7 +87,7 @@ def evaluate_keywords(km, voices, pos_audio, pieces, stream: dict, rng):
                            "pos_verify": [window_verifier(two, fr, km.scale) for _, _, fr in runs]})
             # reference: cosine to the prototype (the ESP32's head), threshold at the same bank rate
             proto = np.asarray(entry["prototype"], np.float32)
-            thr_p = float(np.quantile(bank_unit @ proto, 0.999))
+            thr_p = float(np.quantile(bank_unit @ proto, 1.0 - FAR_TARGET))
             fa_p = count_events(unit @ proto, thr_p, ends)
             p_miss = 0
             for e, _ in pos_emb:

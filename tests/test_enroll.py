@@ -39,7 +39,11 @@ def clips():
 def test_enrol_then_detect_in_a_stream(km, clips, tmp_path):
     state = DeviceState.open(tmp_path, km.bundle)
     rep = enroll(km, state, "Hey  Robot", clips[:5])
-    assert rep["keyword"] == "hey robot" and rep["used"] == 5 and rep["bank_false_accept_rate"] <= 0.002
+    from edge.enroll import FAR_TARGET, negative_bank
+
+    n_bank = len(negative_bank(km.bundle))  # the quantile's own step: one bank window
+    assert rep["keyword"] == "hey robot" and rep["used"] == 5
+    assert rep["bank_false_accept_rate"] <= FAR_TARGET + 1.0 / n_bank
     state = DeviceState.open(tmp_path, km.bundle)  # reloaded from disk
     assert state.names() == ["hey robot"]
     rng = np.random.default_rng(3)

@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from edge.adapt.tail import Tail
-from edge.replay import sample_slots, slot_arrays
 from edge.errors import EdgelearnError
+from edge.replay import sample_slots, slot_arrays
 
 STRATEGIES = ("bias-only", "residual-adapter", "lora", "sparse", "full")
 OPTIMIZERS = ("sgd", "adam")

@@ -18,16 +18,20 @@ to twice as slow, and sit anywhere in the window): a subsequence DTW. The
 distance is the smallest over the templates; the window passes at or below
 the keyword's threshold.
 
-The threshold comes from the enrolment clips alone (``calibrate``): each clip is
-distorted as a stream distorts speech (``edge.enroll.augment``'s time shifts and
-light noise, plus +-10 % speed and noise at 10 dB SNR on the speech) and compared
-with the *other* clips' templates; the threshold is the distance that
-``PASS_TARGET`` (0.75) of these leave-one-out distances stay under.
+The threshold comes from the enrolment clips alone (``calibrate``) and, since version 4,
+follows the noise in the window: each clip is distorted as a stream distorts speech (+-10 %
+speed, white or brown noise at ``SNR_LEVELS_DB`` on the speech) and compared with the *other*
+clips' templates. Per noise level, the threshold is the distance that ``PASS_TARGET`` (0.9) of
+these leave-one-out distances stay under, and the level is known to the window by the range of
+its loudness (normalised c0, loudest frame minus the 10th percentile, ``noise_range``): the
+entry keeps (range, threshold) per level and a window's threshold is interpolated at its own
+range, clamped to the ends. A quiet window gets the tight threshold of clean renders, a noisy one
+the loose threshold that noise needs; one threshold for all (version 3) had to be the loose one.
 
     >>> v = Verifier(bundle)
-    >>> tpl = v.templates(windows)                   # int8 templates from 1 s int16 enrolment windows
-    >>> thr = v.calibrate(windows, tpl, rng)
-    >>> ok = v.distance(v.sequences(feats), tpl) <= thr   # feats: normalised (N, 49, 10) windows
+    >>> tpl = v.templates(windows, scale)            # int8 templates from 1 s int16 enrolment windows
+    >>> levels, d, passed = v.calibrate(windows, tpl, scale, rng)
+    >>> ok = v.distance(v.sequences(feats), tpl) <= threshold_at(levels, feats)  # normalised (N, 49, 10)
 """
 
 from __future__ import annotations
@@ -42,15 +46,16 @@ from edge.errors import EdgelearnError
 STEPS = 25                    # backbone time steps per 1 s window (stride 2 over 49 frames)
 MIN_TEMPLATE_STEPS = 4
 SPEEDS = (0.9, 1.0, 1.1)
-HARD_SNR_DB = 10.0
-# 3: MFCC frames beside the backbone steps; 2: at most two template steps per window step;
-# 1: no such limit. Entries keep the version they were enrolled (and calibrated) with.
-VERSION = 3
-READABLE = (1, 2, 3)
+SNR_LEVELS_DB = (10.0, 20.0, 30.0)
+# 4: a threshold per noise level; 3: MFCC frames beside the backbone steps; 2: at most two
+# template steps per window step; 1: no such limit. Entries keep the version they were enrolled
+# (and calibrated) with: versions 1-3 have one threshold.
+VERSION = 4
+READABLE = (1, 2, 3, 4)
 MFCC_DIM = 2 * (F.N_MFCC - 1)  # c1-c9 of two 20 ms frames per 40 ms backbone step
 MFCC_Q = 24.0                 # int8 units per unit of normalised MFCC (|v| <= 5.3 kept)
 MFCC_WEIGHT = 0.3             # chosen on the kws_fewshot main set; see docs/edge-runtime.md
-PASS_TARGET = 0.75            # with edge.enroll.FAR_TARGET; see docs/edge-runtime.md
+PASS_TARGET = 0.9             # per noise level, with edge.enroll.FAR_TARGET; see docs/edge-runtime.md
 
 
 class Verifier:
@@ -115,19 +120,43 @@ class Verifier:
         return np.min(d, axis=0)
 
     def calibrate(self, windows: np.ndarray, templates: list[np.ndarray], scale, rng,
-                  pass_target: float = PASS_TARGET) -> tuple[float, np.ndarray]:
-        """Threshold from leave-one-out distances of the distorted enrolment windows; returns
-        (threshold, the distances)."""
-        from edge.enroll import augment
-
+                  pass_target: float = PASS_TARGET) -> tuple[list[list[float]], np.ndarray, np.ndarray]:
+        """Thresholds per noise level from leave-one-out distances of the distorted enrolment
+        windows. Returns (levels: [[noise range, threshold], ...] by rising range, every distance,
+        whether each passes at the threshold its own window is given)."""
         if len(templates) < 2:
             raise EdgelearnError("the verifier needs at least 2 enrolment clips", fix="record more clips")
-        loo = []
+        dist = {lv: [] for lv in SNR_LEVELS_DB}
+        rng_of = {lv: [] for lv in SNR_LEVELS_DB}
         for k, w in enumerate(windows):
-            aug = np.concatenate([augment([w], rng), distort(w, rng)])
-            loo.append(self.distance(self.sequences(F.normalize(F.mfcc(aug), scale)), templates, exclude=k))
-        loo = np.concatenate(loo)
-        return float(np.quantile(loo, pass_target)), loo
+            for lv in SNR_LEVELS_DB:
+                feats = F.normalize(F.mfcc(distort(w, rng, lv)), scale)
+                dist[lv].append(self.distance(self.sequences(feats), templates, exclude=k))
+                rng_of[lv].append(noise_range(feats))
+        d = {lv: np.concatenate(v) for lv, v in dist.items()}
+        r = {lv: np.concatenate(v) for lv, v in rng_of.items()}
+        levels = sorted([float(np.median(r[lv])), float(np.quantile(d[lv], pass_target))] for lv in SNR_LEVELS_DB)
+        all_d, all_r = np.concatenate(list(d.values())), np.concatenate(list(r.values()))
+        return levels, all_d, all_d <= interpolate(levels, all_r)
+
+
+def noise_range(feats: np.ndarray) -> np.ndarray:
+    """(..., 49, 10) normalised windows -> (...,) range of their loudness: the loudest frame's c0 minus
+    the 10th percentile's, about the speech-to-noise ratio on a log scale."""
+    c0 = np.asarray(feats, np.float32)[..., 0]
+    return c0.max(axis=-1) - np.percentile(c0, 10, axis=-1)
+
+
+def interpolate(levels, ranges) -> np.ndarray:
+    """Thresholds at ``ranges`` from a version-4 entry's (range, threshold) levels: piecewise linear
+    between them, the end levels' thresholds beyond."""
+    lv = np.asarray(levels, np.float64)
+    return np.interp(np.asarray(ranges, np.float64), lv[:, 0], lv[:, 1])
+
+
+def threshold_at(levels, feats: np.ndarray) -> np.ndarray:
+    """The threshold a version-4 entry gives each normalised (..., 49, 10) window."""
+    return interpolate(levels, noise_range(feats))
 
 
 def speech_bounds(window: np.ndarray) -> tuple[int, int]:
@@ -151,9 +180,9 @@ def speech_steps(window: np.ndarray) -> tuple[int, int]:
     return a, b
 
 
-def distort(window: np.ndarray, rng) -> np.ndarray:
+def distort(window: np.ndarray, rng, snr_db: float) -> np.ndarray:
     """The clip's speech at each of ``SPEEDS`` (resampled, so pitch moves too), each with white and
-    with brown-ish noise at ``HARD_SNR_DB`` on the speech: (6, 16000) int16."""
+    with brown-ish noise at ``snr_db`` on the speech: (6, 16000) int16."""
     first, last = speech_bounds(window)
     sp = np.asarray(window, np.float32)[first * F.HOP_LENGTH: last * F.HOP_LENGTH + F.FRAME_LENGTH]
     power = float((sp ** 2).mean())
@@ -166,7 +195,7 @@ def distort(window: np.ndarray, rng) -> np.ndarray:
             if brown:
                 z = np.cumsum(z)
                 z -= np.convolve(z, np.ones(64) / 64, mode="same")
-            z *= np.sqrt(power / 10 ** (HARD_SNR_DB / 10) / max(float((z ** 2).mean()), 1e-12))
+            z *= np.sqrt(power / 10 ** (snr_db / 10) / max(float((z ** 2).mean()), 1e-12))
             out.append(np.clip(x + z, -32768, 32767))
     return np.asarray(out).astype(np.int16)
 
@@ -191,13 +220,30 @@ def sdtw(tpl: np.ndarray, seqs: np.ndarray, limit_speedup: bool = True) -> np.nd
     return np.minimum(moved, stayed).min(axis=1) / len(tpl)
 
 
-def pack(templates: list[np.ndarray], qparams, threshold: float, loo: np.ndarray) -> dict:
-    """The state entry of a keyword's verifier (JSON-safe; int8 templates in base64)."""
-    return {"version": VERSION, "threshold": round(float(threshold), 6),
+def pack(templates: list[np.ndarray], qparams, levels, distances: np.ndarray) -> dict:
+    """The state entry of a keyword's verifier (JSON-safe; int8 templates in base64). ``threshold`` is
+    the noisiest level's, the loosest any window gets."""
+    levels = [[round(float(r), 4), round(float(t), 6)] for r, t in levels]
+    return {"version": VERSION, "threshold": max(t for _, t in levels), "levels": levels,
             "qparams": [float(qparams[0]), int(qparams[1])], "dim": int(templates[0].shape[1]),
             "steps": [int(len(t)) for t in templates],
             "templates": base64.b64encode(np.concatenate(templates).astype(np.int8).tobytes()).decode(),
-            "loo_median": round(float(np.median(loo)), 4)}
+            "loo_median": round(float(np.median(distances)), 4)}
+
+
+def levels_of(entry: dict) -> list[list[float]] | None:
+    """A version-4 entry's (noise range, threshold) levels, checked; None for older entries (one
+    threshold)."""
+    if entry.get("version", 1) < 4:
+        return None
+    try:
+        lv = [[float(r), float(t)] for r, t in entry["levels"]]
+        if not lv or not np.all(np.isfinite(lv)) or any(b[0] < a[0] for a, b in zip(lv, lv[1:])):
+            raise ValueError(f"levels {entry['levels']!r} are not (range, threshold) pairs by rising range")
+    except (KeyError, ValueError, TypeError) as e:
+        raise EdgelearnError(f"a keyword's verifier entry is unreadable ({e})",
+                             fix="re-enrol the keyword (--replace)") from None
+    return lv
 
 
 def unpack(entry: dict, dim_of=None) -> list[np.ndarray]:

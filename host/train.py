@@ -55,7 +55,7 @@ def feature_scale(clips: np.ndarray) -> list[float]:
 def evaluate_model(predict, corpus, scale, synths_trained) -> dict:
     """Accuracy per split and per synthesizer, plus few-shot separability."""
     from host.augment import features_for
-    from host.evaluate import accuracy12, accuracy35, fewshot_accuracy
+    from host.evaluate import accuracy12, accuracy35, balanced12, command_recall, fewshot_accuracy
 
     out: dict = {}
     for split in ("val", "test", "unseen"):
@@ -65,10 +65,13 @@ def evaluate_model(predict, corpus, scale, synths_trained) -> dict:
             continue
         emb, probs = predict(features_for(x, scale))
         synth_of = np.array([v.split(":")[0] for v in voices])
-        row = {"acc12": accuracy12(probs, y), "acc35": accuracy35(probs, y), "n": int(len(y))}
+        row = {"acc12": accuracy12(probs, y), "bal12": balanced12(probs, y), "cmd": command_recall(probs, y),
+               "acc35": accuracy35(probs, y), "n": int(len(y))}
         for s in sorted(set(synth_of) - {"noise"}):
             m = (synth_of == s) | (synth_of == "noise")
             row[f"acc12_{s}"] = accuracy12(probs[m], y[m])
+            row[f"bal12_{s}"] = balanced12(probs[m], y[m])
+            row[f"cmd_{s}"] = command_recall(probs[m], y[m])
         out[split] = row
     x, phrase, _voices = corpus.custom_clips(("test", "unseen"))
     emb, _ = predict(features_for(x, scale))

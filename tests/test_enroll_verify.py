@@ -81,7 +81,8 @@ def test_verifier_rejects_wrong_order_the_first_stage_accepts(km, clips, voice, 
 
 def test_enrolment_report_and_state_round_trip(km, enrolled):
     d, rep = enrolled
-    assert 0.0 < rep["verify_threshold"] < 1.0 and rep["verify_enrolment_pass_rate"] >= V.PASS_TARGET - 0.05
+    assert 0.0 < rep["verify_threshold_quiet"] <= rep["verify_threshold_noisy"] < 1.0
+    assert rep["verify_enrolment_pass_rate"] >= V.PASS_TARGET - 0.05
     data = json.loads((d / "keywords.json").read_text())
     assert data["format"] == 2
     entry = data["keywords"][0]["verify"]
@@ -114,21 +115,24 @@ def test_format_1_state_still_runs_first_stage_only(km, enrolled, tmp_path):
 
 def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibrated_with(km, enrolled, tmp_path):
     """Version 1 (free speed-up) and 2 (at most 2x) entries hold backbone steps only; version 3 adds
-    the MFCC frames. Each is scored the way its threshold was calibrated."""
+    the MFCC frames, version 4 thresholds per noise level. Each is scored the way its threshold was
+    calibrated."""
     import base64
 
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     entry = data["keywords"][0]["verify"]
-    assert entry["version"] == V.VERSION == 3 and entry["dim"] == 320 + V.MFCC_DIM
+    assert entry["version"] == V.VERSION == 4 and entry["dim"] == 320 + V.MFCC_DIM
     ver, tpl = V.Verifier(km.bundle), V.unpack(entry)
     bb = [t[:, :320] for t in tpl]  # a version-3 template's backbone part is the older template
     feats = np.random.default_rng(1).standard_normal((4, 49, 10)).astype(np.float32)
     got = {}
     for version in (1, 2, 3):
         old = json.loads(json.dumps(data))
+        old["keywords"][0]["verify"].update(version=version)
+        del old["keywords"][0]["verify"]["levels"]
         if version < 3:
             old["keywords"][0]["verify"].update(
-                version=version, dim=320, templates=base64.b64encode(np.concatenate(bb).tobytes()).decode())
+                dim=320, templates=base64.b64encode(np.concatenate(bb).tobytes()).decode())
         (tmp_path / "keywords.json").write_text(json.dumps(old))
         custom = DeviceState.open(tmp_path, km.bundle).custom()
         got[version] = np.array([custom.verify(0, f)[1] for f in feats])
@@ -148,9 +152,45 @@ def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibr
     np.testing.assert_allclose(u @ u[0], (1 - V.MFCC_WEIGHT) * (b @ b[0]) + V.MFCC_WEIGHT * (m @ m[0]), atol=1e-5)
 
 
+def test_threshold_follows_the_windows_noise(km, enrolled, tmp_path):
+    """Version 4: a quiet window is held to the tight threshold of clean renders, a noisy one gets the
+    loose threshold noise needs; a version-3 entry keeps its one threshold."""
+    data = json.loads((enrolled[0] / "keywords.json").read_text())
+    entry = data["keywords"][0]["verify"]
+    levels = V.levels_of(entry)
+    (r0, t_noisy), (r1, t_quiet) = levels[0], levels[-1]
+    assert len(levels) == len(V.SNR_LEVELS_DB) and r0 < r1 and t_quiet <= t_noisy == entry["threshold"]
+    assert V.interpolate(levels, [r0 - 5.0, r1 + 5.0]).tolist() == [t_noisy, t_quiet]  # clamped at the ends
+    mid = (r0 + r1) / 2
+    assert min(t_quiet, t_noisy) <= V.interpolate(levels, [mid])[0] <= max(t_quiet, t_noisy)
+    custom = DeviceState.open(enrolled[0], km.bundle).custom()
+    ver = V.Verifier(km.bundle)
+    rng = np.random.default_rng(2)
+    feats = rng.standard_normal((8, 49, 10)).astype(np.float32)
+    feats[:4, :, 0] *= 0.1   # flat loudness: a window that is all noise
+    feats[4:, 10:30, 0] += 6.0  # a loud stretch over a quiet floor
+    rr = V.noise_range(feats)
+    assert np.all(rr[:4] < rr[4:])
+    d = ver.distance(ver.sequences(feats), V.unpack(entry))
+    thr = V.threshold_at(levels, feats)
+    for f, di, ti in zip(feats, d, thr):
+        assert custom.verify(0, f) == (bool(di <= ti), pytest.approx(float(di), rel=1e-5))
+    assert t_quiet < t_noisy and thr[:4].min() > thr[4:].max()  # the noise-only windows get looser ones
+    old = json.loads(json.dumps(data))
+    old["keywords"][0]["verify"]["version"] = 3
+    del old["keywords"][0]["verify"]["levels"]
+    (tmp_path / "keywords.json").write_text(json.dumps(old))
+    v3 = DeviceState.open(tmp_path, km.bundle).custom()
+    assert v3.verify_levels == [None]
+    for f, di in zip(feats, d):
+        assert v3.verify(0, f)[0] == bool(di <= entry["threshold"])
+
+
 def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path):
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     cases = [({"templates": "AAAA"}, "template values"), ({"version": 99}, "verifier version 99"),
+             ({"levels": [[2.0, 0.2], [1.0, 0.3]]}, "rising range"), ({"levels": "high"}, "unreadable"),
+             ({"levels": [[1.0, float("nan")]]}, "rising range"),
              ({"qparams": [0.5, 3]}, "another backbone's quantisation"),
              ({"version": 2}, "dim 338 for a version-2 entry")]
     for change, msg in cases:
@@ -209,7 +249,7 @@ def test_partial_phrase_is_rejected(km, voice, enrolled):
     [hey] = synth.render(voice, [("hey", 1.0, 1.0)])
     feats = F.normalize(F.mfcc(F.fit_to_window(hey)[None]), km.scale)
     ok, d = custom.verify(0, feats[0])
-    assert not ok and d > custom.verify_thresholds[0]
+    assert not ok and d > V.threshold_at(custom.verify_levels[0], feats[0])
     assert events(km, custom, hey)[0] == []
 
 

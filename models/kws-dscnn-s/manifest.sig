@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 28fa5f3ff2f380fe Bkqyfep3HYz5II+c0XrxsWD3SN8UDCose6rnU4dENCPm+PeQgRoDK4lZ2pvxZvq3z0n3csH9hbjyKKWlEmdECw==
+edgelearn-ed25519-signature 28fa5f3ff2f380fe Qj+IiiAICRVqEHHjQURfPTW1Nj8tG5n2/7smiBVl2HAnMNhbT/Xsa+AC2GxsIAtRKeoliVfgmPl8hQ2JrH45BQ==

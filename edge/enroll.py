@@ -7,7 +7,7 @@ same definition the ESP32 uses), outlier clips reported, and a small trained
 head: logistic regression on the L2-normalised embedding, positives against
 the bundle's negative bank (``negatives.npy``: other speech and noise). The
 open-set threshold is calibrated on that bank: the score that only
-``far_target`` (``FAR_TARGET``, 0.3 %) of negative windows exceed (never below 0.5). A second stage
+``far_target`` (``FAR_TARGET``, 0.4 %) of negative windows exceed (never below 0.5). A second stage
 (``edge.verify``, on by default) keeps the clips' int8 backbone steps as
 templates; the detector runs it only when the first stage fires, and the
 keyword counts only if the window also matches a template in time order (its
@@ -49,7 +49,7 @@ MIN_CLIPS, MAX_CLIPS = 3, 10
 # The first stage's bank false-accept rate and (edge.verify.PASS_TARGET) the second stage's pass
 # rate on distorted enrolment clips per noise level, chosen together on the kws_fewshot main set
 # (the stronger stage takes more of the rejection); docs/edge-runtime.md.
-FAR_TARGET = 0.003
+FAR_TARGET = 0.004
 MIN_SPEECH_S = 0.2
 MAX_CLIP_S = 2.0
 SHIFTS_S = (-0.15, -0.075, 0.0, 0.075, 0.15)

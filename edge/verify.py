@@ -21,7 +21,7 @@ the keyword's threshold.
 The threshold comes from the enrolment clips alone (``calibrate``) and, since version 4,
 follows the noise in the window: each clip is distorted as a stream distorts speech (+-10 %
 speed, white or brown noise at ``SNR_LEVELS_DB`` on the speech) and compared with the *other*
-clips' templates. Per noise level, the threshold is the distance that ``PASS_TARGET`` (0.9) of
+clips' templates. Per noise level, the threshold is the distance that ``PASS_TARGET`` (0.8) of
 these leave-one-out distances stay under, and the level is known to the window by the range of
 its loudness (normalised c0, loudest frame minus the 10th percentile, ``noise_range``): the
 entry keeps (range, threshold) per level and a window's threshold is interpolated at its own
@@ -55,7 +55,7 @@ READABLE = (1, 2, 3, 4)
 MFCC_DIM = 2 * (F.N_MFCC - 1)  # c1-c9 of two 20 ms frames per 40 ms backbone step
 MFCC_Q = 24.0                 # int8 units per unit of normalised MFCC (|v| <= 5.3 kept)
 MFCC_WEIGHT = 0.3             # chosen on the kws_fewshot main set; see docs/edge-runtime.md
-PASS_TARGET = 0.9             # per noise level, with edge.enroll.FAR_TARGET; see docs/edge-runtime.md
+PASS_TARGET = 0.8             # per noise level, with edge.enroll.FAR_TARGET; see docs/edge-runtime.md
 
 
 class Verifier:

@@ -85,6 +85,7 @@ class CustomKeywords:
                 raise StateError(f"keywords {stale} were verified with another backbone's quantisation",
                                  fix="re-enrol them for this bundle (--replace)")
             self.verify_levels = [V.levels_of(e["verify"]) if "verify" in e else None for e in entries]
+            self._threshold_at = V.threshold_at
         self.verify_thresholds = [e["verify"]["threshold"] if "verify" in e else None for e in entries]
         self.verify_versions = [e["verify"].get("version", 1) if "verify" in e else None for e in entries]
 
@@ -95,13 +96,11 @@ class CustomKeywords:
         """Second stage for keyword ``k`` on one normalised (49, 10) window: (passes, distance)."""
         if not self.verifies(k):
             return True, 0.0
-        from edge.verify import threshold_at
-
         version, feats = self.verify_versions[k], np.asarray(feats)
         seqs = self.verifier.sequences(feats[None], version)
         d = float(self.verifier.distance(seqs, self.templates[k], version=version)[0])
         levels = self.verify_levels[k]
-        return d <= (self.verify_thresholds[k] if levels is None else float(threshold_at(levels, feats))), d
+        return d <= (self.verify_thresholds[k] if levels is None else float(self._threshold_at(levels, feats))), d
 
     def scores(self, emb: np.ndarray) -> np.ndarray:
         e = np.asarray(emb, np.float32)

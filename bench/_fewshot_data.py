@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -95,33 +94,6 @@ def fresh_voices():
     return val
 
 
-def _render_jobs(jobs, label):
-    """jobs: [(voice, text, rate, pitch, key)] -> {key: int16}; two workers (subprocess synths)."""
-    from host.data import synth
-    from host.data.corpus import Progress
-
-    by_voice: dict = {}
-    for v, text, r, p, key in jobs:
-        by_voice.setdefault(v.id, (v, []))[1].append((text, r, p, key))
-    prog = Progress(len(jobs), label)
-    out = {}
-
-    def work(item):
-        v, js = item
-        res = {}
-        for a in range(0, len(js), 40):  # festival renders a batch per process
-            part = js[a:a + 40]
-            for (t, r, p, key), pcm in zip(part, synth.render(v, [(t, r, p) for t, r, p, _ in part])):
-                res[key] = pcm
-            prog.step(len(part))
-        return res
-
-    with ThreadPoolExecutor(2) as ex:
-        for res in ex.map(work, by_voice.values()):
-            out.update(res)
-    return out
-
-
 def render_audio(path: Path):
     """Positives per (voice, phrase) and negative pieces, rendered once and cached (atomic)."""
     if path.exists():
@@ -137,7 +109,9 @@ def render_audio(path: Path):
         for t in texts:
             for k in range(2 if v.synth != "flite" else 1):
                 jobs.append((v, t, rng.uniform(0.8, 1.25), rng.uniform(0.85, 1.15), f"neg|{v.id}|{t}|{k}"))
-    audio = _render_jobs(jobs, "kws_fewshot renders")
+    from host.data.synth import render_jobs
+
+    audio = render_jobs(jobs, "kws_fewshot renders")
     _save_npz(path, audio)
     return audio
 
@@ -157,7 +131,9 @@ def render_independent(path: Path, seed: int, voices=None, label: str = "indepen
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     voices = independent_voices() if voices is None else voices
-    audio = _render_jobs(positive_jobs(voices, np.random.default_rng(seed)), f"kws_fewshot {label} renders")
+    from host.data.synth import render_jobs
+
+    audio = render_jobs(positive_jobs(voices, np.random.default_rng(seed)), f"kws_fewshot {label} renders")
     _save_npz(path, audio)
     return audio
 

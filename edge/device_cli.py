@@ -265,12 +265,13 @@ def _status(args) -> int:
             replay[name] = {"count": rb.count, "capacity": rb.capacity, "bytes": rb.nbytes,
                             "classes": {km_labels[k] if k < len(km_labels) else k: n
                                         for k, n in sorted(rb.class_counts().items())}}
-    from edge.verify import VERSION
+    from edge.verify import VERSION, phones_partition
 
+    current = VERSION if phones_partition(bundle) is not None else 4  # what this bundle enrols
     # the second stage each keyword was enrolled with: older versions keep working; re-enrolling
     # (--replace) moves one to the current verifier (docs/edge-runtime.md)
     versions = {k["name"]: k["verify"].get("version", 1) if "verify" in k else None for k in state.keywords}
-    verifier = {n: None if v is None else {"version": v, "current": v == VERSION} for n, v in versions.items()}
+    verifier = {n: None if v is None else {"version": v, "current": v == current} for n, v in versions.items()}
     print(json.dumps({"bundle": f"{bundle.model_id} v{bundle.version}", "keywords": state.names(),
                       "verifier": verifier, "adapt": adapt.meta, "replay": replay,
                       "last_schedule": json.loads(last) if last else None}, indent=1))

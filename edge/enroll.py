@@ -46,7 +46,7 @@ from edge.store import atomic_write
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
 MIN_CLIPS, MAX_CLIPS = 3, 10
-# The first stage's bank false-accept rate and (edge.verify.PASS_TARGET) the second stage's pass
+# The first stage's bank false-accept rate and (edge.verify.PASS_TARGETS) the second stage's pass
 # rate on distorted enrolment clips per noise level, chosen together on the kws_fewshot main set
 # (the stronger stage takes more of the rejection); docs/edge-runtime.md.
 FAR_TARGET = 0.004
@@ -286,7 +286,7 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
         kept = np.stack([windows[i] for i in keep])
         templates = ver.templates(kept, km.scale)
         levels, dist, passed = ver.calibrate(kept, templates, km.scale, rng)
-        entry["verify"] = V.pack(templates, ver.qparams, levels, dist)
+        entry["verify"] = V.pack(templates, ver.qparams, levels, dist, ver.version)
         report_verify = {"verify_threshold_quiet": round(levels[-1][1], 4),
                          "verify_threshold_noisy": round(levels[0][1], 4),
                          "verify_enrolment_pass_rate": round(float(passed.mean()), 3)}

@@ -21,14 +21,23 @@ the keyword's threshold.
 The threshold comes from the enrolment clips alone (``calibrate``) and, since version 4,
 follows the noise in the window: each clip is distorted as a stream distorts speech (+-10 %
 speed, white or brown noise at ``SNR_LEVELS_DB`` on the speech) and compared with the *other*
-clips' templates. Per noise level, the threshold is the distance that ``PASS_TARGET`` (0.8) of
-these leave-one-out distances stay under, and the level is known to the window by the range of
+clips' templates. Per noise level, the threshold is the distance that ``PASS_TARGETS`` (0.8;
+0.85 from version 5) of these leave-one-out distances stay under, and the level is known to the
+window by the range of
 its loudness (normalised c0, loudest frame minus the 10th percentile, ``noise_range``): the
 entry keeps (range, threshold) per level and a window's threshold is interpolated at its own
 range, clamped to the ends. A quiet window gets the tight threshold of clean renders, a noisy one
 the loose threshold that noise needs; one threshold for all (version 3) had to be the loose one.
 
-    >>> v = Verifier(bundle)
+Version 5 adds what was said: bundles built since then ship a phone model (``phones_int8.tflite``,
+``host/phones.py``: per 20 ms frame, posteriors over espeak-ng's phones, trained with CTC on
+words no bench speaks). Each step also carries the square roots of the posteriors of its two
+frames, and the step cosine is ``WEIGHTS_5`` of the backbone, MFCC and phone parts' cosines (the
+phone posteriorgrams of query-by-example spoken term detection). Backbone features and MFCC
+frames move with the voice and the noise; phone posteriors were trained not to, so one wrong
+phone moves them more than a renders' noise does. Bundles without a phone model enrol version 4.
+
+    >>> v = Verifier(bundle)                         # v.version: 5 with the bundle's phone model, else 4
     >>> tpl = v.templates(windows, scale)            # int8 templates from 1 s int16 enrolment windows
     >>> levels, d, passed = v.calibrate(windows, tpl, scale, rng)
     >>> ok = v.distance(v.sequences(feats), tpl) <= threshold_at(levels, feats)  # normalised (N, 49, 10)
@@ -47,19 +56,48 @@ STEPS = 25                    # backbone time steps per 1 s window (stride 2 ove
 MIN_TEMPLATE_STEPS = 4
 SPEEDS = (0.9, 1.0, 1.1)
 SNR_LEVELS_DB = (10.0, 20.0, 30.0)
-# 4: a threshold per noise level; 3: MFCC frames beside the backbone steps; 2: at most two
-# template steps per window step; 1: no such limit. Entries keep the version they were enrolled
-# (and calibrated) with: versions 1-3 have one threshold.
-VERSION = 4
-READABLE = (1, 2, 3, 4)
+# 5: phone posteriors beside the MFCC frames (bundles with a ``phones`` partition; others enrol
+# version 4); 4: a threshold per noise level; 3: MFCC frames beside the backbone steps; 2: at most
+# two template steps per window step; 1: no such limit. Entries keep the version they were
+# enrolled (and calibrated) with: versions 1-3 have one threshold.
+VERSION = 5
+READABLE = (1, 2, 3, 4, 5)
 MFCC_DIM = 2 * (F.N_MFCC - 1)  # c1-c9 of two 20 ms frames per 40 ms backbone step
 MFCC_Q = 24.0                 # int8 units per unit of normalised MFCC (|v| <= 5.3 kept)
 MFCC_WEIGHT = 0.3             # chosen on the kws_fewshot main set; see docs/edge-runtime.md
-PASS_TARGET = 0.8             # per noise level, with edge.enroll.FAR_TARGET; see docs/edge-runtime.md
+# version 5's shares of the step cosine: backbone, MFCC frames, phone posteriors (main set, ibid.)
+WEIGHTS_5 = (0.7, 0.1, 0.2)
+PHONE_Q = 127.0               # int8 units per unit of sqrt(posterior)
+PASS_TARGET = 0.85            # per noise level, with edge.enroll.FAR_TARGET; see docs/edge-runtime.md
+PASS_TARGETS = {4: 0.8, 5: PASS_TARGET}  # by the version a bundle enrols
+
+
+def phones_partition(bundle) -> dict | None:
+    """The bundle's phone model (``host/phones.py``), or None for a bundle without one."""
+    parts = [p for p in bundle.partitions if p.get("role") == "phones" and p.get("format") == "tflite"]
+    return parts[0] if parts else None
+
+
+class PhoneModel:
+    """The bundle's int8 phone model: normalised (N, 49, 10) windows -> (N, 49, phones) posteriors
+    over the phones without the CTC blank."""
+
+    def __init__(self, bundle, part: dict, backend: str = "auto", num_threads: int = 1):
+        from edge.backends import dequantize, load, quantize
+
+        self._q, self._dq = quantize, dequantize
+        self.backend = load(bundle.path(part["file"]), backend=backend, num_threads=num_threads)
+        self.n = int(self.backend.outputs[0].shape[-1])
+
+    def __call__(self, feats: np.ndarray) -> np.ndarray:
+        x = self._q(np.asarray(feats, np.float32).reshape(-1, F.N_FRAMES, F.N_MFCC), self.backend.inputs[0])
+        return self._dq(self.backend.invoke(x)[0], self.backend.outputs[0])
 
 
 class Verifier:
-    """The bundle's int8 backbone as a per-time-step feature extractor, plus template distances."""
+    """The bundle's int8 backbone (and phone model, version 5) as a per-time-step feature
+    extractor, plus template distances. ``version`` is what this bundle enrols: 5 with a phone
+    model, else 4; every method also takes an older entry's version."""
 
     def __init__(self, bundle, backend: str = "auto", num_threads: int = 1):
         from edge.adapt.conv import Backbone
@@ -73,37 +111,56 @@ class Verifier:
         self.qparams = self.backbone.qparams
         out = self.backbone.backend.outputs[0]
         self.backbone_dim = int(np.prod(out.shape[2:]))  # 5 x 64 per time step
+        part = phones_partition(bundle)
+        self.phones = None if part is None else PhoneModel(bundle, part, backend, num_threads)
+        self.version = VERSION if self.phones is not None else 4
 
-    def dim(self, version: int = VERSION) -> int:
-        """Values per step of a template of ``version``."""
-        return self.backbone_dim + (MFCC_DIM if version >= 3 else 0)
+    def dim(self, version: int | None = None) -> int | None:
+        """Values per step of a template of ``version`` (None: a version-5 entry on a bundle
+        without a phone model, which cannot be checked or run)."""
+        version = version or self.version
+        if version >= 5 and self.phones is None:
+            return None
+        return (self.backbone_dim + (MFCC_DIM if version >= 3 else 0)
+                + (2 * self.phones.n if version >= 5 else 0))
 
-    def raw(self, feats: np.ndarray, version: int = VERSION) -> np.ndarray:
-        """(N, 49, 10) normalised features -> int8 (N, 25, dim) steps: backbone (+ MFCC frames, v3)."""
+    def raw(self, feats: np.ndarray, version: int | None = None) -> np.ndarray:
+        """(N, 49, 10) normalised features -> int8 (N, 25, dim) steps: backbone (+ MFCC frames, v3;
+        + the square roots of the phone posteriors of the same two frames, v5)."""
+        version = version or self.version
         f = np.asarray(feats, np.float32).reshape(-1, F.N_FRAMES, F.N_MFCC)
         q = self.backbone(f)
         q = q.reshape(len(q), q.shape[1], -1)
         if version < 3:
             return q
-        f = np.concatenate([f, f[:, -1:]], axis=1)[..., 1:]  # frame 49 repeats 48; c0 left out
-        f = f.reshape(len(f), STEPS, MFCC_DIM)
-        m = np.clip(np.rint(f * MFCC_Q), -127, 127).astype(np.int8)
-        return np.concatenate([q, m], axis=-1)
+        parts = [q, _pairs(np.clip(np.rint(f[..., 1:] * MFCC_Q), -127, 127))]  # c0 left out
+        if version >= 5:
+            if self.phones is None:
+                raise EdgelearnError("a version-5 verifier entry needs the bundle's phone model",
+                                     fix="use the bundle the keyword was enrolled with, or re-enrol it")
+            parts.append(_pairs(np.rint(np.sqrt(np.maximum(self.phones(f), 0.0)) * PHONE_Q)))
+        return np.concatenate([p.astype(np.int8) for p in parts], axis=-1)
 
-    def unit(self, q: np.ndarray, version: int = VERSION) -> np.ndarray:
+    def unit(self, q: np.ndarray, version: int | None = None) -> np.ndarray:
         """int8 steps -> float32 vectors whose dot product is the step cosine of ``version``: each
         part a unit vector (the backbone's zero point removed first), weighted by its share."""
+        version = version or self.version
         bb = q[..., : self.backbone_dim].astype(np.float32) - np.float32(self.qparams[1])
-        bb /= np.maximum(np.linalg.norm(bb, axis=-1, keepdims=True), 1e-6)
         if version < 3:
-            return bb
-        m = q[..., self.backbone_dim:].astype(np.float32)
-        m /= np.maximum(np.linalg.norm(m, axis=-1, keepdims=True), 1e-6)
-        bb *= np.float32(np.sqrt(1.0 - MFCC_WEIGHT))
-        m *= np.float32(np.sqrt(MFCC_WEIGHT))
-        return np.concatenate([bb, m], axis=-1)
+            return bb / np.maximum(np.linalg.norm(bb, axis=-1, keepdims=True), 1e-6)
+        cut = self.backbone_dim + MFCC_DIM
+        parts = [bb, q[..., self.backbone_dim:cut].astype(np.float32)]
+        weights = (1.0 - MFCC_WEIGHT, MFCC_WEIGHT)
+        if version >= 5:
+            parts.append(q[..., cut:].astype(np.float32))
+            weights = WEIGHTS_5
+        out = []
+        for v, w in zip(parts, weights):
+            v /= np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-6)
+            out.append(v * np.float32(np.sqrt(w)))
+        return np.concatenate(out, axis=-1)
 
-    def sequences(self, feats: np.ndarray, version: int = VERSION) -> np.ndarray:
+    def sequences(self, feats: np.ndarray, version: int | None = None) -> np.ndarray:
         return self.unit(self.raw(feats, version), version)
 
     def templates(self, windows: np.ndarray, scale) -> list[np.ndarray]:
@@ -112,18 +169,21 @@ class Verifier:
         return [r[a:b] for r, (a, b) in zip(raw, (speech_steps(w) for w in windows))]
 
     def distance(self, seqs: np.ndarray, templates: list[np.ndarray], exclude: int | None = None,
-                 version: int = VERSION) -> np.ndarray:
+                 version: int | None = None) -> np.ndarray:
         """(N, 25, dim) ``sequences(feats, version)`` -> (N,) smallest template distance (``exclude``:
         a template index; ``version``: the entry's, whose threshold was calibrated with its
         features and alignment)."""
+        version = version or self.version
         d = [sdtw(self.unit(t, version), seqs, version >= 2) for k, t in enumerate(templates) if k != exclude]
         return np.min(d, axis=0)
 
     def calibrate(self, windows: np.ndarray, templates: list[np.ndarray], scale, rng,
-                  pass_target: float = PASS_TARGET) -> tuple[list[list[float]], np.ndarray, np.ndarray]:
+                  pass_target: float | None = None) -> tuple[list[list[float]], np.ndarray, np.ndarray]:
         """Thresholds per noise level from leave-one-out distances of the distorted enrolment
-        windows. Returns (levels: [[noise range, threshold], ...] by rising range, every distance,
-        whether each passes at the threshold its own window is given)."""
+        windows (``pass_target``: default ``PASS_TARGETS`` of this bundle's version). Returns
+        (levels: [[noise range, threshold], ...] by rising range, every distance, whether each
+        passes at the threshold its own window is given)."""
+        pass_target = PASS_TARGETS[self.version] if pass_target is None else pass_target
         if len(templates) < 2:
             raise EdgelearnError("the verifier needs at least 2 enrolment clips", fix="record more clips")
         dist = {lv: [] for lv in SNR_LEVELS_DB}
@@ -220,11 +280,18 @@ def sdtw(tpl: np.ndarray, seqs: np.ndarray, limit_speedup: bool = True) -> np.nd
     return np.minimum(moved, stayed).min(axis=1) / len(tpl)
 
 
-def pack(templates: list[np.ndarray], qparams, levels, distances: np.ndarray) -> dict:
+def _pairs(frames: np.ndarray) -> np.ndarray:
+    """(N, 49, k) per-frame values -> (N, 25, 2k): the two 20 ms frames of each 40 ms step (frame
+    49 repeats frame 48)."""
+    f = np.concatenate([frames, frames[:, -1:]], axis=1)
+    return f.reshape(len(f), STEPS, -1)
+
+
+def pack(templates: list[np.ndarray], qparams, levels, distances: np.ndarray, version: int = VERSION) -> dict:
     """The state entry of a keyword's verifier (JSON-safe; int8 templates in base64). ``threshold`` is
     the noisiest level's, the loosest any window gets."""
     levels = [[round(float(r), 4), round(float(t), 6)] for r, t in levels]
-    return {"version": VERSION, "threshold": max(t for _, t in levels), "levels": levels,
+    return {"version": int(version), "threshold": max(t for _, t in levels), "levels": levels,
             "qparams": [float(qparams[0]), int(qparams[1])], "dim": int(templates[0].shape[1]),
             "steps": [int(len(t)) for t in templates],
             "templates": base64.b64encode(np.concatenate(templates).astype(np.int8).tobytes()).decode(),
@@ -232,8 +299,8 @@ def pack(templates: list[np.ndarray], qparams, levels, distances: np.ndarray) ->
 
 
 def levels_of(entry: dict) -> list[list[float]] | None:
-    """A version-4 entry's (noise range, threshold) levels, checked; None for older entries (one
-    threshold)."""
+    """A version-4 or -5 entry's (noise range, threshold) levels, checked; None for older entries
+    (one threshold)."""
     if entry.get("version", 1) < 4:
         return None
     try:
@@ -257,6 +324,9 @@ def unpack(entry: dict, dim_of=None) -> list[np.ndarray]:
         if flat.size != sum(steps) * dim or not steps:
             raise ValueError(f"{flat.size} template values for steps {steps} x {dim}")
         want = None if dim_of is None else dim_of(entry["version"])
+        if dim_of is not None and want is None:
+            raise ValueError(f"a version-{entry['version']} entry needs the bundle's phone model, "
+                             "which this bundle lacks")
         if want is not None and dim != want:
             raise ValueError(f"dim {dim} for a version-{entry['version']} entry of this backbone (expected {want})")
     except (KeyError, ValueError, TypeError) as e:

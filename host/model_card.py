@@ -25,8 +25,14 @@ def voice_counts(cfg=None) -> dict:
     return dict(Counter((splits[v.id], v.synth) for v in voices))
 
 
+def _phones(manifest: dict) -> list:
+    return next((p.get("phones", []) for p in manifest["partitions"] if p.get("role") == "phones"), [])
+
+
 def render(manifest: dict, train_m: dict, quant_m: dict, cross: list | None, corpus_cfg=None) -> str:
     from host.data import synth
+
+    pm = manifest.get("extra", {}).get("metrics", {}).get("phones") or {}
 
     n = voice_counts(corpus_cfg)
     accents, variants = len(synth.ESPEAK_ACCENTS), synth.VARIANTS_PER_ACCENT
@@ -120,6 +126,13 @@ per 1 s window. int8 TFLite {b.get('encoder_int8.tflite', 0)} bytes, int8 ONNX
 {b.get('encoder_int8.onnx', 0)} bytes, fp32 TFLite {b.get('encoder_fp32.tflite', 0)} bytes.
 Layers kept in float by the quantiser: TFLite {q['fallback'].get('tflite') or 'none'}, ONNX
 {q['fallback'].get('onnx') or 'none'}.
+
+## The custom-keyword verifier's phone model
+`phones_int8.tflite` ({pm.get('bytes', '?')} bytes): per 20 ms frame, posteriors over
+{len(_phones(manifest))} espeak-ng phones, trained with CTC on {pm.get('texts', '?')} words and word pairs none of
+which the `kws_fewshot` bench speaks, from the training voices only (`host/phones.py`). Phone
+error rate on held-out words, greedy decoding, noisy windows: {_pct(pm.get('per_heldout_words'))}. It runs
+only when a custom keyword's first stage fires (docs/edge-runtime.md, verifier version 5).
 
 ## Known limits
 - Commands are recognised far less often than the plain accuracy suggests:

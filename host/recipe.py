@@ -1,7 +1,7 @@
 """``edgelearn model``: rebuild the shipped bundle from nothing but Debian's synthesizers.
 
-Corpus -> train -> int8 TFLite + ONNX -> negative bank -> model card ->
-signed bundle. Intermediate products go to ``--work`` (default ``build/kws``);
+Corpus -> train -> int8 TFLite + ONNX -> the verifier's phone model (``host/phones.py``) ->
+negative bank -> model card -> signed bundle. Intermediate products go to ``--work`` (default ``build/kws``);
 ``--reuse`` skips steps whose outputs are already there.
 
     $ edgelearn model --out models/kws-dscnn-s --key ~/.config/edgelearn/release.key
@@ -100,6 +100,12 @@ def build_manifest(work: Path, version: int, scale, train_m: dict, quant_m: dict
     parts.append({"name": "backbone", "role": "backbone", "file": "backbone_int8.tflite",
                   "format": "tflite", "placement": "cpu", "precision": "int8", "inputs": ins,
                   "outputs": outs})
+    ins, outs = tensor_io(work / "phones_int8.tflite")
+    outs[0]["role"] = "phone_posteriors"
+    phones_m = json.loads((work / "phones_metrics.json").read_text())
+    parts.append({"name": "phones", "role": "phones", "file": "phones_int8.tflite", "format": "tflite",
+                  "placement": "cpu", "precision": "int8", "inputs": ins, "outputs": outs,
+                  "phones": phones_m["phones"], "notation": "espeak-ng (-x), folded; see host/phones.py"})
     return {
         "model_id": MODEL_ID, "version": version, "labels": LABELS,
         "frontend": {**F.PARAMS, "normalize": {"kind": "window-mean-removal+scale",
@@ -115,7 +121,8 @@ def build_manifest(work: Path, version: int, scale, train_m: dict, quant_m: dict
         "quantization": {"scheme": "full-integer int8, per-channel weights",
                          "calibration": "600 training-split clips", "fallback_layers": quant_m["fallback"]},
         "extra": {"labels12": LABELS12, "negatives": {"file": "negatives.npy", "dtype": "float16"},
-                  "metrics": {"train": train_m, "quant": quant_m, "cross_synth": cross},
+                  "metrics": {"train": train_m, "quant": quant_m, "cross_synth": cross,
+                              "phones": {k: v for k, v in phones_m.items() if k != "phones"}},
                   "model_card": "MODEL_CARD.md"},
     }
 
@@ -144,6 +151,11 @@ def run(args) -> int:
         export_tail(keras.models.load_model(work / "model.keras"),
                     calibration_features(corpus, scale0), work)
     scale = json.loads((work / "frontend.json").read_text())["scale"]
+    if not (args.reuse and (work / "phones_int8.tflite").exists()):
+        from host.data.corpus import default_cache_dir
+        from host.phones import train_phones
+
+        train_phones(work, scale, default_cache_dir())
     train_m = json.loads((work / "metrics.json").read_text())
     quant_m = json.loads((work / "quant_metrics.json").read_text())
     cross_p = Path("bench/results/cross_synth.json")
@@ -158,7 +170,8 @@ def run(args) -> int:
     (work / "MODEL_CARD.md").write_text(model_card.render(manifest, train_m, quant_m, cross))
     key = ensure_key(args.key, args.pubkey_out)
     files = {n: work / n for n in ("encoder_int8.tflite", "encoder_int8.onnx", "encoder_fp32.tflite",
-                                   "backbone_int8.tflite", "tail.npz", "negatives.npy", "MODEL_CARD.md")}
+                                   "backbone_int8.tflite", "phones_int8.tflite", "tail.npz", "negatives.npy",
+                                   "MODEL_CARD.md")}
     build_bundle(args.out, files, manifest, key)
     print(f"model: wrote {args.out} (version {args.version}), signed with {key}")
     return 0

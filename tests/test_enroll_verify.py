@@ -84,16 +84,17 @@ def test_verifier_rejects_wrong_order_the_first_stage_accepts(km, clips, voice, 
 def test_enrolment_report_and_state_round_trip(km, enrolled):
     d, rep = enrolled
     assert 0.0 < rep["verify_threshold_quiet"] <= rep["verify_threshold_noisy"] < 1.0
-    assert rep["verify_enrolment_pass_rate"] >= V.PASS_TARGET - 0.05
+    assert rep["verify_enrolment_pass_rate"] >= V.PASS_TARGETS[5] - 0.05
     data = json.loads((d / "keywords.json").read_text())
     assert data["format"] == 2
     entry = data["keywords"][0]["verify"]
     tpl = V.unpack(entry)
-    assert len(tpl) == 5 and all(t.dtype == np.int8 and t.shape[1] == 320 + V.MFCC_DIM for t in tpl)
+    ver = V.Verifier(km.bundle)
+    assert ver.version == V.VERSION == 5 and ver.dim() == 320 + V.MFCC_DIM + 2 * ver.phones.n
+    assert len(tpl) == 5 and all(t.dtype == np.int8 and t.shape[1] == ver.dim() for t in tpl)
     assert [len(t) for t in tpl] == entry["steps"] and all(len(t) >= V.MIN_TEMPLATE_STEPS for t in tpl)
     # reloaded from disk, the second stage gives the same distances as the templates packed at enrolment
     custom = DeviceState.open(d, km.bundle).custom()
-    ver = V.Verifier(km.bundle)
     feats = np.random.default_rng(0).standard_normal((3, 49, 10)).astype(np.float32)
     want = ver.distance(ver.sequences(feats), tpl)
     got = [custom.verify(0, f)[1] for f in feats]
@@ -115,43 +116,57 @@ def test_format_1_state_still_runs_first_stage_only(km, enrolled, tmp_path):
     assert again["format"] == 2 and again["keywords"] == data["keywords"]
 
 
-def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibrated_with(km, enrolled, tmp_path):
-    """Version 1 (free speed-up) and 2 (at most 2x) entries hold backbone steps only; version 3 adds
-    the MFCC frames, version 4 thresholds per noise level. Each is scored the way its threshold was
-    calibrated."""
+def as_version(entry: dict, version: int) -> dict:
+    """A version-5 entry as an older runtime would have enrolled it: the same steps, cut to the
+    parts that version has (backbone; + MFCC frames from 3), levels only from version 4."""
     import base64
 
+    dim = 320 if version < 3 else 320 + V.MFCC_DIM if version < 5 else entry["dim"]
+    tpl = [t[:, :dim] for t in V.unpack(entry)]
+    old = dict(entry, version=version, dim=dim,
+               templates=base64.b64encode(np.concatenate(tpl).tobytes()).decode())
+    if version < 4:
+        old.pop("levels")
+    return old
+
+
+def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibrated_with(km, enrolled, tmp_path):
+    """Version 1 (free speed-up) and 2 (at most 2x) entries hold backbone steps only; version 3 adds
+    the MFCC frames, version 4 thresholds per noise level, version 5 phone posteriors. Each is scored
+    the way its threshold was calibrated."""
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     entry = data["keywords"][0]["verify"]
-    assert entry["version"] == V.VERSION == 4 and entry["dim"] == 320 + V.MFCC_DIM
     ver, tpl = V.Verifier(km.bundle), V.unpack(entry)
-    bb = [t[:, :320] for t in tpl]  # a version-3 template's backbone part is the older template
+    assert entry["version"] == V.VERSION == 5 and entry["dim"] == ver.dim(5)
+    bb = [t[:, :320] for t in tpl]  # a later template's backbone part is the older template
+    mf = [t[:, :320 + V.MFCC_DIM] for t in tpl]
     feats = np.random.default_rng(1).standard_normal((4, 49, 10)).astype(np.float32)
     got = {}
-    for version in (1, 2, 3):
+    for version in (1, 2, 3, 4, 5):
         old = json.loads(json.dumps(data))
-        old["keywords"][0]["verify"].update(version=version)
-        del old["keywords"][0]["verify"]["levels"]
-        if version < 3:
-            old["keywords"][0]["verify"].update(
-                dim=320, templates=base64.b64encode(np.concatenate(bb).tobytes()).decode())
+        old["keywords"][0]["verify"] = as_version(entry, version)
         (tmp_path / "keywords.json").write_text(json.dumps(old))
         custom = DeviceState.open(tmp_path, km.bundle).custom()
         got[version] = np.array([custom.verify(0, f)[1] for f in feats])
     seqs2 = ver.sequences(feats, 2)
-    assert seqs2.shape[-1] == 320 and ver.sequences(feats).shape[-1] == 320 + V.MFCC_DIM
+    assert seqs2.shape[-1] == 320 and ver.sequences(feats, 4).shape[-1] == 320 + V.MFCC_DIM
     want = {1: np.min([V.sdtw(ver.unit(t, 1), seqs2, limit_speedup=False) for t in bb], axis=0),
             2: np.min([V.sdtw(ver.unit(t, 2), seqs2) for t in bb], axis=0),
-            3: ver.distance(ver.sequences(feats), tpl)}
-    for version in (1, 2, 3):
+            3: ver.distance(ver.sequences(feats, 3), mf, version=3),
+            5: ver.distance(ver.sequences(feats), tpl)}
+    want[4] = want[3]
+    for version in (1, 2, 3, 4, 5):
         np.testing.assert_allclose(got[version], want[version], rtol=1e-5)
     assert np.all(want[1] <= want[2] + 1e-6)
-    # version 3's step cosine is the weighted sum of the two parts' cosines
-    u = ver.unit(tpl[0])
-    m = tpl[0][:, 320:].astype(np.float32)
-    m /= np.linalg.norm(m, axis=1, keepdims=True)
-    b = ver.unit(bb[0], 2)
-    np.testing.assert_allclose(u @ u[0], (1 - V.MFCC_WEIGHT) * (b @ b[0]) + V.MFCC_WEIGHT * (m @ m[0]), atol=1e-5)
+    # a step's cosine is the weighted sum of its parts' cosines: two parts from version 3, three from 5
+    def unit(part):
+        part = part.astype(np.float32)
+        return part / np.maximum(np.linalg.norm(part, axis=1, keepdims=True), 1e-6)
+    b, m, p = ver.unit(bb[0], 2), unit(tpl[0][:, 320:320 + V.MFCC_DIM]), unit(tpl[0][:, 320 + V.MFCC_DIM:])
+    u3, u5 = ver.unit(mf[0], 3), ver.unit(tpl[0])
+    np.testing.assert_allclose(u3 @ u3[0], (1 - V.MFCC_WEIGHT) * (b @ b[0]) + V.MFCC_WEIGHT * (m @ m[0]), atol=1e-5)
+    wb, wm, wp = V.WEIGHTS_5
+    np.testing.assert_allclose(u5 @ u5[0], wb * (b @ b[0]) + wm * (m @ m[0]) + wp * (p @ p[0]), atol=1e-5)
 
 
 def test_threshold_follows_the_windows_noise(km, enrolled, tmp_path):
@@ -179,12 +194,12 @@ def test_threshold_follows_the_windows_noise(km, enrolled, tmp_path):
         assert custom.verify(0, f) == (bool(di <= ti), pytest.approx(float(di), rel=1e-5))
     assert t_quiet < t_noisy and thr[:4].min() > thr[4:].max()  # the noise-only windows get looser ones
     old = json.loads(json.dumps(data))
-    old["keywords"][0]["verify"]["version"] = 3
-    del old["keywords"][0]["verify"]["levels"]
+    old["keywords"][0]["verify"] = as_version(entry, 3)
     (tmp_path / "keywords.json").write_text(json.dumps(old))
     v3 = DeviceState.open(tmp_path, km.bundle).custom()
     assert v3.verify_levels == [None]
-    for f, di in zip(feats, d):
+    d3 = ver.distance(ver.sequences(feats, 3), V.unpack(old["keywords"][0]["verify"]), version=3)
+    for f, di in zip(feats, d3):
         assert v3.verify(0, f)[0] == bool(di <= entry["threshold"])
 
 
@@ -194,7 +209,7 @@ def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path):
              ({"levels": [[2.0, 0.2], [1.0, 0.3]]}, "rising range"), ({"levels": "high"}, "unreadable"),
              ({"levels": [[1.0, float("nan")]]}, "rising range"),
              ({"qparams": [0.5, 3]}, "another backbone's quantisation"),
-             ({"version": 2}, "dim 338 for a version-2 entry")]
+             ({"version": 2}, r"dim \d+ for a version-2 entry")]
     for change, msg in cases:
         bad = json.loads(json.dumps(data))
         bad["keywords"][0]["verify"].update(change)
@@ -205,6 +220,38 @@ def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path):
     (tmp_path / "keywords.json").write_text(json.dumps(bad))
     with pytest.raises(StateError, match="format 7"):
         DeviceState.open(tmp_path, km.bundle)
+    # a version-5 entry needs the bundle's phone model
+    (tmp_path / "keywords.json").write_text(json.dumps(data))
+    with pytest.raises(EdgelearnError, match="needs the bundle's phone model"):
+        DeviceState.open(tmp_path, WithoutPhones(km.bundle)).custom()
+
+
+class WithoutPhones:
+    """The same bundle, as one built before the phone model existed (no ``phones`` partition)."""
+
+    def __init__(self, bundle):
+        self._bundle = bundle
+        self.partitions = [p for p in bundle.partitions if p.get("role") != "phones"]
+
+    def __getattr__(self, name):
+        return getattr(self._bundle, name)
+
+
+def test_a_bundle_without_a_phone_model_enrols_version_4(km, clips, tmp_path):
+    """Bundles built before the phone model keep the version-4 verifier: enrolment, state and
+    decisions work the same, and their entries stay readable on a bundle that has one."""
+    from edge.kws import KeywordModel
+
+    old = KeywordModel(WithoutPhones(km.bundle))
+    ver = V.Verifier(old.bundle)
+    assert ver.phones is None and ver.version == 4 and ver.dim() == 320 + V.MFCC_DIM
+    enroll(old, DeviceState.open(tmp_path, old.bundle), "hey robot", clips[:5])
+    entry = json.loads((tmp_path / "keywords.json").read_text())["keywords"][0]["verify"]
+    assert entry["version"] == 4 and entry["dim"] == 320 + V.MFCC_DIM and len(entry["levels"]) == 3
+    feats = F.normalize(F.mfcc(np.stack([F.fit_to_window(c) for c in clips[5:]])), km.scale)
+    a = DeviceState.open(tmp_path, old.bundle).custom()
+    b = DeviceState.open(tmp_path, km.bundle).custom()  # read by the runtime with the phone model
+    assert [a.verify(0, f) for f in feats] == [b.verify(0, f) for f in feats]
 
 
 def test_sdtw_follows_order_and_tolerates_speed():

@@ -166,6 +166,19 @@ def test_canary_rolls_back_on_errors_and_on_p99(clock):
     assert "p99 16.1 ms" in c2.reason
 
 
+def test_a_failing_canary_never_advances_on_too_few_requests_to_roll_back(clock):
+    """Found by test_serve_rollout under load: with min_requests (3) below rollback_min_requests (5),
+    a step whose 3-4 canary requests all failed advanced, and a broken version was promoted."""
+    c = CanaryPolicy(clock, min_requests=3, min_step_seconds=0.2, rollback_min_requests=5)
+    clock.advance(1)
+    assert c.decide(_sum(100), _sum(3, err=1.0)) == HOLD
+    assert c.decide(_sum(100), _sum(4, err=0.5)) == HOLD
+    assert c.decide(_sum(100), _sum(5, err=0.4)) == ROLLBACK
+    c2 = CanaryPolicy(clock, min_requests=3, min_step_seconds=0.2, rollback_min_requests=5)
+    clock.advance(1)
+    assert c2.decide(_sum(100, err=0.05), _sum(3, err=0.0)) == ADVANCE  # healthy: goes on
+
+
 def test_canary_rejects_bad_steps(clock):
     for steps in [(), (0.5, 0.1, 1.0), (0.1, 0.5), (0.0, 1.0)]:
         with pytest.raises(ValueError, match="canary steps"):

@@ -194,6 +194,34 @@ def render(voice: Voice, jobs: list[tuple[str, float, float]]) -> list[np.ndarra
     return [fn(voice, t, r, p) for t, r, p in jobs]
 
 
+def render_jobs(jobs, label: str) -> dict:
+    """jobs: [(voice, text, rate, pitch, key)] -> {key: int16}; two workers (subprocess synths)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from host.data.corpus import Progress
+
+    by_voice: dict = {}
+    for v, text, r, p, key in jobs:
+        by_voice.setdefault(v.id, (v, []))[1].append((text, r, p, key))
+    prog = Progress(len(jobs), label)
+    out = {}
+
+    def work(item):
+        v, js = item
+        res = {}
+        for a in range(0, len(js), 40):  # festival renders a batch per process
+            part = js[a:a + 40]
+            for (t, r, p, key), pcm in zip(part, render(v, [(t, r, p) for t, r, p, _ in part])):
+                res[key] = pcm
+            prog.step(len(part))
+        return res
+
+    with ThreadPoolExecutor(2) as ex:
+        for res in ex.map(work, by_voice.values()):
+            out.update(res)
+    return out
+
+
 def read_wav_file(path) -> tuple[np.ndarray, int]:
     with wave.open(str(path), "rb") as w:
         return np.frombuffer(w.readframes(w.getnframes()), "<i2").copy(), w.getframerate()

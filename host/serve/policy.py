@@ -291,6 +291,10 @@ class CanaryPolicy:
         idle = canary.count == 0 and stable.count == 0
         if canary.count < self.min_requests and not idle:
             return HOLD
+        if canary.count and canary.error_rate > stable.error_rate + self.max_error_rate_increase:
+            # too few requests to roll back on (min_requests < rollback_min_requests), too many
+            # errors to go on: a broken canary must never advance, however little traffic it saw
+            return HOLD
         if self.step == len(self.steps) - 1:
             return PROMOTE
         return ADVANCE

@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 28fa5f3ff2f380fe Qj+IiiAICRVqEHHjQURfPTW1Nj8tG5n2/7smiBVl2HAnMNhbT/Xsa+AC2GxsIAtRKeoliVfgmPl8hQ2JrH45BQ==
+edgelearn-ed25519-signature 28fa5f3ff2f380fe 0OdvLrmtROSsU2SvhEDPTwwrxbJpYtyi00YYNhlCAC6jixKOJnUJAM2gA5Bi6P5apkvpJzMpBcBNCJXD+dYQBA==

@@ -265,9 +265,9 @@ def _status(args) -> int:
             replay[name] = {"count": rb.count, "capacity": rb.capacity, "bytes": rb.nbytes,
                             "classes": {km_labels[k] if k < len(km_labels) else k: n
                                         for k, n in sorted(rb.class_counts().items())}}
-    from edge.verify import VERSION, phones_partition
+    from edge.verify import version_for
 
-    current = VERSION if phones_partition(bundle) is not None else 4  # what this bundle enrols
+    current = version_for(bundle)  # what this bundle enrols
     # the second stage each keyword was enrolled with: older versions keep working; re-enrolling
     # (--replace) moves one to the current verifier (docs/edge-runtime.md)
     versions = {k["name"]: k["verify"].get("version", 1) if "verify" in k else None for k in state.keywords}

@@ -78,6 +78,11 @@ def phones_partition(bundle) -> dict | None:
     return parts[0] if parts else None
 
 
+def version_for(bundle) -> int:
+    """The verifier version a bundle enrols: 5 with a phone model, else 4."""
+    return VERSION if phones_partition(bundle) is not None else 4
+
+
 class PhoneModel:
     """The bundle's int8 phone model: normalised (N, 49, 10) windows -> (N, 49, phones) posteriors
     over the phones without the CTC blank."""
@@ -113,7 +118,7 @@ class Verifier:
         self.backbone_dim = int(np.prod(out.shape[2:]))  # 5 x 64 per time step
         part = phones_partition(bundle)
         self.phones = None if part is None else PhoneModel(bundle, part, backend, num_threads)
-        self.version = VERSION if self.phones is not None else 4
+        self.version = version_for(bundle)
 
     def dim(self, version: int | None = None) -> int | None:
         """Values per step of a template of ``version`` (None: a version-5 entry on a bundle

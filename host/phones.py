@@ -84,6 +84,7 @@ def render_corpus(cache_dir: Path, seed: int = 0) -> dict:
     if path.exists():
         with np.load(path) as d:
             return {k: d[k] for k in d.files}
+    synth.check_installed({"espeak", "festival"})  # one clear sentence, not a subprocess traceback
     voices = synth.all_voices()
     split = assign_splits(voices, CorpusConfig())
     esp = [v for v in voices if split[v.id] == "train" and v.synth == "espeak"]

@@ -55,7 +55,7 @@ def evaluate_keywords(km, voices, pos_audio, pieces, stream: dict, rng):
     from host.data.words import CUSTOM_PHRASES
 
     emb, unit, ends, frames, bank_unit = (stream[k] for k in ("emb", "unit", "ends", "frames", "bank_unit"))
-    fa_all = {"times": [], "phrases": [], "times2": [], "phrases2": []}
+    fa_all = {"times": [], "phrases": [], "voices": [], "times2": [], "phrases2": [], "voices2": []}
     res, models = [], []
     for v in voices:
         for ph in CUSTOM_PHRASES:
@@ -78,8 +78,10 @@ def evaluate_keywords(km, voices, pos_audio, pieces, stream: dict, rng):
             fa2 = count_events(stream_scores, thr, ends, times=times2, verify=check)
             fa_all["times"] += times
             fa_all["phrases"] += [ph] * len(times)
+            fa_all["voices"] += [v.id] * len(times)
             fa_all["times2"] += times2
             fa_all["phrases2"] += [ph] * len(times2)
+            fa_all["voices2"] += [v.id] * len(times2)
             runs = [snippet_runs(km, s) for s in snippets]
             pos_emb = [(e, en) for e, en, _ in runs]
             models.append({"thr": thr, "stream": stream_scores, "ends": ends, "verify": check,
@@ -182,30 +184,31 @@ def says_keyword(text: str, phrase: str) -> bool:
     return _letters(phrase) in _letters(text) or phonemes(phrase) in phonemes(text)
 
 
-def without_spoken_keyword(audio, root: Path, times, phrases, n_models: int, hours: float) -> tuple[float, int]:
-    """Mean false accepts per hour per keyword once events on stream pieces that say the keyword
-    itself are dropped, and the time of those pieces taken out of that keyword's negative hours.
-    An event is on such a piece when the piece overlaps the second before the keyword's end.
-    Returns (FA/h per keyword, events dropped)."""
+def on_negative_speech(audio, root: Path, res, fa: dict, hours: float, stage: int = 2) -> tuple[np.ndarray, int]:
+    """False accepts per hour of each keyword model in ``res`` (evaluate_keywords' order) on the
+    stream's *negative* speech for that keyword: events on pieces that say the keyword itself
+    ("cinnamon roll" for "cinnamon", "magnets", the homophone "good knight") are not false accepts, and
+    the time of those pieces is taken out of the keyword's hours. An event is on such a piece when
+    the piece overlaps the second before the keyword's end. ``stage``: 1 (first stage alone) or 2.
+    Returns (FA/h per model, events dropped)."""
     keys, tl = stream_timeline(audio, root)
     texts = [k.split("|")[2] for k in keys]
     starts = tl[:, 0]
+    sfx = "2" if stage == 2 else ""
     spans, spoken_h = {}, {}
-    for ph in set(phrases) | set(NEAR_MISS):
+    for ph in {r[1] for r in res}:
         own = np.array([says_keyword(texts[int(k)], ph) for k in tl[:, 2]], bool)
         spans[ph] = own
         spoken_h[ph] = float((tl[own, 1] - tl[own, 0]).sum()) / 3600
     kept, dropped = {}, 0
-    for t, ph in zip(times, phrases):
+    for t, ph, v in zip(fa["times" + sfx], fa["phrases" + sfx], fa["voices" + sfx]):
         lo, hi = max(0, int(np.searchsorted(starts, t - 2.5))), int(np.searchsorted(starts, t))
         seg = tl[lo:hi]
-        on_own = any(spans[ph][lo + i] and min(b, t) - max(a, t - 1.0) > 0 for i, (a, b, _k) in enumerate(seg))
-        if on_own:
+        if any(spans[ph][lo + i] and min(b, t) - max(a, t - 1.0) > 0 for i, (a, b, _k) in enumerate(seg)):
             dropped += 1
         else:
-            kept[ph] = kept.get(ph, 0) + 1
-    per_h = sum(c / (hours - spoken_h[ph]) for ph, c in kept.items())
-    return per_h / max(1, n_models), dropped
+            kept[(v, ph)] = kept.get((v, ph), 0) + 1
+    return np.array([kept.get((r[0], r[1]), 0) / (hours - spoken_h[r[1]]) for r in res]), dropped
 
 
 def fa_sources(audio, fa_times, phrases, root: Path):

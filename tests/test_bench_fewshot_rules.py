@@ -1,7 +1,11 @@
-"""The kws_fewshot bench's reading rules: stream pieces that say the keyword (left out of one FA/h
-row), and the intervals on its two-stage rates."""
+"""The kws_fewshot bench's reading rules: stream pieces that say the keyword (not negative speech for
+it), and the intervals on its two-stage rates."""
 
-from bench._fewshot_score import phonemes, says_keyword
+import json
+
+import numpy as np
+
+from bench._fewshot_score import on_negative_speech, phonemes, says_keyword
 from bench.kws_fewshot import bootstrap_ci
 
 
@@ -30,3 +34,30 @@ def test_bootstrap_interval_holds_the_estimate_and_widens_with_spread_between_vo
     assert ci["frr"][0] < frr < ci["frr"][1] and ci["fa_per_hour"][0] < fah < ci["fa_per_hour"][1]
     assert ci == bootstrap_ci(mixed, 2.0, n_boot=500)   # seeded: the bench's rows are reproducible
     assert 0.0 <= ci["frr"][0] and ci["frr"][1] <= 50.0 and ci["fa_per_hour"][1] <= 4.5  # the worst voice alone
+
+
+def test_intervals_on_given_rates_follow_those_rates():
+    res = [_res(v, 1, 10, 8) for v in "abcd" for _ in range(5)]   # 4 FA/h every event counted
+    assert bootstrap_ci(res, 2.0)["fa_per_hour"] == [4.0, 4.0]
+    assert bootstrap_ci(res, 2.0, fa_per_hour=[0.25] * len(res))["fa_per_hour"] == [0.25, 0.25]
+
+
+def test_events_on_pieces_that_say_the_keyword_are_not_false_accepts_and_their_time_is_not_negative(tmp_path):
+    # a stream timeline of three pieces (start s, end s, piece index into the sorted "neg|" keys)
+    audio = {"neg|v|magnets|0": None, "neg|v|table|0": None, "neg|v|good knight|0": None}
+    keys = sorted(audio)   # good knight, magnets, table
+    (tmp_path / "stream-timeline.json").write_text(json.dumps(
+        [[10.0, 11.0, keys.index("neg|v|magnets|0")], [20.0, 21.0, keys.index("neg|v|table|0")],
+         [30.0, 32.0, keys.index("neg|v|good knight|0")]]))
+    res = [_res("v", 0, 3, 0)[:1] + ("magnet",) + _res("v", 0, 3, 0)[2:],
+           _res("w", 0, 3, 0)[:1] + ("magnet",) + _res("w", 0, 3, 0)[2:],
+           _res("v", 0, 3, 0)[:1] + ("good night",) + _res("v", 0, 3, 0)[2:]]
+    # voice v's "magnet" fires on "magnets" and "table"; w's on "table" twice; "good night" on its homophone
+    fa = {"times2": [10.9, 20.9, 20.95, 21.0, 31.5], "phrases2": ["magnet", "magnet", "magnet", "magnet", "good night"],
+          "voices2": ["v", "v", "w", "w", "v"], "times": [], "phrases": [], "voices": []}
+    per_model, dropped = on_negative_speech(audio, tmp_path, res, fa, 1.0)
+    magnet_h = 1.0 - 1.0 / 3600   # the hour less the second of "magnets"
+    assert dropped == 2            # on "magnets" and on "good knight"
+    np.testing.assert_allclose(per_model, [1 / magnet_h, 2 / magnet_h, 0.0])
+    first, none = on_negative_speech(audio, tmp_path, res, fa, 1.0, stage=1)   # the first stage's own events
+    assert none == 0 and not first.any()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from host.tail_export import PREFIX_FILE, PREFIX_LAYER
+
 MODEL_ID = "kws-dscnn-s"
 DEFAULT_KEY = Path.home() / ".config" / "edgelearn" / "release.key"
 NEGATIVES = 1600
@@ -100,6 +102,11 @@ def build_manifest(work: Path, version: int, scale, train_m: dict, quant_m: dict
     parts.append({"name": "backbone", "role": "backbone", "file": "backbone_int8.tflite",
                   "format": "tflite", "placement": "cpu", "precision": "int8", "inputs": ins,
                   "outputs": outs})
+    ins, outs = tensor_io(work / PREFIX_FILE)
+    for o in outs:
+        o["role"] = "tail_prefix"
+    parts.append({"name": "tail-prefix", "role": "tail-prefix", "file": PREFIX_FILE, "format": "tflite",
+                  "placement": "cpu", "precision": "int8", "inputs": ins, "outputs": outs, "cut": PREFIX_LAYER})
     ins, outs = tensor_io(work / "phones_int8.tflite")
     outs[0]["role"] = "phone_posteriors"
     phones_m = json.loads((work / "phones_metrics.json").read_text())
@@ -150,6 +157,14 @@ def run(args) -> int:
         scale0 = json.loads((work / "frontend.json").read_text())["scale"]
         export_tail(keras.models.load_model(work / "model.keras"),
                     calibration_features(corpus, scale0), work)
+    elif not (work / PREFIX_FILE).exists():  # a build from before the tail prefix: add it alone
+        from tensorflow import keras
+
+        from host.quantize import calibration_features
+        from host.tail_export import export_prefix
+
+        scale0 = json.loads((work / "frontend.json").read_text())["scale"]
+        export_prefix(keras.models.load_model(work / "model.keras"), calibration_features(corpus, scale0), work)
     scale = json.loads((work / "frontend.json").read_text())["scale"]
     if not (args.reuse and (work / "phones_int8.tflite").exists()):
         from host.data.corpus import default_cache_dir
@@ -170,7 +185,8 @@ def run(args) -> int:
     (work / "MODEL_CARD.md").write_text(model_card.render(manifest, train_m, quant_m, cross))
     key = ensure_key(args.key, args.pubkey_out)
     files = {n: work / n for n in ("encoder_int8.tflite", "encoder_int8.onnx", "encoder_fp32.tflite",
-                                   "backbone_int8.tflite", "phones_int8.tflite", "tail.npz", "negatives.npy",
+                                   "backbone_int8.tflite", PREFIX_FILE, "phones_int8.tflite", "tail.npz",
+                                   "negatives.npy",
                                    "MODEL_CARD.md")}
     build_bundle(args.out, files, manifest, key)
     print(f"model: wrote {args.out} (version {args.version}), signed with {key}")

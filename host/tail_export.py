@@ -2,12 +2,15 @@
 
 The backbone is the network up to the last depthwise-separable block (output:
 the 25x5x64 feature map after ``pw3_relu``), converted to full-int8 TFLite.
+The tail prefix is the same network one layer further (through ``dw4_relu``), also
+int8: a device whose adapted tail keeps the base's dw4 runs it instead of the
+backbone plus a float depthwise layer in numpy (docs/edge-runtime.md).
 The tail — depthwise 3x3 (``dw4``), pointwise 1x1 (``pw4``), average pooling
 and the classifier — is written as float32 numpy arrays with batch norm folded
 in, so a device (edge/adapt) can run bias-only, adapter, LoRA, sparse or full
 updates on it without TensorFlow. ``tail_forward`` is the numpy reference.
 
-    >>> files = export_tail(model, calib, out_dir)   # backbone_int8.tflite, tail.npz
+    >>> files = export_tail(model, calib, out_dir)   # backbone_int8.tflite, tail.npz, PREFIX_FILE
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 import numpy as np
 
 CUT_LAYER = "pw3_relu"
+PREFIX_LAYER = "dw4_relu"
+PREFIX_FILE = "backbone_dw4_int8.tflite"
 
 
 def _fold(layer, bn):
@@ -71,4 +76,17 @@ def export_tail(model, calib: np.ndarray, out_dir) -> dict:
     if err > 1e-3:
         raise RuntimeError(f"folded tail differs from Keras by {err}")
     return {"backbone": out_dir / "backbone_int8.tflite", "tail": out_dir / "tail.npz",
-            "max_abs_err_vs_keras": err}
+            "prefix": export_prefix(model, calib, out_dir), "max_abs_err_vs_keras": err}
+
+
+def export_prefix(model, calib: np.ndarray, out_dir) -> Path:
+    """The int8 network through ``PREFIX_LAYER`` (the backbone plus dw4 and its ReLU) as
+    ``PREFIX_FILE``, calibrated on the same clips as the backbone."""
+    from tensorflow import keras
+
+    from host.quantize import to_tflite
+
+    path = Path(out_dir) / PREFIX_FILE
+    prefix = keras.Model(model.input, model.get_layer(PREFIX_LAYER).output, name="tail_prefix")
+    path.write_bytes(to_tflite(prefix, calib))
+    return path

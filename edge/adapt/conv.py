@@ -66,14 +66,22 @@ def backbone_partition(bundle) -> dict:
     return parts[0]
 
 
-class Backbone:
-    """The frozen int8 backbone: normalised features -> int8 (N, 25, 5, 64) and its (scale, zero_point)."""
+def prefix_partition(bundle) -> dict | None:
+    """The bundle's int8 network through dw4's ReLU (role ``tail-prefix``), or None (bundles from
+    before it)."""
+    parts = [p for p in bundle.partitions if p.get("role") == "tail-prefix" and p["format"] == "tflite"]
+    return parts[0] if parts else None
 
-    def __init__(self, bundle, backend: str = "auto", num_threads: int = 1):
+
+class Backbone:
+    """The frozen int8 backbone: normalised features -> int8 (N, 25, 5, 64) and its (scale, zero_point).
+    ``part``: another frozen int8 front of the same shape (the ``tail-prefix``)."""
+
+    def __init__(self, bundle, backend: str = "auto", num_threads: int = 1, part: dict | None = None):
         from edge.backends import load, quantize
 
         self._quantize = quantize
-        part = backbone_partition(bundle)
+        part = part or backbone_partition(bundle)
         self.backend = load(bundle.path(part["file"]), backend=backend, num_threads=num_threads)
         out = self.backend.outputs[0]
         self.qparams = (float(out.scale), int(out.zero_point))
@@ -352,7 +360,12 @@ def _put(dst, v, a):
 
 
 class TailModel:
-    """Backbone + (adapted) conv tail with ``KeywordModel``'s interface: ``infer(feats) -> (emb, probs)``."""
+    """Backbone + (adapted) conv tail with ``KeywordModel``'s interface: ``infer(feats) -> (emb, probs)``.
+
+    When the delta keeps the base's dw4 (bias-only as ``device adapt`` runs it, LoRA, adapters) and
+    the bundle ships the ``tail-prefix`` partition, the int8 interpreter runs dw4 and its ReLU too
+    (``prefix``, set; else None) and numpy starts at pw4: the float depthwise layer was half the
+    tail's cost per window. dw4's output is then int8 (as inside the int8 encoder) instead of float."""
 
     def __init__(self, bundle, delta: dict | None = None, backend: str = "auto", num_threads: int = 1):
         from edge.kws import KeywordModel
@@ -361,9 +374,19 @@ class TailModel:
         self.bundle, self.labels, self.scale = bundle, self.km.labels, self.km.scale
         self.backbone = Backbone(bundle, backend=backend, num_threads=num_threads)
         self.tail = ConvTail(load_tail(bundle), delta, qparams=self.backbone.qparams)
+        part = prefix_partition(bundle)
+        self.prefix = None
+        if part is not None and not {"dw4_w", "dw4_b"} & set(self.tail.delta):
+            self.prefix = Backbone(bundle, backend=backend, num_threads=num_threads, part=part)
 
     def features(self, pcm) -> np.ndarray:
         return self.km.features(pcm)
 
     def infer(self, feats: np.ndarray):
-        return self.tail.infer(self.backbone(feats))
+        if self.prefix is None:
+            return self.tail.infer(self.backbone(feats))
+        y1 = self.prefix(feats)
+        s, zp = self.prefix.qparams
+        q = y1.reshape(len(y1), -1, y1.shape[-1]).astype(np.int16)
+        q -= zp
+        return self.tail.infer(Prefix(q, np.full(len(q), s, np.float32), "y1"))

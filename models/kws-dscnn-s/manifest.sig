@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 28fa5f3ff2f380fe 0OdvLrmtROSsU2SvhEDPTwwrxbJpYtyi00YYNhlCAC6jixKOJnUJAM2gA5Bi6P5apkvpJzMpBcBNCJXD+dYQBA==
+edgelearn-ed25519-signature 28fa5f3ff2f380fe Hyt4cTA9QgQwR4DUbIjkfcexahM4K/IekHjStJb7ZAzg5LwbKYxOM2AzrNkkl/apcmLfhEENr7O1OAcm92SBAA==

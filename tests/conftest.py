@@ -1,4 +1,4 @@
-"""Shared fixtures: paths, the pinned MicroPython unix port, a small speech sample."""
+"""Shared fixtures: paths, the pinned MicroPython unix port, a small speech sample, old bundles."""
 
 from __future__ import annotations
 
@@ -24,6 +24,23 @@ def micropython_path() -> str | None:
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+class _BundleWithout:
+    """A loaded bundle as one built before a partition role existed: its partitions without ``role``."""
+
+    def __init__(self, bundle, role: str):
+        self._bundle = bundle
+        self.partitions = [p for p in bundle.partitions if p.get("role") != role]
+
+    def __getattr__(self, name):
+        return getattr(self._bundle, name)
+
+
+@pytest.fixture(scope="session")
+def bundle_without():
+    """``bundle_without(bundle, role)``: the bundle without its ``role`` partitions (older bundles)."""
+    return _BundleWithout
 
 
 @pytest.fixture(scope="session")

@@ -203,7 +203,7 @@ def test_threshold_follows_the_windows_noise(km, enrolled, tmp_path):
         assert v3.verify(0, f)[0] == bool(di <= entry["threshold"])
 
 
-def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path):
+def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path, bundle_without):
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     cases = [({"templates": "AAAA"}, "template values"), ({"version": 99}, "verifier version 99"),
              ({"levels": [[2.0, 0.2], [1.0, 0.3]]}, "rising range"), ({"levels": "high"}, "unreadable"),
@@ -223,26 +223,15 @@ def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path):
     # a version-5 entry needs the bundle's phone model
     (tmp_path / "keywords.json").write_text(json.dumps(data))
     with pytest.raises(EdgelearnError, match="needs the bundle's phone model"):
-        DeviceState.open(tmp_path, WithoutPhones(km.bundle)).custom()
+        DeviceState.open(tmp_path, bundle_without(km.bundle, "phones")).custom()
 
 
-class WithoutPhones:
-    """The same bundle, as one built before the phone model existed (no ``phones`` partition)."""
-
-    def __init__(self, bundle):
-        self._bundle = bundle
-        self.partitions = [p for p in bundle.partitions if p.get("role") != "phones"]
-
-    def __getattr__(self, name):
-        return getattr(self._bundle, name)
-
-
-def test_a_bundle_without_a_phone_model_enrols_version_4(km, clips, tmp_path):
+def test_a_bundle_without_a_phone_model_enrols_version_4(km, clips, tmp_path, bundle_without):
     """Bundles built before the phone model keep the version-4 verifier: enrolment, state and
     decisions work the same, and their entries stay readable on a bundle that has one."""
     from edge.kws import KeywordModel
 
-    old = KeywordModel(WithoutPhones(km.bundle))
+    old = KeywordModel(bundle_without(km.bundle, "phones"))
     ver = V.Verifier(old.bundle)
     assert ver.phones is None and ver.version == 4 and ver.dim() == 320 + V.MFCC_DIM
     enroll(old, DeviceState.open(tmp_path, old.bundle), "hey robot", clips[:5])

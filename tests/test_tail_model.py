@@ -34,17 +34,6 @@ def _cos(a, b):
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-class WithoutPrefix:
-    """The same bundle, as one built before the tail prefix existed."""
-
-    def __init__(self, b):
-        self._b = b
-        self.partitions = [p for p in b.partitions if p.get("role") != "tail-prefix"]
-
-    def __getattr__(self, name):
-        return getattr(self._b, name)
-
-
 def test_the_shipped_bundle_runs_dw4_in_int8_close_to_the_float_layer(bundle, feats):
     assert prefix_partition(bundle)["cut"] == "dw4_relu"
     tm = TailModel(bundle, {})
@@ -82,8 +71,8 @@ def test_a_delta_that_trains_dw4_runs_the_float_layer_exactly(bundle, feats, nam
     np.testing.assert_array_equal(probs, ref_probs)
 
 
-def test_a_bundle_without_the_tail_prefix_runs_the_float_layer(bundle, feats):
-    old = WithoutPrefix(bundle)
+def test_a_bundle_without_the_tail_prefix_runs_the_float_layer(bundle, feats, bundle_without):
+    old = bundle_without(bundle, "tail-prefix")
     assert prefix_partition(old) is None
     tm = TailModel(old, {})
     assert tm.prefix is None

@@ -148,23 +148,18 @@ def run(args) -> int:
         train(work, epochs=args.epochs, corpus=corpus)
     if not (args.reuse and (work / "quant_metrics.json").exists()):
         quantize(work, work, corpus=corpus)
-    if not (args.reuse and (work / "tail.npz").exists()):
+    if not (args.reuse and (work / "tail.npz").exists() and (work / PREFIX_FILE).exists()):
         from tensorflow import keras
 
         from host.quantize import calibration_features
-        from host.tail_export import export_tail
+        from host.tail_export import export_prefix, export_tail
 
         scale0 = json.loads((work / "frontend.json").read_text())["scale"]
-        export_tail(keras.models.load_model(work / "model.keras"),
-                    calibration_features(corpus, scale0), work)
-    elif not (work / PREFIX_FILE).exists():  # a build from before the tail prefix: add it alone
-        from tensorflow import keras
-
-        from host.quantize import calibration_features
-        from host.tail_export import export_prefix
-
-        scale0 = json.loads((work / "frontend.json").read_text())["scale"]
-        export_prefix(keras.models.load_model(work / "model.keras"), calibration_features(corpus, scale0), work)
+        model, calib = keras.models.load_model(work / "model.keras"), calibration_features(corpus, scale0)
+        if args.reuse and (work / "tail.npz").exists():
+            export_prefix(model, calib, work)  # a build from before the tail prefix: add it alone
+        else:
+            export_tail(model, calib, work)
     scale = json.loads((work / "frontend.json").read_text())["scale"]
     if not (args.reuse and (work / "phones_int8.tflite").exists()):
         from host.data.corpus import default_cache_dir
@@ -186,8 +181,7 @@ def run(args) -> int:
     key = ensure_key(args.key, args.pubkey_out)
     files = {n: work / n for n in ("encoder_int8.tflite", "encoder_int8.onnx", "encoder_fp32.tflite",
                                    "backbone_int8.tflite", PREFIX_FILE, "phones_int8.tflite", "tail.npz",
-                                   "negatives.npy",
-                                   "MODEL_CARD.md")}
+                                   "negatives.npy", "MODEL_CARD.md")}
     build_bundle(args.out, files, manifest, key)
     print(f"model: wrote {args.out} (version {args.version}), signed with {key}")
     return 0

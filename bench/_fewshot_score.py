@@ -184,20 +184,31 @@ def says_keyword(text: str, phrase: str) -> bool:
     return _letters(phrase) in _letters(text) or phonemes(phrase) in phonemes(text)
 
 
-def on_negative_speech(audio, root: Path, res, fa: dict, hours: float, stage: int = 2) -> tuple[np.ndarray, int]:
+def says_as_words(text: str, phrase: str) -> bool:
+    """Does a piece say the keyword as whole words? Some run of its words sounds exactly like the
+    keyword ("cinnamon roll", "good knight", "goodnight moon"), so "magnets", "dolphins" and
+    "thunderbolt", which extend its last word, do not: the stricter rule of ``on_negative_speech``."""
+    words, target = text.lower().split(), phonemes(phrase)
+    return any(phonemes(" ".join(words[i:j])) == target for i in range(len(words)) for j in range(i + 1, len(words) + 1))
+
+
+def on_negative_speech(audio, root: Path, res, fa: dict, hours: float, stage: int = 2,
+                       says=None) -> tuple[np.ndarray, int]:
     """False accepts per hour of each keyword model in ``res`` (evaluate_keywords' order) on the
     stream's *negative* speech for that keyword: events on pieces that say the keyword itself
     ("cinnamon roll" for "cinnamon", "magnets", the homophone "good knight") are not false accepts, and
     the time of those pieces is taken out of the keyword's hours. An event is on such a piece when
-    the piece overlaps the second before the keyword's end. ``stage``: 1 (first stage alone) or 2.
-    Returns (FA/h per model, events dropped)."""
+    the piece overlaps the second before the keyword's end. ``stage``: 1 (first stage alone) or 2;
+    ``says``: which pieces say the keyword (default ``says_keyword``; ``says_as_words`` keeps the
+    pieces that extend it as negatives). Returns (FA/h per model, events dropped)."""
+    says = says or says_keyword
     keys, tl = stream_timeline(audio, root)
     texts = [k.split("|")[2] for k in keys]
     starts = tl[:, 0]
     sfx = "2" if stage == 2 else ""
     spans, spoken_h = {}, {}
     for ph in {r[1] for r in res}:
-        own = np.array([says_keyword(texts[int(k)], ph) for k in tl[:, 2]], bool)
+        own = np.array([says(texts[int(k)], ph) for k in tl[:, 2]], bool)
         spans[ph] = own
         spoken_h[ph] = float((tl[own, 1] - tl[own, 0]).sum()) / 3600
     kept, dropped = {}, 0

@@ -14,7 +14,9 @@ is a false accept, except on the few near-miss pieces that say the keyword itsel
 for "cinnamon", "magnets", "lanterns") or a homophone of it ("good knight" for "good night", "doll fin"
 for "dolphin", by espeak-ng's phonemes): for that keyword those pieces are not negative speech, so their
 events do not count and their time leaves its hours (``S.on_negative_speech``; the goal's measure).
-Rows with every event counted stand beside them. Audio and stream embeddings are generated once and cached
+Beside them: rows where pieces that extend the keyword ("magnets", "dolphins", "thunderbolt") stay
+negative speech and only pieces that say it as whole words do not (``S.says_as_words``), and rows with
+every event counted. Audio and stream embeddings are generated once and cached
 under ``.cache/edgelearn`` (not in git). Reference side by side: the nearest-
 prototype cosine score (the ESP32's head) with its threshold set on the same bank
 at the same target rate. Two-stage rows: the same keyword models with the
@@ -97,10 +99,12 @@ NEGATIVE_SPEECH = ("negative speech: events on stream pieces that say the keywor
 
 
 def negative_rates(audio, root, res, fa, hours) -> dict:
-    """Each keyword model's FA/h on its negative speech (``S.on_negative_speech``), both stages."""
+    """Each keyword model's FA/h on its negative speech (``S.on_negative_speech``), both stages, and
+    the two-stage rate when pieces that extend the keyword ("magnets") stay negative (``words``)."""
     one, d1 = S.on_negative_speech(audio, root, res, fa, hours, stage=1)
     two, d2 = S.on_negative_speech(audio, root, res, fa, hours, stage=2)
-    return {"one": one, "two": two, "dropped_one": d1, "dropped_two": d2}
+    words, dw = S.on_negative_speech(audio, root, res, fa, hours, stage=2, says=S.says_as_words)
+    return {"one": one, "two": two, "dropped_one": d1, "dropped_two": d2, "words": words, "dropped_words": dw}
 
 
 def fa_rows(res, hours, neg, tag=""):
@@ -112,6 +116,11 @@ def fa_rows(res, hours, neg, tag=""):
                 "less the pieces that say it)", round(float(np.mean(neg["two"])), 3), "FA/h", first,
                 round(float(np.mean(neg["one"])), 3), ci95=ci_neg["fa_per_hour"], rule=NEGATIVE_SPEECH,
                 events_dropped=neg["dropped_two"], first_stage_events_dropped=neg["dropped_one"]),
+            row("kws_fewshot", f"{tag}two-stage false accepts per hour per keyword when pieces that extend the keyword "
+                "('magnets', 'dolphins', 'thunderbolt') count as negative speech", round(float(np.mean(neg["words"])), 3),
+                "FA/h", "on negative speech", round(float(np.mean(neg["two"])), 3), ratio=None,
+                ci95=bootstrap_ci(res, hours, fa_per_hour=neg["words"])["fa_per_hour"],
+                events_dropped=neg["dropped_words"]),
             row("kws_fewshot", f"{tag}two-stage false accepts per hour per keyword, every event counted (also on "
                 f"pieces that say the keyword; {hours:.2f} h)", round(float(np.mean([r[9] for r in res]) / hours), 3),
                 "FA/h", first, round(float(np.mean([r[4] for r in res]) / hours), 3), ci95=ci_all["fa_per_hour"])]

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from bench._fewshot_score import on_negative_speech, phonemes, says_keyword
+from bench._fewshot_score import on_negative_speech, phonemes, says_as_words, says_keyword
 from bench.kws_fewshot import bootstrap_ci
 
 
@@ -16,6 +16,14 @@ def test_a_piece_says_the_keyword_by_letters_or_by_sound_but_a_near_miss_does_no
                               ("hedge", "hey edge"), ("golfing", "dolphin")):
         assert not says_keyword(near_miss, phrase)
     assert phonemes("good knight") == phonemes("good night") != phonemes("good")
+    # the stricter rule: as whole words only, so a piece that extends the keyword stays negative
+    for piece, phrase in (("cinnamon roll", "cinnamon"), ("good knight", "good night"), ("goodnight moon", "good night"),
+                          ("velvet rope", "velvet"), ("doll fin", "dolphin")):
+        assert says_as_words(piece, phrase)
+    for piece, phrase in (("magnets", "magnet"), ("dolphins", "dolphin"), ("thunderbolt", "thunder"),
+                          ("bandana", "banana"), ("hedge", "hey edge")):
+        assert says_keyword(piece, phrase) == (piece in ("magnets", "dolphins", "thunderbolt"))
+        assert not says_as_words(piece, phrase)
 
 
 def _res(voice, misses, held_out, fa2):
@@ -61,3 +69,7 @@ def test_events_on_pieces_that_say_the_keyword_are_not_false_accepts_and_their_t
     np.testing.assert_allclose(per_model, [1 / magnet_h, 2 / magnet_h, 0.0])
     first, none = on_negative_speech(audio, tmp_path, res, fa, 1.0, stage=1)   # the first stage's own events
     assert none == 0 and not first.any()
+    # with "magnets" kept as negative speech only the homophone's event goes
+    strict, dropped = on_negative_speech(audio, tmp_path, res, fa, 1.0, says=says_as_words)
+    assert dropped == 1
+    np.testing.assert_allclose(strict, [2.0, 2.0, 0.0])

@@ -27,7 +27,7 @@ from edge.detect import count_events
 
 def window_verifier(custom, frames, scale, k: int = 0):
     """verify(run index) -> bool for keyword ``k`` on the windows of ``frames`` (memoised), as the
-    Detector runs it on a candidate's peak window; ``.distances`` keeps what it computed."""
+    Detector runs it on a candidate's windows; ``.distances`` keeps what it computed."""
     from edge import features as F
 
     cs = run_windows(frames)
@@ -75,7 +75,7 @@ def evaluate_keywords(km, voices, pos_audio, pieces, stream: dict, rng):
             times, times2 = [], []
             fa = count_events(stream_scores, thr, ends, times=times)
             check = window_verifier(two, frames, km.scale)
-            fa2 = count_events(stream_scores, thr, ends, times=times2, verify=check)
+            fa2 = count_events(stream_scores, thr, ends, times=times2, verify=check, search=two.searches(0))
             fa_all["times"] += times
             fa_all["phrases"] += [ph] * len(times)
             fa_all["voices"] += [v.id] * len(times)
@@ -85,7 +85,8 @@ def evaluate_keywords(km, voices, pos_audio, pieces, stream: dict, rng):
             runs = [snippet_runs(km, s) for s in snippets]
             pos_emb = [(e, en) for e, en, _ in runs]
             models.append({"thr": thr, "stream": stream_scores, "ends": ends, "verify": check,
-                           "pos": [custom.scores(e)[:, 0] for e, _ in pos_emb], "pos_ends": [en for _, en in pos_emb],
+                           "search": two.searches(0), "pos": [custom.scores(e)[:, 0] for e, _ in pos_emb],
+                           "pos_ends": [en for _, en in pos_emb],
                            "pos_verify": [window_verifier(two, fr, km.scale) for _, _, fr in runs]})
             # reference: cosine to the prototype (the ESP32's head), threshold at the same bank rate
             proto = np.asarray(entry["prototype"], np.float32)
@@ -126,7 +127,7 @@ def check_counter(km, audio, models, res, frames, minutes=6):
     n = int(np.searchsorted(m["ends"][:, 0], minutes * 60, side="right"))
     want = count_events(m["stream"][:n], m["thr"], m["ends"][:n])
     check = window_verifier(two, frames, km.scale)
-    want2 = count_events(m["stream"][:n], m["thr"], m["ends"][:n], verify=check)
+    want2 = count_events(m["stream"][:n], m["thr"], m["ends"][:n], verify=check, search=two.searches(0))
     return [row("kws_fewshot", f"events in the first {minutes} min: real Detector vs the bench's counter "
                 f"({voice}, {phrase!r})", got[0], "events", "count_events on cached scores", want, ratio=None),
             row("kws_fewshot", f"two-stage events in the first {minutes} min: real Detector vs the bench's "
@@ -189,7 +190,8 @@ def says_as_words(text: str, phrase: str) -> bool:
     keyword ("cinnamon roll", "good knight", "goodnight moon"), so "magnets", "dolphins" and
     "thunderbolt", which extend its last word, do not: the stricter rule of ``on_negative_speech``."""
     words, target = text.lower().split(), phonemes(phrase)
-    return any(phonemes(" ".join(words[i:j])) == target for i in range(len(words)) for j in range(i + 1, len(words) + 1))
+    return any(phonemes(" ".join(words[i:j])) == target
+               for i in range(len(words)) for j in range(i + 1, len(words) + 1))
 
 
 def on_negative_speech(audio, root: Path, res, fa: dict, hours: float, stage: int = 2,
@@ -265,9 +267,10 @@ def operating_curve(models, hours, offsets=np.linspace(-1.0, 3.0, 65), two_stage
         fa = miss = n = 0
         for m in models:
             thr = float(_sigmoid(np.log(m["thr"] / (1 - m["thr"])) + d))
-            fa += count_events(m["stream"], thr, m["ends"], verify=m["verify"] if two_stage else None)
+            fa += count_events(m["stream"], thr, m["ends"], verify=m["verify"] if two_stage else None,
+                               search=m["search"])
             for sc, ends, check in zip(m["pos"], m["pos_ends"], m["pos_verify"]):
-                miss += not count_events(sc, thr, ends, verify=check if two_stage else None)
+                miss += not count_events(sc, thr, ends, verify=check if two_stage else None, search=m["search"])
                 n += 1
         curve.append((float(d), miss / n, fa / len(models) / hours))
     return curve

@@ -117,7 +117,8 @@ def fa_rows(res, hours, neg, tag=""):
                 round(float(np.mean(neg["one"])), 3), ci95=ci_neg["fa_per_hour"], rule=NEGATIVE_SPEECH,
                 events_dropped=neg["dropped_two"], first_stage_events_dropped=neg["dropped_one"]),
             row("kws_fewshot", f"{tag}two-stage false accepts per hour per keyword when pieces that extend the keyword "
-                "('magnets', 'dolphins', 'thunderbolt') count as negative speech", round(float(np.mean(neg["words"])), 3),
+                "('magnets', 'dolphins', 'thunderbolt') count as negative speech",
+                round(float(np.mean(neg["words"])), 3),
                 "FA/h", "on negative speech", round(float(np.mean(neg["two"])), 3), ratio=None,
                 ci95=bootstrap_ci(res, hours, fa_per_hour=neg["words"])["fa_per_hour"],
                 events_dropped=neg["dropped_words"]),

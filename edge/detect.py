@@ -8,10 +8,11 @@ smoothed over the last ``smooth`` invocations; a keyword whose smoothed score
 crosses its threshold opens a candidate, the candidate's peak (over at most
 ``peak_window_s``) becomes the event, then a refractory period silences every
 keyword, so one utterance gives one event. A custom keyword with a second stage
-(``edge.verify``) is checked on its peak window before it becomes an event; a
-rejected candidate gives no event and no refractory period (``rejected`` counts
-them), so the encoder's cost per hop is unchanged and the verifier runs only when
-the first stage fires.
+(``edge.verify``) is checked on its peak window before it becomes an event (from
+verifier version 6 on, on every window of the candidate until one passes, the
+peak's first: ``CustomKeywords.searches``); a rejected candidate gives no event and
+no refractory period (``rejected`` counts them), so the encoder's cost per hop is
+unchanged and the verifier runs only when the first stage fires.
 
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
@@ -71,6 +72,7 @@ class Detector:
         self.quiet_until = -1.0
         self.candidate = None  # (score, k, time_s, invocations left)
         self._peak_window = None
+        self._windows = []     # every window of the open candidate (at most peak_hops + 1)
         self.invocations = 0
         self.rejected = 0
 
@@ -109,6 +111,7 @@ class Detector:
     def _step(self):
         win = self._window()
         feats = F.normalize(win, self.km.scale)[None]
+        cur = feats[0]  # one object: the peak is told from the candidate's other windows by identity
         s, _ = self.scores(feats)
         self.history[self.n_inv % self.smooth] = s[0]
         self.n_inv += 1
@@ -120,25 +123,32 @@ class Detector:
         out = None
         if self.candidate is not None:
             score, ck, t, left = self.candidate
+            self._windows.append(cur)
             if sm[ck] > score:
                 self.candidate = (float(sm[ck]), ck, self._keyword_end(win, end_s), left - 1)
-                self._peak_window = feats[0]
+                self._peak_window = cur
             else:
                 self.candidate = (score, ck, t, left - 1)
             if self.candidate[3] <= 0 or sm[ck] < self.thresholds[ck]:
                 out = self._emit()
         elif over[k] >= 0 and end_s >= self.quiet_until:
             self.candidate = (float(sm[k]), k, self._keyword_end(win, end_s), self.peak_hops)
-            self._peak_window = feats[0]
+            self._peak_window = cur
+            self._windows = [cur]
         return out
 
     def _emit(self):
         score, k, t, _ = self.candidate
         self.candidate = None
+        windows, self._windows = self._windows, []
         nb = len(self.base_idx)
-        if k >= nb and self.custom.verifies(k - nb) and not self.custom.verify(k - nb, self._peak_window)[0]:
-            self.rejected += 1
-            return None
+        if k >= nb and self.custom.verifies(k - nb):
+            tried = [self._peak_window]
+            if self.custom.searches(k - nb):
+                tried += [w for w in windows if w is not self._peak_window]
+            if not any(self.custom.verify(k - nb, w)[0] for w in tried):
+                self.rejected += 1
+                return None
         self.quiet_until = t + self.refractory
         ev = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
         if self.on_event is not None:
@@ -163,14 +173,16 @@ def detect_pcm(det: Detector, pcm: np.ndarray, chunk: int = 1600) -> list[dict]:
 
 
 def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, times=None, peaks=None,
-                 verify=None):
+                 verify=None, search=False):
     """The Detector's trigger, step for step, on one keyword's precomputed score series.
 
     For evaluating many keyword models on one long stream without rerunning the encoder.
     ``ends``: (T, 2) window end and keyword-end times per run. Smoothing over ``smooth`` runs, a candidate opens at the threshold
     outside the refractory period, follows its peak for ``peak_hops`` runs or until the score falls
     below the threshold, and the event starts ``refractory_s`` from its keyword end. Only runs at or
-    above the threshold can open a candidate, so the loop visits those and the candidates' windows."""
+    above the threshold can open a candidate, so the loop visits those and the candidates' windows.
+    ``verify(run) -> bool``: the second stage on a run's window, asked for the peak run; with
+    ``search`` (``CustomKeywords.searches``) then for the candidate's other runs until one passes."""
     sm = np.convolve(scores, np.ones(smooth) / smooth)[: len(scores)]
     sm[: smooth - 1] = np.cumsum(scores[: smooth - 1]) / np.arange(1, smooth)
     events, quiet, nxt, n = 0, -1.0, 0, len(sm)
@@ -185,7 +197,8 @@ def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, tim
                 score, t, pk = sm[i], ends[i, 1], i
             if left <= 0 or sm[i] < thr:
                 break
-        if verify is not None and not verify(pk):
+        runs = [pk] + ([r for r in range(j, i + 1) if r != pk] if search else [])
+        if verify is not None and not any(verify(r) for r in runs):
             nxt = i + 1  # rejected by the second stage: no event and no refractory period
             continue
         events += 1

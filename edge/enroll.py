@@ -92,6 +92,13 @@ class CustomKeywords:
     def verifies(self, k: int) -> bool:
         return self.verifier is not None and self.templates[k] is not None
 
+    def searches(self, k: int) -> bool:
+        """Does keyword ``k``'s second stage check every window of a candidate (version 6 on), not
+        only its peak window?"""
+        from edge.verify import searches
+
+        return self.verifies(k) and searches(self.verify_versions[k])
+
     def verify(self, k: int, feats: np.ndarray) -> tuple[bool, float]:
         """Second stage for keyword ``k`` on one normalised (49, 10) window: (passes, distance)."""
         if not self.verifies(k):

@@ -136,3 +136,73 @@ def test_count_events_replays_the_detector_on_a_score_series():
     times = []
     assert len(events) == count_events(script, 0.7, ends, times=times) > 3
     assert times == [e["time_s"] for e in events]
+
+
+@pytest.mark.parametrize("search", [False, True])
+def test_count_events_replays_the_second_stage_on_the_peak_or_every_window(search):
+    """A custom keyword's second stage: on the peak window only (verifier versions 1-5), or on every
+    window of the candidate until one passes (version 6, ``search``): count_events == the Detector."""
+    from edge.detect import count_events
+
+    rng = np.random.default_rng(5)
+    n_runs = 400
+    script = np.clip(rng.normal(0.2, 0.15, n_runs), 0, 1)
+    for at in rng.choice(n_runs - 10, 30, replace=False):
+        n = rng.integers(2, 9)
+        script[at:at + n] = np.linspace(rng.uniform(0.6, 0.8), rng.uniform(0.8, 1.0), n)[: n_runs - at]
+    passing = set(rng.choice(n_runs, n_runs // 4, replace=False).tolist())  # windows the verifier passes
+    runs_of = {}
+
+    class Scripted:
+        labels = ["yes", "_silence_", "_unknown_"]
+        scale = np.ones(10, np.float32)
+        bundle = None
+
+        def __init__(self):
+            self.i = 0
+
+        def infer(self, feats):
+            runs_of[feats.ctypes.data] = self.i   # the window the Detector may verify later
+            self.i += 1
+            return np.full((1, 64), self.i - 1, np.float32), np.array([[0.0, 0.0, 1.0]], np.float32)
+
+    class Custom:
+        names, thresholds, asked = ["kw"], np.array([0.7], np.float32), []
+
+        def scores(self, emb):
+            return script[emb[:, 0].astype(int)][:, None].astype(np.float32)
+
+        def verifies(self, k):
+            return True
+
+        def searches(self, k):
+            return search
+
+        def verify(self, k, window):
+            run = runs_of[window.ctypes.data]
+            self.asked.append(run)
+            return run in passing, 0.0
+
+    pcm = (rng.standard_normal((48 + 4 * (n_runs - 1)) * 320 + 480) * 3000).astype(np.int16)
+    pcm[:: 3000] = 20000
+    custom = Custom()
+    det = Detector(Scripted(), custom=custom, keywords=[])
+    events = detect_pcm(det, pcm)
+    frames = F.MfccStream().push(pcm)
+    ends = []
+    for c in range(F.N_FRAMES, len(frames) + 1, 4):
+        end = ((c - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
+        ends.append((end, Detector._keyword_end(frames[c - F.N_FRAMES:c], end)))
+    ends = np.array(ends[:n_runs])
+    times, peaks = [], []
+    asked = []
+    n = count_events(script, 0.7, ends, times=times, peaks=peaks, search=search,
+                     verify=lambda r: asked.append(r) or r in passing)
+    assert len(events) == n and times == [e["time_s"] for e in events] and det.rejected > 0
+    assert custom.asked == asked   # the same windows asked in the same order: the peak's first
+    if search:
+        peak_only = count_events(script, 0.7, ends, verify=lambda r: r in passing)
+        assert n > peak_only   # later windows of a candidate rescue some the peak window loses
+        assert any(p not in passing for p in peaks)   # events whose peak window alone fails
+    else:
+        assert all(p in passing for p in peaks)

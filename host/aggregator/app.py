@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import json
 import time
 from pathlib import Path
 
@@ -28,13 +27,15 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from edge.errors import EdgelearnError
 from edge.portable import wire_errors as we
 from edge.portable.chunks import parse_chunk
+from host.aggregator.checkin import find_non_finite, load_object
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.metrics import metrics_registry
 from host.aggregator.models import ModelRegistry
 from host.aggregator.rounds import Reject, RoundManager
-from host.aggregator.store import Store
+from host.aggregator.store import StateLock, Store
 
 MAX_CHECKIN = 4096
 
@@ -45,14 +46,23 @@ class Aggregator:
     def __init__(self, state_dir, clock=time.time, signing_key=None):
         self.dir = Path(state_dir)
         self.cfg = AggregatorConfig.load(self.dir / "config.json")
-        self.store = Store(self.dir / "state.sqlite", self.cfg.synchronous)
-        key = signing_key or self.store.get_meta("signing_key")
-        self.registry = ModelRegistry(self.dir, self.store, key)
-        self.rounds = RoundManager(self.cfg, self.store, self.registry, clock)
+        # one process per state directory: a second would accept and close the same rounds
+        self.lock = StateLock(self.dir)
+        self.store = None
+        try:
+            self.store = Store(self.dir / "state.sqlite", self.cfg.synchronous)
+            key = signing_key or self.store.get_meta("signing_key")
+            self.registry = ModelRegistry(self.dir, self.store, key)
+            self.rounds = RoundManager(self.cfg, self.store, self.registry, clock)
+        except BaseException:
+            self.close()
+            raise
         self.group = None  # the HTTP app's GroupCommit, when serving
 
     def close(self):
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
+        self.lock.release()
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -155,13 +165,12 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
         if not hmac.compare_digest(mac.encode(), want.encode()):
             raise Reject(401, "AuthError", f"{what} MAC from {dev!r} does not match its body",
                          "sign the exact body bytes with the device key")
-        try:
-            obj = json.loads(body)
-            if not isinstance(obj, dict):
-                raise ValueError("not an object")
-        except ValueError as e:
-            raise Reject(400, "BadRequest", f"{what} body is not a JSON object ({e})",
-                         "send a JSON object") from None
+        obj = load_object(body, what)
+        if what != "check-in":  # the check-in schema names the field of a non-finite number itself
+            bad = find_non_finite(obj)
+            if bad is not None:
+                raise Reject(400, "BadRequest", f"{what} field {bad} is not a finite number",
+                             "send finite numbers (JSON has no NaN or Infinity)")
         return dev, obj
 
     async def secagg(request: Request):
@@ -177,10 +186,7 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
     async def checkin(request: Request):
         try:
             dev, state = await signed_json(request, MAX_CHECKIN, "check-in")
-            if state.get("device_id", dev) != dev:
-                raise Reject(403, "DeviceMismatch", f"device {dev!r} checked in as {state.get('device_id')!r}",
-                             "a device may only report its own state")
-            return JSONResponse(rm.checkin(dev, state))
+            return JSONResponse(rm.checkin(dev, state))  # validated there (host/aggregator/checkin.py)
         except Reject as e:
             return fail(e)
 
@@ -277,6 +283,34 @@ def _add_chunk(store, dev, fid, idx, count, flen, payload):
             "SELECT data FROM chunks WHERE device_id=? AND frame_id=? ORDER BY idx", (dev, fid)))
         c.execute("DELETE FROM chunks WHERE device_id=?", (dev,))
     return frame
+
+
+def read_status(state_dir) -> dict:
+    """``status_of`` for a state directory that another process may be serving: it only reads
+    (no lock, no round opened), so ``edgelearn aggregator status`` works beside ``serve``."""
+    from types import SimpleNamespace
+
+    from host.fl.strategies import make_strategy
+    d = Path(state_dir)
+    cfg = AggregatorConfig.load(d / "config.json")
+    if not (d / "state.sqlite").exists():
+        raise EdgelearnError(f"{d}: holds no aggregator database", fix="run `edgelearn aggregator init` first")
+    store = Store(d / "state.sqlite", cfg.synchronous)
+    try:
+        name = make_strategy(cfg.strategy, **cfg.strategy_options).name
+        if cfg.dp_noise > 0 or cfg.dp_clip > 0:
+            name = f"dp-{name}"
+        r = store.one("SELECT round_id FROM rounds WHERE status='open' ORDER BY round_id DESC LIMIT 1")
+        cols = ("round_id", "model_version", "status", "opened", "deadline", "target", "selected", "accepted")
+        row = None if r is None else dict(zip(cols, store.one(
+            f"SELECT {', '.join(cols)} FROM rounds WHERE round_id=?", (r[0],))))
+        cur = store.get_meta("current_version")
+        view = SimpleNamespace(store=store, cfg=cfg, group=None,
+                               rounds=SimpleNamespace(strategy=SimpleNamespace(name=name), round=row),
+                               registry=SimpleNamespace(current=None if cur is None else int(cur)))
+        return status_of(view)
+    finally:
+        store.close()
 
 
 def status_of(agg: Aggregator) -> dict:

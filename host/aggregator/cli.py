@@ -40,12 +40,13 @@ def add_arguments(p) -> None:
     v.add_argument("--device", required=True)
     v.add_argument("--tier", default="linux", choices=["linux", "mcu"])
     v.add_argument("--out", required=True, help="directory for DEVICE.hmac (give it to the device only)")
-    s = sub.add_parser("serve", help="run the HTTP service")
+    s = sub.add_parser("serve", help="run the HTTP service (one process per state directory: it holds "
+                                     "STATE/aggregator.lock)")
     s.add_argument("--state", required=True)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8470)
     s.add_argument("--log-level", default="warning")
-    t = sub.add_parser("status", help="print rounds and versions as JSON")
+    t = sub.add_parser("status", help="print rounds and versions as JSON (reads only; works while serving)")
     t.add_argument("--state", required=True)
 
 
@@ -82,8 +83,8 @@ def run(args) -> int:
         key = provision(args.state, args.device, tier=args.tier)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
+        # atomic_write creates its file with mkstemp, so the key is 0600 from the first byte
         atomic_write(out / f"{args.device}.hmac", f"{HMAC_KEY_TAG} {key.hex()} {args.device}\n".encode())
-        (out / f"{args.device}.hmac").chmod(0o600)
         print(f"provisioned {args.device}; key in {out / (args.device + '.hmac')}")
         return 0
     if args.action == "serve":
@@ -94,10 +95,6 @@ def run(args) -> int:
         print(f"aggregator: serving {args.state} on http://{args.host}:{args.port}", flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
         return 0
-    from host.aggregator.app import Aggregator, status_of
-    agg = Aggregator(args.state)
-    try:
-        print(json.dumps(status_of(agg), indent=1))
-    finally:
-        agg.close()
+    from host.aggregator.app import read_status
+    print(json.dumps(read_status(args.state), indent=1))  # reads only: works beside a running `serve`
     return 0

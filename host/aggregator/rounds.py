@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from host.aggregator import policy
+from host.aggregator.checkin import validate_checkin
 from host.aggregator.errors import STATUS, Reject  # noqa: F401  (re-exported: app, secure)
 from host.aggregator.uploads import Pending, Uploads  # noqa: F401
 from host.fl.strategies import make_strategy
@@ -198,12 +199,11 @@ class RoundManager(Uploads):
 
     def _check_replay(self, device_id: str, state: dict, now: float):
         """A signed check-in carrying ``time`` must be newer than the device's last one (and, with
-        ``checkin_max_skew``, near our clock): a captured check-in cannot be replayed."""
+        ``checkin_max_skew``, near our clock): a captured check-in cannot be replayed. ``time`` is
+        already a finite number of bounded size (``validate_checkin``), so no value can lock a device out."""
         t = state.get("time")
         if t is None:
             return None  # MCUs without a clock; docs/protocol.md
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or t != t:
-            raise Reject(400, "BadRequest", f"check-in time {t!r} is not a number", "send Unix seconds")
         last = self.store.one("SELECT checkin_time FROM devices WHERE device_id=?", (device_id,))[0]
         if last is not None and t <= last:
             raise Reject(409, "ReplayError", f"check-in from {device_id!r} is dated {t}, not after its last one "
@@ -215,6 +215,7 @@ class RoundManager(Uploads):
         return float(t)
 
     def checkin(self, device_id: str, state: dict) -> dict:
+        state = validate_checkin(device_id, state)  # every field's type and range before any change
         self.tick()
         r = self.round
         now = self.clock()

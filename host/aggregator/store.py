@@ -8,6 +8,14 @@ committed: none lost, none counted twice (the round/device primary key and
 the seq make a second insert impossible). ``synchronous=FULL`` makes a commit
 survive a power cut too; ``normal`` only survives a process crash.
 
+The database holds every device's HMAC key, so it is created 0600 before
+SQLite opens it (SQLite gives its -wal, -shm and -journal files the main
+file's mode), and a database left group- or world-readable by an older
+version is narrowed before it is opened. One process serves a state
+directory at a time: ``StateLock`` is an exclusive ``flock`` on
+``STATE/aggregator.lock`` held for the serving process's lifetime (the
+kernel drops it when the process dies, however it dies).
+
     store = Store("agg/state.sqlite")
     with store.tx() as c:
         c.execute("UPDATE devices SET last_seq=? WHERE device_id=?", (41, "pi-001"))
@@ -15,9 +23,14 @@ survive a power cut too; ``normal`` only survives a process crash.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
+import stat
 from contextlib import contextmanager
 from pathlib import Path
+
+from edge.errors import EdgelearnError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -49,12 +62,63 @@ CREATE TABLE IF NOT EXISTS models (
 """
 
 
+LOCK_NAME = "aggregator.lock"
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def create_private(path: Path) -> None:
+    """Make sure ``path`` exists with mode 0600 before SQLite opens it: created so (never chmod-ed
+    after), or, when an older version left it readable by others, narrowed together with its side files."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        return
+    except FileExistsError:
+        pass
+    for p in (str(path),) + tuple(f"{path}{s}" for s in SIDE_FILES):
+        try:
+            mode = stat.S_IMODE(os.stat(p).st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            os.chmod(p, mode & 0o700)
+
+
+class StateLock:
+    """An exclusive lock on a state directory for as long as this object (or its process) lives.
+
+    A second holder is refused with one sentence naming the first one's pid (written in the lock file).
+    """
+
+    def __init__(self, state_dir):
+        self.path = Path(state_dir) / LOCK_NAME
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            who = f"pid {holder}" if holder.isdigit() else "another process (pid not yet written)"
+            raise EdgelearnError(f"{state_dir}: this aggregator state is in use by {who}, which holds {self.path}",
+                                 fix="stop that aggregator first or give this one its own --state directory "
+                                     "(two processes on one state would both accept and close the same rounds)") \
+                from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+
 class Store:
     """A SQLite connection in WAL mode with the aggregator's schema and small helpers."""
 
     def __init__(self, path, synchronous: str = "full"):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private(self.path)  # device keys live here: 0600 from the first byte (wal/shm follow)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves so a batch is one transaction.
         self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")

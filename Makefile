@@ -19,7 +19,7 @@ test: setup
 model: setup
 	$(PY) -m edge.cli model --out models/kws-dscnn-s
 
-bench: setup .venv-mlserver/bin/mlserver
+bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python
 	$(PY) -m edge.cli bench
 
 # MLServer pins starlette < 0.47 and breaks with uvloop >= 0.22, so the
@@ -27,3 +27,8 @@ bench: setup .venv-mlserver/bin/mlserver
 .venv-mlserver/bin/mlserver:
 	python3 -m venv .venv-mlserver
 	.venv-mlserver/bin/pip install -q mlserver==1.7.1 onnxruntime 'uvloop<0.22'
+
+# The keyword-spotting peers (PocketSphinx keyphrase spotting, ...) live in their own virtualenv
+# too, never in edgelearn's dependencies: bench/peers/README.md.
+.venv-peers/bin/python:
+	@bash bench/peers/setup.sh

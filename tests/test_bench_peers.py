@@ -1,0 +1,174 @@
+"""bench/_peers.py: the JOB/OUT contract with a peer runner, and the real PocketSphinx runner end to end.
+
+The contract tests use a fake peer python (a script in tmp_path that records its JOB and answers a
+canned OUT), so they run everywhere; the end-to-end test needs .venv-peers (bash bench/peers/setup.sh),
+espeak-ng and sox, and skips with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import pytest
+
+from bench import _peers
+
+CANNED = {"events": [{"keyword": "yes", "time_s": 1.23, "prob": 0.9}], "cpu_s": 0.5, "audio_s": 3.0,
+          "version": "5.1.1", "frame_rate": 100}
+
+
+def _wav(path: Path, seconds: float = 0.5) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * int(16000 * seconds))
+    return path
+
+
+def _fake_python(tmp_path: Path, out: dict | None = None, rc: int = 0, stderr: str = "", raw: str | None = None) -> Path:
+    """A stand-in for the peer venv's python: records argv, JOB and PYTHONPATH, writes OUT (or not)."""
+    script = tmp_path / "fake-python"
+    record = tmp_path / "record.json"
+    body = raw if raw is not None else json.dumps(out if out is not None else CANNED)
+    script.write_text(f"""#!{sys.executable}
+import json, os, sys
+runner, job_path, out_path = sys.argv[1:4]
+job = json.load(open(job_path))
+json.dump({{"argv": sys.argv[1:], "job": job, "pythonpath": os.environ.get("PYTHONPATH")}}, open({str(record)!r}, "w"))
+if {rc!r}:
+    sys.stderr.write({stderr!r})
+    sys.exit({rc!r})
+body = {body!r}
+if job.get("thresholds") and {out is None and raw is None!r}:
+    body = json.dumps({{"sweep": [{{"threshold": t, "events": [], "cpu_s": 0.1}} for t in job["thresholds"]],
+                       "cpu_s": 0.1 * len(job["thresholds"]), "audio_s": 3.0, "version": "5.1.1"}})
+open(out_path, "w").write(body)
+""")
+    script.chmod(0o755)
+    return script
+
+
+def _record(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "record.json").read_text())
+
+
+def test_job_and_out_contract(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/edgelearn")
+    wav = _wav(tmp_path / "a.wav")
+    out = _peers.run_pocketsphinx(wav, {"yes": 1e-20, "stop": 1e-10}, python=_fake_python(tmp_path))
+    assert out == CANNED
+    rec = _record(tmp_path)
+    assert Path(rec["argv"][0]) == _peers.POCKETSPHINX_RUNNER and _peers.POCKETSPHINX_RUNNER.is_file()
+    assert rec["job"] == {"wav": str(wav.resolve()), "keyphrases": {"yes": 1e-20, "stop": 1e-10}}
+    assert rec["pythonpath"] is None  # the peer never sees edgelearn's import path
+
+
+def test_sweep_job_carries_thresholds(tmp_path):
+    wav = _wav(tmp_path / "a.wav")
+    out = _peers.run_pocketsphinx(wav, ["yes", "no"], thresholds=[1e-40, 1e-20, 1], chunk_s=0.05,
+                                  config={"kws_delay": 5}, python=_fake_python(tmp_path))
+    job = _record(tmp_path)["job"]
+    assert job["thresholds"] == [1e-40, 1e-20, 1.0] and job["keyphrases"] == ["yes", "no"]
+    assert job["chunk_s"] == 0.05 and job["config"] == {"kws_delay": 5}
+    assert [s["threshold"] for s in out["sweep"]] == [1e-40, 1e-20, 1.0]
+
+
+def test_env_override_names_the_peer_python(tmp_path, monkeypatch):
+    fake = _fake_python(tmp_path)
+    monkeypatch.setenv("EDGELEARN_PEERS_PYTHON", str(fake))
+    assert _peers.peer_python() == fake and _peers.why_no_peer() == ""
+    assert _peers.run_pocketsphinx(_wav(tmp_path / "a.wav"), {"yes": 1e-20}) == CANNED
+
+
+def test_missing_venv_says_how_to_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("EDGELEARN_PEERS_PYTHON", raising=False)
+    monkeypatch.setattr(_peers, "ROOT", tmp_path)
+    assert _peers.peer_python() is None
+    assert "bash bench/peers/setup.sh" in _peers.why_no_peer()
+    with pytest.raises(RuntimeError, match=r"bash bench/peers/setup\.sh"):
+        _peers.run_pocketsphinx(_wav(tmp_path / "a.wav"), {"yes": 1e-20})
+    # A venv without pocketsphinx in it is not set up either.
+    py = tmp_path / ".venv-peers" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text("")
+    assert _peers.peer_python() is None and "no pocketsphinx" in _peers.why_no_peer()
+
+
+def test_peer_failure_and_bad_out_are_errors(tmp_path):
+    wav = _wav(tmp_path / "a.wav")
+    with pytest.raises(RuntimeError, match="exit 3.*not in the PocketSphinx dictionary: zzqx"):
+        _peers.run_pocketsphinx(wav, {"zzqx": 1e-20}, python=_fake_python(
+            tmp_path, rc=3, stderr="pocketsphinx_kws: not in the PocketSphinx dictionary: zzqx\n"))
+    with pytest.raises(RuntimeError, match="lacks events"):
+        _peers.run_pocketsphinx(wav, {"yes": 1e-20}, python=_fake_python(tmp_path, out={"cpu_s": 1}))
+    with pytest.raises(RuntimeError, match="malformed event"):
+        bad = dict(CANNED, events=[{"keyword": "yes"}])
+        _peers.run_pocketsphinx(wav, {"yes": 1e-20}, python=_fake_python(tmp_path, out=bad))
+    with pytest.raises(RuntimeError, match="unreadable OUT"):
+        _peers.run_pocketsphinx(wav, {"yes": 1e-20}, python=_fake_python(tmp_path, raw="{not json"))
+    with pytest.raises(ValueError, match="threshold"):
+        _peers.run_pocketsphinx(wav, ["yes"], python=_fake_python(tmp_path))  # a list needs thresholds=
+    with pytest.raises(FileNotFoundError):
+        _peers.run_pocketsphinx(tmp_path / "none.wav", {"yes": 1e-20}, python=_fake_python(tmp_path))
+
+
+# --- the real runner -------------------------------------------------------------------------------
+
+def _say(text: str, out: Path, tmp: Path) -> float:
+    raw = tmp / f"{text}-22k.wav"
+    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True, capture_output=True)
+    subprocess.run(["sox", str(raw), "-r", "16000", "-c", "1", "-b", "16", str(out)], check=True, capture_output=True)
+    with wave.open(str(out), "rb") as w:
+        return w.getnframes() / 16000
+
+
+def test_pocketsphinx_runner_end_to_end(tmp_path):
+    if _peers.peer_python() is None:
+        pytest.skip(f"PocketSphinx peer: {_peers.why_no_peer()}")
+    for tool in ("espeak-ng", "sox"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not installed (apt-get install {tool})")
+    yes_s = _say("yes", tmp_path / "yes.wav", tmp_path)
+    stop_s = _say("stop", tmp_path / "stop.wav", tmp_path)
+    gap = tmp_path / "gap.wav"
+    subprocess.run(["sox", "-n", "-r", "16000", "-c", "1", "-b", "16", str(gap), "trim", "0", "2"], check=True)
+    speech = tmp_path / "speech.wav"  # 2 s, "yes", 4 s, "stop", 2 s
+    subprocess.run(["sox", str(gap), str(tmp_path / "yes.wav"), str(gap), str(gap), str(tmp_path / "stop.wav"),
+                    str(gap), str(speech)], check=True)
+    with wave.open(str(speech), "rb") as w:
+        total = w.getnframes() / 16000
+    # A faint, repeatable noise floor: exact digital silence is no microphone's (and makes PocketSphinx's
+    # live CMN spot short words in it).
+    noise = tmp_path / "noise.wav"
+    subprocess.run(["sox", "-R", "-n", "-r", "16000", "-c", "1", "-b", "16", str(noise), "synth", f"{total}",
+                    "whitenoise", "vol", "0.003"], check=True)
+    wav = tmp_path / "test.wav"
+    subprocess.run(["sox", "-m", str(speech), str(noise), str(wav)], check=True)
+    yes_at = (2.0, 2.0 + yes_s)
+    stop_at = (2.0 + yes_s + 4.0, 2.0 + yes_s + 4.0 + stop_s)
+
+    out = _peers.run_pocketsphinx(wav, {"yes": 1e-20, "stop": 1e-20})
+    assert out["version"] == "5.1.1" and out["frame_rate"] == 100
+    assert out["audio_s"] == pytest.approx(total, abs=1e-3)
+    assert out["cpu_s"] > 0
+    for ev in out["events"]:
+        assert set(ev) >= {"keyword", "time_s"} and ev["keyword"] in ("yes", "stop")
+        assert 0 < ev["time_s"] <= total + 0.05
+    for word, (start, end) in (("stop", stop_at), ("yes", yes_at)):
+        times = [e["time_s"] for e in out["events"] if e["keyword"] == word]
+        assert any(start < t < end + 0.3 for t in times), (word, (start, end), out["events"])
+    # Nothing is heard before the first word is spoken.
+    assert all(e["time_s"] > yes_at[0] for e in out["events"]), out["events"]
+
+    sweep = _peers.run_pocketsphinx(wav, ["stop"], thresholds=[1e-20, 1e30])
+    assert [s["threshold"] for s in sweep["sweep"]] == [1e-20, 1e30]
+    assert sweep["cpu_s"] == pytest.approx(sum(s["cpu_s"] for s in sweep["sweep"]))
+    lenient, strict = sweep["sweep"]
+    assert any(stop_at[0] < e["time_s"] < stop_at[1] + 0.3 for e in lenient["events"]), lenient
+    assert strict["events"] == []  # a 1e30 likelihood ratio is beyond anything a real phrase scores

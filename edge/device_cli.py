@@ -112,8 +112,8 @@ def _replay_feeder(bundle, state_dir, km, args):
 def _detect(args) -> int:
     import numpy as np
 
-    from edge.audio import read_wav
-    from edge.detect import Detector, detect_pcm
+    from edge.audio import open_wav
+    from edge.detect import Detector
     from edge.enroll import DeviceState
     from edge.errors import EdgelearnError
 
@@ -133,8 +133,12 @@ def _detect(args) -> int:
               flush=True)
 
     try:
-        if args.wav:
-            for ev in detect_pcm(det, read_wav(args.wav, min_samples=1)):
+        if args.wav:  # streamed in 0.1 s chunks (as a mic would be): memory stays bounded at any length
+            with open_wav(args.wav, min_samples=1) as wav:
+                for chunk in wav.chunks(1600):
+                    for ev in det.push(chunk):
+                        show(ev)
+            for ev in det.flush():
                 show(ev)
             return 0
         if shutil.which("arecord") is None:

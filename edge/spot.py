@@ -2,12 +2,21 @@
 
     $ edgelearn spot clip1.wav clip2.wav --bundle models/kws-dscnn-s
     clip1.wav  yes        0.97
+
+A clip is one keyword: the model hears the centre second of it. A clip longer than
+``MAX_CLIP_SECONDS`` is refused with one sentence (it would be a recording, and
+classifying its centre second says nothing about the rest): `edgelearn device
+detect --wav` finds keywords anywhere in a recording of any length.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+MAX_CLIP_SECONDS = 5
+_LONG_FIX = ("spot classifies one keyword clip of about 1 s: cut the word out (`sox IN.wav OUT.wav trim START 1`), "
+             "or find keywords in a long recording with `edgelearn device detect --state DIR --wav FILE`")
 
 
 def add_arguments(p) -> None:
@@ -26,7 +35,8 @@ def run(args) -> int:
     bundle = load_bundle(args.bundle or DEFAULT_BUNDLE, trusted_keys=args.pubkey or default_trusted_keys())
     km = KeywordModel(bundle, backend=args.backend)
     for path in args.wav:
-        label, p = km.classify(read_wav(path, min_samples=1600))
+        pcm = read_wav(path, min_samples=1600, max_samples=MAX_CLIP_SECONDS * 16000, long_fix=_LONG_FIX)
+        label, p = km.classify(pcm)
         if args.json:
             print(json.dumps({"file": str(path), "label": label, "score": round(p, 4)}))
         else:

@@ -31,14 +31,16 @@ from edge import features as F
 from edge.errors import EdgelearnError
 
 NON_KEYWORDS = ("_silence_", "_unknown_")
+THRESHOLD = 0.7  # a base keyword's threshold when none is calibrated for it
 
 
 class Detector:
     def __init__(self, km, custom=None, keywords=None, stride: int = 4, smooth: int = 2,
-                 threshold: float = 0.7, refractory_s: float = 1.0, peak_window_s: float = 0.4,
+                 threshold: float | dict = THRESHOLD, refractory_s: float = 1.0, peak_window_s: float = 0.4,
                  head=None, on_event=None):
         """``km``: a KeywordModel; ``custom``: CustomKeywords or None; ``keywords``: base labels
         to report (default: the bundle's 12-class command words, else every word label);
+        ``threshold``: one for every base keyword, or {keyword: threshold} (``edge.operating``);
         ``head``: an adapted embedding head (``edge.adapt.Tail``) that replaces the bundle's base
         posteriors (an adapted conv tail comes as ``km``: ``edge.adapt.TailModel``);
         ``on_event(event, window)``: called with each event and the normalised (49, 10)
@@ -56,7 +58,14 @@ class Detector:
                                  fix=f"choose from {[w for w in labels if w not in NON_KEYWORDS]}")
         self.base_idx = np.array([labels.index(w) for w in keywords], dtype=np.int64)
         self.names = list(keywords) + (list(custom.names) if custom is not None else [])
-        base_thr = np.full(len(keywords), threshold, np.float32)
+        if isinstance(threshold, dict):  # per keyword (``edge.operating``); others keep THRESHOLD
+            unknown = sorted(set(threshold) - set(keywords))
+            if unknown:
+                raise EdgelearnError(f"thresholds given for {unknown}, which this detector does not report",
+                                     fix=f"name only keywords of {list(keywords)}")
+            base_thr = np.array([threshold.get(w, THRESHOLD) for w in keywords], np.float32)
+        else:
+            base_thr = np.full(len(keywords), threshold, np.float32)
         self.thresholds = np.concatenate([base_thr, custom.thresholds]) if custom is not None else base_thr
         self.stride, self.smooth = stride, smooth
         self.refractory = refractory_s

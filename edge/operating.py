@@ -1,0 +1,91 @@
+"""Operating points: per-keyword thresholds chosen by false accepts per hour on negative speech.
+
+A fixed threshold means different things for different keywords: on real speech the
+shipped model's "yes" fires inside "yesterday" at 0.7 while "stop" never comes near it.
+``calibrate`` replays the Detector's trigger (``edge.detect.count_events``) on the
+window scores of streams that do not say the keywords, and gives each keyword the lowest
+threshold on ``GRID`` whose false accepts stay within its share of the target rate
+(the target split evenly over the keywords, so the detector as a whole stays at or under
+``target_fa_h``). A keyword that fires even at the top of the grid gets the top.
+
+``sensitivity`` names a row of such a table: ``OperatingPoints.thresholds(fa_h)`` picks the
+point calibrated to the largest rate at or under the one asked for.
+
+    >>> scores, ends, hours = stream_scores(det, pcm)          # one negative stream
+    >>> table = calibrate([(scores, ends, None)], hours, target_fa_h=0.5, names=det.names)
+    >>> table["thresholds"]["yes"]
+    0.86
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge import features as F
+from edge.detect import count_events
+from edge.errors import EdgelearnError
+
+GRID = tuple(round(0.2 + 0.01 * i, 2) for i in range(80))  # 0.20 .. 0.99
+TARGETS = (0.1, 0.5, 1.0, 2.0, 5.0)   # false accepts per hour a sensitivity can ask for
+
+
+def stream_scores(det, pcm, batch: int = 256):
+    """Every window's first-stage scores and (end, keyword-end) times, as ``det`` would see them.
+
+    The same frames (``MfccStream``), windows (every ``det.stride`` hops once 49 frames are in)
+    and scores (``det.scores``) as ``Detector.push``, batched; returns ((T, K) scores,
+    (T, 2) ends, hours of audio)."""
+    frames = F.MfccStream().push(np.asarray(pcm))
+    idx = np.arange(F.N_FRAMES, frames.shape[0] + 1, det.stride)
+    rows, ends = [], np.zeros((len(idx), 2))
+    for s in range(0, len(idx), batch):
+        wins = np.stack([frames[i - F.N_FRAMES:i] for i in idx[s:s + batch]])
+        rows.append(det.scores(F.normalize(wins, det.km.scale))[0])
+        for j, (i, w) in enumerate(zip(idx[s:s + batch], wins)):
+            end = ((i - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
+            ends[s + j] = end, det._keyword_end(w, end)
+    scores = np.concatenate(rows) if rows else np.zeros((0, len(det.names)), np.float32)
+    return scores, ends, len(pcm) / F.SAMPLE_RATE / 3600
+
+
+def calibrate(streams, hours: float, target_fa_h: float, names, grid=GRID, smooth: int = 2,
+              peak_hops: int = 5, refractory_s: float = 1.0) -> dict:
+    """Per-keyword thresholds for ``target_fa_h`` false accepts per hour on these negative streams.
+
+    ``streams``: [(scores (T, K), ends (T, 2), exclude)], ``exclude(k, time_s) -> bool`` or None:
+    events that do not count (the stream says keyword k there); ``hours``: their total length."""
+    if hours <= 0:
+        raise EdgelearnError("calibration needs negative speech", fix="pass at least a few minutes of audio")
+    share = target_fa_h / len(names)
+    out, rates = {}, {}
+    for k, name in enumerate(names):
+        chosen, rate = grid[-1], None
+        for thr in grid:
+            n = 0
+            for scores, ends, exclude in streams:
+                times = []
+                count_events(scores[:, k], thr, ends, smooth=smooth, peak_hops=peak_hops,
+                             refractory_s=refractory_s, times=times)
+                n += sum(1 for t in times if exclude is None or not exclude(k, t))
+            if n / hours <= share:
+                chosen, rate = thr, n / hours
+                break
+        out[name], rates[name] = chosen, rate
+    return {"target_fa_h": target_fa_h, "hours": hours, "thresholds": out, "fa_h": rates}
+
+
+class OperatingPoints:
+    """A table of calibrated points ({"points": [calibrate(...) ...]}) -> thresholds for a rate."""
+
+    def __init__(self, table: dict):
+        pts = table.get("points") if isinstance(table, dict) else None
+        if not isinstance(pts, list) or not pts:
+            raise EdgelearnError("operating-point table has no points", fix="recalibrate")
+        self.points = sorted(pts, key=lambda p: p["target_fa_h"])
+
+    def thresholds(self, fa_h: float) -> dict:
+        ok = [p for p in self.points if p["target_fa_h"] <= fa_h]
+        if not ok:
+            raise EdgelearnError(f"no operating point at or under {fa_h} false accepts per hour",
+                                 fix=f"ask for one of {[p['target_fa_h'] for p in self.points]}")
+        return dict(ok[-1]["thresholds"])

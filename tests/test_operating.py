@@ -1,0 +1,117 @@
+"""Operating points: per-keyword thresholds from false accepts per hour, and the Detector that uses them;
+the base-command bench's reading rules (real-speech split and transcripts, hits, false accepts)."""
+
+import numpy as np
+import pytest
+
+from bench import _base_streams as B
+from bench import _realspeech as R
+from edge.detect import THRESHOLD, Detector, count_events
+from edge.errors import EdgelearnError
+from edge.operating import GRID, OperatingPoints, calibrate, stream_scores
+
+
+def _series(peaks, n=400):
+    """One keyword's scores: isolated bumps of the given heights, 20 runs apart."""
+    s = np.zeros(n)  # float64: a float32 0.95 sits under the grid's 0.95
+    for i, h in enumerate(peaks):
+        s[20 + 20 * i: 23 + 20 * i] = h
+    ends = np.stack([np.arange(n) * 0.08 + 1.0] * 2, axis=1)
+    return s, ends
+
+
+def test_calibrate_takes_the_lowest_threshold_within_each_keywords_share_of_the_rate():
+    a, ends = _series([0.95, 0.6, 0.55])      # keyword 0 fires at three heights
+    b, _ = _series([0.3])                      # keyword 1 barely moves
+    scores = np.stack([a, b], axis=1)
+    hours = 1.0
+    # a share of 0.5 FA/h per keyword allows no event at all: above the highest bump
+    cal = calibrate([(scores, ends, None)], hours, 1.0, ["x", "y"])
+    assert cal["thresholds"]["x"] == 0.96 and cal["fa_h"]["x"] == 0.0
+    assert cal["thresholds"]["y"] == 0.31 and cal["fa_h"]["y"] == 0.0
+    # 2 events per hour per keyword allowed: the threshold may sit under the two lower bumps' top
+    cal = calibrate([(scores, ends, None)], hours, 4.0, ["x", "y"])
+    assert cal["thresholds"]["x"] == 0.56 and cal["fa_h"]["x"] == 2.0
+    assert count_events(a, cal["thresholds"]["x"], ends) <= 2
+    # events the stream is allowed to have (it says the keyword there) do not count
+    cal = calibrate([(scores, ends, lambda k, t: k == 0)], hours, 1.0, ["x", "y"])
+    assert cal["thresholds"]["x"] == GRID[0]
+
+
+def test_calibrate_refuses_an_empty_stream_and_points_pick_the_rate_at_or_under_the_one_asked():
+    with pytest.raises(EdgelearnError):
+        calibrate([], 0.0, 0.5, ["x"])
+    table = OperatingPoints({"points": [{"target_fa_h": 2.0, "thresholds": {"yes": 0.5}},
+                                        {"target_fa_h": 0.5, "thresholds": {"yes": 0.8}}]})
+    assert table.thresholds(0.5) == {"yes": 0.8} and table.thresholds(1.0) == {"yes": 0.8}
+    assert table.thresholds(5) == {"yes": 0.5}
+    with pytest.raises(EdgelearnError):
+        table.thresholds(0.1)
+    with pytest.raises(EdgelearnError):
+        OperatingPoints({"points": []})
+
+
+class _Scripted:
+    """A keyword model whose 'yes' posterior follows a script, one value per encoder run."""
+
+    labels = ["yes", "no", "_silence_", "_unknown_"]
+    scale = np.ones(10, np.float32)
+
+    def __init__(self, script):
+        self.script, self.i = list(script), 0
+
+    def infer(self, feats):
+        n = len(feats)
+        p = np.zeros((n, 4), np.float32)
+        for j in range(n):
+            p[j, 0] = self.script[min(self.i, len(self.script) - 1)]
+            self.i += 1
+        p[:, 3] = 1 - p[:, 0]
+        return np.zeros((n, 64), np.float32), p
+
+
+def test_detector_takes_thresholds_per_keyword_and_stream_scores_are_what_it_sees():
+    pcm = (np.random.default_rng(0).standard_normal(16000 * 4) * 300).astype(np.int16)
+    script = [0.0] * 10 + [0.65] * 4 + [0.0] * 60
+    fixed = Detector(_Scripted(script), keywords=["yes", "no"])
+    assert fixed.thresholds.tolist() == pytest.approx([THRESHOLD, THRESHOLD])
+    assert [e for c in range(0, len(pcm), 1600) for e in fixed.push(pcm[c:c + 1600])] == []
+    low = Detector(_Scripted(script), keywords=["yes", "no"], threshold={"yes": 0.6})
+    assert low.thresholds.tolist() == pytest.approx([0.6, THRESHOLD])
+    events = [e for c in range(0, len(pcm), 1600) for e in low.push(pcm[c:c + 1600])] + low.flush()
+    assert [e["keyword"] for e in events] == ["yes"]
+    with pytest.raises(EdgelearnError):
+        Detector(_Scripted(script), keywords=["yes"], threshold={"stop": 0.5})
+    scores, ends, hours = stream_scores(Detector(_Scripted(script), keywords=["yes", "no"]), pcm)
+    assert scores.shape == (len(range(49, 199 + 1, 4)), 2) and hours == pytest.approx(4 / 3600)
+    assert scores[10:14, 0].tolist() == pytest.approx([0.65] * 4)
+    assert count_events(scores[:, 0], 0.6, ends, times=(t := [])) == 1 and t == [events[0]["time_s"]]
+
+
+def test_real_speech_split_is_by_name_and_a_prompt_says_a_keyword_only_as_a_word():
+    assert R.split("digits/yesterday") == R.split("digits/yesterday")
+    names = list(R.transcripts())
+    halves = [R.split(n) for n in names]
+    assert 0.4 < halves.count("dev") / len(halves) < 0.6
+    p = R.Prompt("x", "", R.spoken_words("Press 1 to hang up; yesterday's menu, left brace."), "dev", np.zeros(1))
+    assert p.says("one") and p.says("up") and p.says("left") and not p.says("yes") and not p.says("two")
+    assert R.spoken_words("dial 1234") == ("dial", "one", "two", "three", "four")
+    assert not R.is_speech("[ascending tones]") and not R.is_speech("(10 seconds of silence)")
+    assert R.is_speech("Agent logged in.")
+
+
+def test_positive_hits_and_real_speech_false_accepts_are_counted_by_the_rules():
+    clips = [B.Clip("v", "yes", np.zeros(8000, np.int16)), B.Clip("v", "stop", np.zeros(8000, np.int16))]
+    spans = [(1.5, 2.0), (3.5, 4.0)]
+    events = [{"keyword": "yes", "time_s": 2.1}, {"keyword": "go", "time_s": 3.6}]
+    r = B.score_positives(events, spans, clips)
+    assert r["recall"] == 0.5 and r["per_word"] == {"yes": 1.0, "stop": 0.0} and r["substitutions"] == 1
+    prompts = [R.Prompt("a", "", ("yesterday",), "test", np.zeros(1)),
+               R.Prompt("b", "", ("logged", "on"), "test", np.zeros(1))]
+    fa = B.false_accepts([{"keyword": "yes", "time_s": 0.5}, {"keyword": "on", "time_s": 2.5}],
+                         [(0.0, 1.0), (2.0, 3.6)], prompts)
+    assert fa["fa"] == 1 and fa["examples"][0]["prompt"] == "a"
+    assert fa["in_sentence_found"] == 1 and fa["in_sentence_said"] == 1
+    assert fa["fa_per_hour"] == pytest.approx(1 / (3.6 / 3600))
+    assert B.refractory([{"keyword": "no", "time_s": t} for t in (1.0, 1.4, 2.1, 2.5)]) == \
+        [{"keyword": "no", "time_s": 1.0}, {"keyword": "no", "time_s": 2.1}]

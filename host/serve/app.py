@@ -236,12 +236,24 @@ class Server:
         return JSONResponse({"replica": i, "applied": doc})
 
     # -- app ---------------------------------------------------------------------------------
+    def count_refusal(self, request: Request, e: ProtocolError) -> None:
+        """A 400 in /metrics (``rejections``, reason ``non_finite``, ``out_of_range`` or ``bad_request``);
+        labels only ever hold served model names and versions, so bad requests cannot grow them."""
+        name = request.path_params.get("model")
+        model = self.models.get(name)
+        version = request.path_params.get("version")
+        self.metrics.rejections.labels(name if model else "other",
+                                       version if model and version in model.versions else "",
+                                       self._tenant_label(self.tenant(request)), e.reason or "bad_request").inc()
+
     def app(self, bundle=None) -> Starlette:
         def wrap(handler):
             async def endpoint(request: Request):
                 try:
                     return await handler(request)
                 except ProtocolError as e:
+                    if e.status == 400:
+                        self.count_refusal(request, e)
                     return _error(e.status, e.message, e.headers)
                 except EdgelearnError as e:
                     return _error(400, str(e))

@@ -4,7 +4,10 @@ Pure functions over bytes and numpy arrays, with the binary tensor data
 extension (``Inference-Header-Content-Length``, ``binary_data_size``,
 ``binary_data``); the HTTP layer (``host.serve.app``) only moves bytes. Every
 problem raises ``ProtocolError(status, message)``, which the app turns into
-``{"error": message}`` with that status.
+``{"error": message}`` with that status. An input value the model cannot use
+is refused, never passed on: NaN or ±Inf in a float input (binary, or JSON
+NaN/Infinity/1e400), a JSON number the datatype cannot hold (1e39 for FP32,
+300 or 1.5 for UINT8), a BOOL byte other than 0 or 1.
 
     >>> spec = ModelSpec("kws", "3", [TensorSpec("features", "FP32", [-1, 49, 10, 1])], [...])
     >>> req = parse_infer_request(body, headers.get("inference-header-content-length"), spec, 64)
@@ -53,11 +56,13 @@ ORT_TO_OIP = {
 
 
 class ProtocolError(Exception):
-    """A request the protocol says to refuse; ``status`` is the HTTP status."""
+    """A request the protocol says to refuse; ``status`` is the HTTP status, ``reason`` the label a
+    400 is counted under in /metrics (``non_finite``, ``out_of_range``; else ``bad_request``)."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None,
+                 reason: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.headers = status, message, dict(headers or {})
+        self.status, self.message, self.headers, self.reason = status, message, dict(headers or {}), reason
 
 
 @dataclass(frozen=True)
@@ -109,10 +114,77 @@ def _json_header(body: bytes, header_length: str | None) -> tuple[dict, bytes]:
     try:
         header = _loads(json_bytes)
     except _JSONError as e:
-        raise ProtocolError(400, f"request body is not valid JSON: {e}")
+        header = _with_non_finite(json_bytes, e)
     if not isinstance(header, dict):
         raise ProtocolError(400, "request body must be a JSON object with an 'inputs' list")
     return header, rest
+
+
+def _with_non_finite(json_bytes: bytes, err: Exception) -> dict:
+    """A body that is JSON but for NaN, ±Infinity or a number too large for a double, parsed with those
+    as floats so that the input decoder refuses them naming the input and element; else the JSON error."""
+    if b"NaN" in json_bytes or b"Infinity" in json_bytes or "infinity" in str(err).lower():
+        try:
+            return json.loads(json_bytes)  # the stdlib reads NaN/Infinity, and 1e400 as inf
+        except (ValueError, RecursionError):
+            pass
+    raise ProtocolError(400, f"request body is not valid JSON: {err}")
+
+
+def _first(bad: np.ndarray) -> int:
+    return int(np.flatnonzero(bad)[0])
+
+
+def _refuse_non_finite(arr: np.ndarray, name: str, dt: str, src: np.ndarray | None = None) -> None:
+    """400 ``non_finite`` if ``arr`` holds NaN or ±Inf (``src``: the JSON values it was cast from)."""
+    bad = ~np.isfinite(arr.ravel())
+    if bad.any():
+        i = _first(bad)
+        v = (src if src is not None else arr).ravel()[i]
+        what = f"{v!r}, which overflows {dt}" if src is not None and np.isfinite(v) else f"{v}"
+        raise ProtocolError(400, f"input '{name}' element {i} is {what}: a model input must be finite "
+                                 f"(NaN and ±Inf are refused); send finite {dt} values", reason="non_finite")
+
+
+def _cast(flat: np.ndarray, dt: str, name: str) -> np.ndarray:
+    """JSON values as ``dt``, refusing any the type cannot hold instead of wrapping or overflowing."""
+    target = DTYPES[dt]
+    if flat.dtype.kind == "f":
+        _refuse_non_finite(flat, name, dt)
+    if target.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = flat.astype(target)
+        _refuse_non_finite(out, name, dt, src=flat)
+        return out
+    if target.kind in "iu" and flat.size:
+        info = np.iinfo(target)
+        if flat.dtype.kind == "f":  # 2^k bounds are exact in a double: min <= v < max + 1
+            ok = (flat == np.floor(flat)) & (flat >= float(info.min)) & (flat < float(info.max) + 1)
+        else:
+            ok = (flat >= int(info.min)) & (flat <= int(info.max))
+        if not ok.all():
+            i = _first(~ok)
+            raise ProtocolError(400, f"input '{name}' element {i} is {flat[i]!r}, which is not a {dt} "
+                                     f"(integers from {info.min} to {info.max}); send {dt} values",
+                                reason="out_of_range")
+    if target.kind == "b" and flat.dtype.kind != "b" and flat.size and not np.isin(flat, (0, 1)).all():
+        i = _first(~np.isin(flat, (0, 1)))
+        raise ProtocolError(400, f"input '{name}' element {i} is {flat[i]!r}, not a BOOL; send true/false or 0/1",
+                            reason="out_of_range")
+    return flat.astype(target)
+
+
+def _big_ints(values: np.ndarray, dt: str, name: str) -> np.ndarray:
+    """Integers too large for numpy (object array): out of range for every integer type; floats else."""
+    if DTYPES[dt].kind in "iub":
+        i = next(i for i, v in enumerate(values) if not -2**63 <= v < 2**64)
+        raise ProtocolError(400, f"input '{name}' element {i} is {values[i]}, which is not a {dt}; send {dt} values",
+                            reason="out_of_range")
+    try:
+        return np.array([float(v) for v in values])
+    except OverflowError:
+        raise ProtocolError(400, f"input '{name}' holds an integer too large for {dt}; send finite {dt} values",
+                            reason="non_finite") from None
 
 
 def _check_shape(name: str, shape, spec: TensorSpec) -> list[int]:
@@ -170,6 +242,12 @@ def _decode_input(item, spec_by_name: dict[str, TensorSpec], model: str, rest: b
                 raise ProtocolError(400, f"input '{name}': binary_data_size is {size} bytes, shape {shape} "
                                          f"of {dt} needs {want}")
             arr = np.frombuffer(raw, dtype=DTYPES[dt].newbyteorder("<")).astype(DTYPES[dt], copy=False)
+            if arr.dtype.kind == "f":
+                _refuse_non_finite(arr, name, dt)
+            elif dt == "BOOL" and raw and max(raw) > 1:
+                i = next(i for i, b in enumerate(raw) if b > 1)
+                raise ProtocolError(400, f"input '{name}' element {i} is byte {raw[i]}, not a BOOL (0 or 1)",
+                                    reason="out_of_range")
         return name, arr.reshape(shape), offset + size
     if "data" not in item:
         raise ProtocolError(400, f"input '{name}' has neither 'data' nor a binary_data_size parameter")
@@ -179,11 +257,13 @@ def _decode_input(item, spec_by_name: dict[str, TensorSpec], model: str, rest: b
                              for s in np.asarray(item["data"], dtype=object).ravel()], dtype=object)
         else:
             flat = np.asarray(item["data"]).ravel()  # nested lists are allowed by the protocol
+            if flat.dtype == object and flat.size and all(type(v) is int for v in flat):
+                flat = _big_ints(flat, dt, name)
             if flat.dtype == object or (flat.size and flat.dtype.kind not in "biuf"):
                 raise ValueError("non-numeric data")
             if dt != "BOOL" and flat.dtype.kind == "b":
                 raise ValueError("booleans for a numeric tensor")
-            flat = flat.astype(DTYPES[dt])
+            flat = _cast(flat, dt, name)  # NaN, ±Inf, overflow and out-of-range values are refused
     except (ValueError, TypeError) as e:
         raise ProtocolError(400, f"input '{name}': 'data' is not a list of {dt} values ({e})")
     if flat.size != count:

@@ -322,3 +322,22 @@ init_state({str(state)!r}, AggregatorConfig(clients_per_round=1), params=small_p
         a.close()
     with sqlite3.connect(state / "state.sqlite") as c:  # the key really is in there
         assert c.execute("SELECT COUNT(*) FROM devices").fetchone()[0] == 1
+
+
+def test_leftovers_of_a_crash_mid_publication_are_swept_under_the_lock(tmp_path):
+    state, _ = make_state(tmp_path, AggregatorConfig(clients_per_round=2), n_devices=1)
+    published = sorted(p.relative_to(state) for p in state.rglob("*"))
+    (state / "models" / ".v3.npz.12345.abcd.tmp").write_bytes(b"half")
+    (state / "models" / "v3.onnx.tmp").write_bytes(b"half")
+    (state / "bundles" / ".v3.zip.x1y2").write_bytes(b"half")
+    (state / "bundles" / ".v3.building-q9").mkdir()
+    (state / "bundles" / ".v3.building-q9" / "head.npz").write_bytes(b"half")
+    a = Aggregator(state)
+    try:
+        assert sorted(a.swept) == sorted(["models/.v3.npz.12345.abcd.tmp", "models/v3.onnx.tmp",
+                                          "bundles/.v3.zip.x1y2", "bundles/.v3.building-q9"])
+        left = {p.relative_to(state) for p in state.rglob("*")} - {Path("aggregator.lock")}
+        assert sorted(p for p in left if not p.name.startswith("state.sqlite")) == \
+            sorted(p for p in published if not p.name.startswith("state.sqlite"))
+    finally:
+        a.close()

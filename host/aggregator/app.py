@@ -48,6 +48,7 @@ class Aggregator:
         self.cfg = AggregatorConfig.load(self.dir / "config.json")
         # one process per state directory: a second would accept and close the same rounds
         self.lock = StateLock(self.dir)
+        self.swept = sweep_leftovers(self.dir)
         self.store = None
         try:
             self.store = Store(self.dir / "state.sqlite", self.cfg.synchronous)
@@ -63,6 +64,29 @@ class Aggregator:
         if self.store is not None:
             self.store.close()
         self.lock.release()
+
+
+def sweep_leftovers(state_dir: Path) -> list[str]:
+    """Remove what a crash mid-publication left in ``models/`` and ``bundles/``: temporary files of
+    atomic writes (``.vN.npz.*``), half-built bundle directories (``.vN.building-*``), partial zips
+    (``.vN.zip.*``) and ONNX heads (``vN.onnx.tmp``). Called only under the state lock, so no live
+    writer owns them; a version is published only by the database commit that follows its files,
+    so none of these was ever served. Returns the names removed."""
+    import shutil
+
+    gone = []
+    for sub in ("models", "bundles"):
+        d = state_dir / sub
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            if p.name.startswith(".") or p.name.endswith(".onnx.tmp"):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+                gone.append(f"{sub}/{p.name}")
+    return gone
 
 
 async def _body(request: Request, limit: int) -> bytes:

@@ -30,7 +30,7 @@ _FIX_FORMAT = "convert it with `sox IN.wav -r 16000 -c 1 -b 16 OUT.wav`"
 MAX_READ_BYTES = 1 << 16      # the most the reader asks the file for in one read
 MAX_HEADER_BYTES = 1 << 16    # metadata chunks read (not seeked over) before the audio
 MAX_FMT_BYTES = 1024
-DEFAULT_MAX_SECONDS = 600     # read_wav's cap on one clip held in memory (10 min: 19 MB)
+DEFAULT_MAX_SECONDS = 3600    # read_wav's cap on one clip held in memory (1 hour: 115 MB)
 _UNKNOWN_LENGTH = 0x7FFFF000  # a data size this large from a pipe means "until the stream ends"
 _PCM_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
 _FIX_LONG = "cut it into shorter clips, e.g. `sox IN.wav OUT.wav trim 0 60`"
@@ -238,7 +238,7 @@ def read_wav(path, *, min_samples: int = 1, max_samples: int | None = DEFAULT_MA
              long_fix: str = _FIX_LONG) -> np.ndarray:
     """Read a 16 kHz mono 16-bit PCM WAV as int16; reject anything else clearly.
 
-    Holds at most ``max_samples`` (default 10 minutes) in memory: a longer file, or a
+    Holds at most ``max_samples`` (default 1 hour) in memory: a longer file, or a
     stream that does not end, is one AudioError, never a MemoryError.
     """
     with open_wav(path, min_samples=min_samples, max_samples=max_samples, long_fix=long_fix) as w:

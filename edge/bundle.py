@@ -45,6 +45,8 @@ SIG_DOMAIN = b"edgelearn-bundle-manifest-v1\n"
 PARTITION_FORMATS = ("tflite", "onnx", "mpy-blob")
 PLACEMENTS = ("cpu", "npu", "cloud", "mcu")
 MAX_MANIFEST_BYTES = 1 << 20
+MAX_JSON_DEPTH = 64             # a manifest nests about 6 deep; deeper is refused before parsing
+CLASS_ROLES = ("probs", "logits")  # a partition output with one value per label
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _REBUILD = "re-download the bundle or rebuild it with `edgelearn bundle sign`"
 
@@ -145,10 +147,44 @@ class _ZipSource:
 
 
 def _read_small(src, name: str) -> bytes:
+    """The bytes of a manifest-sized file, never more than MAX_MANIFEST_BYTES read."""
     if src.size(name) > MAX_MANIFEST_BYTES:
         raise BundleError(f"{name}: larger than {MAX_MANIFEST_BYTES} bytes", fix=_REBUILD)
     with src.open(name) as f:
-        return f.read(MAX_MANIFEST_BYTES + 1)
+        raw = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:  # grew since it was measured
+        raise BundleError(f"{name}: larger than {MAX_MANIFEST_BYTES} bytes", fix=_REBUILD)
+    return raw
+
+
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"?|[\[\]{}]')  # an unclosed string runs to the end: linear
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_manifest(raw: bytes, where: str = MANIFEST):
+    """Bytes -> the parsed JSON value; anything else (bad UTF-8 or JSON, NaN, nesting deeper
+    than MAX_JSON_DEPTH, too large) is one BundleError. Call it only on authenticated bytes
+    (or, on the host, on bytes that are about to be signed)."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes", fix=_REBUILD)
+    depth = 0
+    for m in _JSON_TOKENS.finditer(raw):  # strings skipped; brackets counted, before any recursion
+        c = m.group()
+        if c in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise BundleError(f"{where}: not valid JSON (nested more than {MAX_JSON_DEPTH} levels deep)",
+                                  fix=_REBUILD)
+        elif c in (b"]", b"}"):
+            depth -= 1
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise BundleError(f"{where}: not valid JSON ({why})", fix=_REBUILD) from None
 
 
 def _authenticate(src, names, raw: bytes, trusted, device_key, allow_unsigned):
@@ -238,15 +274,55 @@ def validate_manifest(m) -> dict:
         if not isinstance(p, dict) or not isinstance(p.get("name"), str) or p["name"] in seen:
             bad("each partition needs a unique string name")
         seen.add(p["name"])
-        if p.get("file") not in files:
+        if not isinstance(p.get("file"), str) or p["file"] not in files:
             bad(f"partition {p['name']!r} names file {p.get('file')!r}, which is not in files")
         if p.get("format") not in PARTITION_FORMATS:
             bad(f"partition {p['name']!r} format {p.get('format')!r} is not one of {PARTITION_FORMATS}")
         if p.get("placement") not in PLACEMENTS:
             bad(f"partition {p['name']!r} placement {p.get('placement')!r} is not one of {PLACEMENTS}")
+        for key in ("role", "precision"):
+            if key in p and not isinstance(p[key], str):
+                bad(f"partition {p['name']!r} {key} {p[key]!r} is not a string")
+        for key in ("inputs", "outputs"):
+            tensors = p.get(key, [])
+            if not isinstance(tensors, list) or not all(isinstance(t, dict) for t in tensors):
+                bad(f"partition {p['name']!r} {key} must be a list of objects")
+            for t in tensors:
+                if not isinstance(t.get("name", ""), str) or not isinstance(t.get("role", ""), str) or (
+                        "role" in t and "name" not in t):
+                    bad(f"partition {p['name']!r} {key}: a tensor's name and role must be strings "
+                        "(and a tensor with a role needs a name)")
+                shape = t.get("shape", [])
+                if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+                    bad(f"partition {p['name']!r} {key}: shape {shape!r} is not a list of integers")
+    check_labels(m)
     if not isinstance(m.get("frontend", {}), dict):
         bad("frontend must be an object")
+    for key in ("extra", "trainable", "quantization"):
+        if not isinstance(m.get(key, {}), dict):
+            bad(f"{key} must be an object")
+    labels12 = m.get("extra", {}).get("labels12", [])
+    if not isinstance(labels12, list) or not all(isinstance(w, str) for w in labels12):
+        bad("extra.labels12 must be a list of strings")
     return m
+
+
+def check_labels(m: dict) -> None:
+    """Every class output the manifest declares (role probs or logits) has one label per class.
+
+    A bundle whose labels do not match its model is refused when it is signed
+    (``host.bundle``, which also checks the model files themselves) and when it is loaded,
+    so a runtime never indexes past the end of ``labels``.
+    """
+    n = len(m["labels"])
+    for p in m["partitions"]:
+        for t in p.get("outputs", []):
+            shape = t.get("shape", [])
+            if t.get("role") in CLASS_ROLES and shape and shape[-1] > 0 and shape[-1] != n:
+                raise BundleError(
+                    f"{MANIFEST}: {n} labels, but partition {p['name']!r} output {t.get('name', '?')!r} "
+                    f"({t['role']}) has {shape[-1]} classes",
+                    fix="list one label per class, in the model's output order, and sign the bundle again")
 
 
 def _hash_stream(f, out=None, limit=None) -> tuple:
@@ -267,13 +343,10 @@ def _verify(src, label: str, trusted, device_key, allow_unsigned, extract_to: Pa
     if MANIFEST not in names:
         raise BundleError(f"{label}: no {MANIFEST}", fix="point at a bundle directory or .zip built by `edgelearn bundle`")
     raw = _read_small(src, MANIFEST)
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BundleError(f"{MANIFEST}: not valid JSON ({e})", fix=_REBUILD) from None
+    # Authenticate the exact bytes first: nothing an attacker wrote is parsed before it verifies.
     kid, how = (_authenticate(src, names, raw, trusted, device_key, allow_unsigned) if authenticate
                 else (None, "not checked"))
-    validate_manifest(manifest)
+    manifest = validate_manifest(parse_manifest(raw))
     listed = manifest["files"]
     for name in sorted(listed):
         if name not in names:

@@ -43,6 +43,18 @@ def check_frontend(frontend: dict) -> None:
                               fix="use a bundle built for the edgelearn front end (DESIGN.md) or upgrade")
 
 
+def check_labels_fit(bundle, part: dict, probs) -> None:
+    """The model's class output has exactly one value per label of the bundle (else classify
+    would index past the labels, or name a class by the wrong word)."""
+    n, shape = len(bundle.labels), tuple(probs.shape)
+    k = shape[-1] if shape else 1
+    if n == 0 or (k > 0 and k != n):
+        raise BundleError(f"bundle {bundle.model_id} v{bundle.version} has {n} labels, but its model "
+                          f"{part['file']} gives {k} classes",
+                          fix="list one label per class in manifest.json, in the model's output order, "
+                              "and sign the bundle again (`edgelearn bundle sign` checks this)")
+
+
 class KeywordModel:
     """One encoder of a bundle: (N, 49, 10) normalised features -> (embedding, probs)."""
 
@@ -54,12 +66,17 @@ class KeywordModel:
         check_frontend(fe)
         try:
             self.scale = np.asarray(fe["normalize"]["scale"], np.float32)
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             raise BundleError(f"bundle {bundle.model_id} has no frontend.normalize.scale",
                               fix="rebuild it with `edgelearn model`") from None
+        if (self.scale.shape not in ((), (F.N_MFCC,)) or not np.all(np.isfinite(self.scale))
+                or np.any(self.scale == 0)):
+            raise BundleError(f"bundle {bundle.model_id}: frontend.normalize.scale must be {F.N_MFCC} finite, "
+                              f"non-zero numbers (got shape {list(self.scale.shape)})",
+                              fix="rebuild it with `edgelearn model`")
         self.part = self._choose_partition(bundle, backend, precision)
         self.backend = load(bundle.path(self.part["file"]), backend=backend, num_threads=num_threads)
-        roles = {o["role"]: o["name"] for o in self.part.get("outputs", []) if "role" in o}
+        roles = {o["role"]: o.get("name") for o in self.part.get("outputs", []) if "role" in o}
         names = [o.name for o in self.backend.outputs]
         try:
             self._emb = names.index(roles["embedding"])
@@ -68,6 +85,7 @@ class KeywordModel:
             raise BundleError(f"partition {self.part['name']!r} does not name its embedding and probs "
                               f"outputs (model outputs: {names})", fix="rebuild the bundle") from None
         self.labels = bundle.labels
+        check_labels_fit(bundle, self.part, self.backend.outputs[self._probs])
 
     @staticmethod
     def _choose_partition(bundle, backend: str, precision: str) -> dict:

@@ -81,6 +81,15 @@ def smoke_check_models(bundle, backend: str = "auto", placements=("cpu",)) -> No
         raise ValueError(f"no partition with placement {'/'.join(placements)} to run")
 
 
+_MAX_POINTER_BYTES = 4096
+
+
+def _is_bundle_dirname(name) -> bool:
+    """None, or a plain directory name under bundles/ (what install writes: <model_id>-v<version>)."""
+    return name is None or (isinstance(name, str) and 0 < len(name) <= 255 and "/" not in name
+                            and "\\" not in name and "\x00" not in name and not name.startswith("."))
+
+
 class BundleStore:
     """Installed bundles of one device, with a current and a previous version."""
 
@@ -109,14 +118,24 @@ class BundleStore:
 
     def pointer(self) -> dict:
         """{"current": dirname|None, "previous": dirname|None}."""
+        from edge.bundle import parse_manifest
+
         if not self.pointer_path.exists():
             return {"current": None, "previous": None}
         try:
-            ptr = json.loads(self.pointer_path.read_text())
+            with open(self.pointer_path, "rb") as f:
+                raw = f.read(_MAX_POINTER_BYTES + 1)
+            if len(raw) > _MAX_POINTER_BYTES:
+                raise ValueError(f"larger than {_MAX_POINTER_BYTES} bytes")
+            ptr = parse_manifest(raw, where=self.pointer_path.name)
             if not isinstance(ptr, dict) or "current" not in ptr:
                 raise ValueError("no 'current' field")
-        except (ValueError, OSError) as e:
-            raise BundleError(f"{self.pointer_path}: unreadable ({e})",
+            for key in ("current", "previous"):
+                if not _is_bundle_dirname(ptr.get(key)):
+                    raise ValueError(f"{key} is {ptr.get(key)!r}, not a bundle directory name")
+        except (ValueError, OSError, BundleError) as e:
+            why = e.problem if isinstance(e, BundleError) else e
+            raise BundleError(f"{self.pointer_path}: unreadable ({why})",
                               fix="delete it and install a bundle again") from None
         return {"current": ptr.get("current"), "previous": ptr.get("previous")}
 
@@ -194,11 +213,14 @@ class BundleStore:
         return Bundle(final, new.manifest, src, new.key_id, new.authenticated_by)
 
     def _check_order(self, cur_name, new, allow_downgrade, allow_model_change) -> None:
+        from edge.bundle import _DirSource, _read_small, parse_manifest, validate_manifest
+
         if cur_name is None:
             return
-        try:
-            cur = json.loads((self.bundles_dir / cur_name / "manifest.json").read_text())
-        except (OSError, ValueError):
+        try:  # read capped and parsed safely: the installed copy may have been damaged since
+            cur = validate_manifest(parse_manifest(_read_small(_DirSource(self.bundles_dir / cur_name),
+                                                               "manifest.json")))
+        except (OSError, BundleError):
             return  # the current bundle is damaged; replacing it is the way out
         if cur.get("model_id") != new.model_id and not allow_model_change:
             raise BundleError(f"bundle is model {new.model_id!r}, the device runs {cur.get('model_id')!r}",

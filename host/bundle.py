@@ -59,6 +59,33 @@ def _check_inputs(files: dict) -> dict:
     return out
 
 
+def check_models_match_labels(manifest: dict, file_paths: dict) -> None:
+    """At sign time: each declared class output (role probs/logits) of a model that loads here
+    has one value per label. The manifest's own declarations are checked by
+    ``edge.bundle.check_labels``; this opens the models themselves, so a manifest whose
+    labels and declared shapes agree but whose model disagrees is not signed either.
+    A model no installed backend can load is left to the device's smoke check."""
+    from edge.backends import load
+    from edge.errors import EdgelearnError
+
+    eb.check_labels(manifest)
+    n = len(manifest["labels"])
+    for p in manifest["partitions"]:
+        declared = {t.get("name") for t in p.get("outputs", []) if t.get("role") in eb.CLASS_ROLES}
+        if not declared or p["format"] not in ("tflite", "onnx"):
+            continue
+        try:
+            model = load(Path(file_paths[p["file"]]), num_threads=1)
+        except EdgelearnError:
+            continue
+        for t in model.outputs:
+            k = t.shape[-1] if t.shape else 1
+            if t.name in declared and k > 0 and k != n:
+                raise BundleError(f"{p['file']}: manifest.json has {n} labels, but the model's class output "
+                                  f"{t.name!r} has {k} classes",
+                                  fix="list one label per class, in the model's output order, then sign again")
+
+
 def _replace_dir(tmp: Path, out: Path) -> None:
     # Linux has no portable atomic directory swap from Python; the old bundle is
     # kept under a side name until the new one is in place, then removed.
@@ -81,6 +108,7 @@ def build_bundle(out_dir, files: dict, manifest: dict, private_key_path) -> Path
     m.setdefault("created_utc", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     m["files"] = {name: _file_entry(src) for name, src in files.items()}
     eb.validate_manifest(m)
+    check_models_match_labels(m, files)
     _, kid = hk.load_private_key(private_key_path)  # fail before touching the disk
     if out.exists() and not (out / eb.MANIFEST).is_file() and (not out.is_dir() or any(out.iterdir())):
         raise BundleError(f"{out}: exists and is not a bundle", fix="choose an empty or new --out directory")
@@ -107,9 +135,11 @@ def refresh_files(bundle_dir) -> dict:
     """Recompute the file table from the directory (after an intentional edit); rewrites manifest.json."""
     d = Path(bundle_dir)
     try:
-        m = json.loads((d / eb.MANIFEST).read_text())
-    except (OSError, ValueError) as e:
+        m = eb.parse_manifest(eb._read_small(eb._DirSource(d), eb.MANIFEST))
+    except OSError as e:
         raise BundleError(f"{d / eb.MANIFEST}: cannot be read ({e})", fix="rebuild the bundle") from None
+    if not isinstance(m, dict):
+        raise BundleError(f"{d / eb.MANIFEST}: top level is not a JSON object", fix="rebuild the bundle")
     names = [n for n in eb._DirSource(d).names() if n not in eb.META_FILES]
     _check_inputs({n: d / n for n in names})
     m["files"] = {n: _file_entry(d / n) for n in names}
@@ -128,7 +158,8 @@ def sign_bundle(bundle_dir, private_key_path, *, refresh: bool = False) -> str:
     hk.load_private_key(private_key_path)
     if refresh:
         refresh_files(d)
-    eb.check_contents(d)
+    m = eb.check_contents(d)
+    check_models_match_labels(m, {n: d / n for n in m["files"]})
     sig = hk.sign_manifest_bytes((d / eb.MANIFEST).read_bytes(), private_key_path)
     atomic_write(d / eb.SIGNATURE, sig.encode())
     return sig.split()[1]
@@ -138,7 +169,8 @@ def add_device_mac(bundle_dir, device_key) -> str:
     """Write manifest.mac (HMAC-SHA256 of manifest.json with the device key); returns the device key id."""
     d = Path(bundle_dir)
     key = eb.load_hmac_key(device_key)
-    eb.check_contents(d)
+    m = eb.check_contents(d)
+    check_models_match_labels(m, {n: d / n for n in m["files"]})
     text = eb.mac_text((d / eb.MANIFEST).read_bytes(), key)
     atomic_write(d / eb.MAC, text.encode())
     return text.split()[1]

@@ -20,21 +20,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from edge import audio
 from edge.errors import AudioError, EdgelearnError
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(max_examples=int(os.environ.get("EDGELEARN_HOSTILE_EXAMPLES", 150)), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def riff(pcm_bytes: bytes, *, rate=16000, channels=1, bits=16, tag=1, extra=(), data_size=None,
          fmt_size=16) -> bytes:
     """A WAV image: RIFF/WAVE, `extra` chunks (id, body), fmt, data (with an optional lying size)."""
     block = channels * bits // 8
-    fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * block & 0xFFFFFFFF, block & 0xFFFF, bits) + bytes(fmt_size - 16)
+    fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * block & 0xFFFFFFFF, block & 0xFFFF, bits)
+    fmt += bytes(fmt_size - 16)
     body = b"WAVE"
     for cid, payload in extra:
         body += cid + struct.pack("<I", len(payload)) + payload + (b"\0" if len(payload) % 2 else b"")
@@ -235,6 +237,7 @@ def test_mangled_wavs_give_pcm_or_one_error(tmp_path, blob, k):
     whole = _outcome(p)
     chunked = _chunked(p, k)
     assert isinstance(whole, (np.ndarray, AudioError))
+    event("read as PCM" if isinstance(whole, np.ndarray) else "one AudioError")
     if isinstance(whole, np.ndarray):
         np.testing.assert_array_equal(chunked, whole)
     for src in (io.BytesIO(blob),):
@@ -297,18 +300,14 @@ def test_spot_refuses_a_long_clip_with_one_sentence(tmp_path, capsys):
 
 
 def test_device_detect_streams_a_long_file_in_bounded_memory(tmp_path, monkeypatch, capsys):
-    """30 minutes of audio (58 MB) through `device detect --wav`: the detector sees every sample, in
+    """10 minutes of audio (19 MB) through `device detect --wav`: the detector sees every sample, in
     chunks of 1600, and the command's peak Python memory stays a small fraction of the file."""
     import edge.detect
-    import edge.device_cli
     from edge.cli import main
 
-    n = sparse_wav(tmp_path / "long.wav", 30 * 60)
+    n = sparse_wav(tmp_path / "long.wav", 10 * 60)
 
-    class FakeKM:
-        labels = ["yes", "no"]
-
-    class FakeDetector:
+    class FakeDetector:  # the real model is loaded; only the per-chunk work is skipped
         seen = {"samples": 0, "biggest": 0, "flushed": 0}
 
         def __init__(self, km, **kw):
@@ -323,7 +322,6 @@ def test_device_detect_streams_a_long_file_in_bounded_memory(tmp_path, monkeypat
             self.seen["flushed"] += 1
             return []
 
-    monkeypatch.setattr(edge.device_cli, "_models", lambda bundle, state, backend: (FakeKM(), None))
     monkeypatch.setattr(edge.detect, "Detector", FakeDetector)
     tracemalloc.start()
     try:

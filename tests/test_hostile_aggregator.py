@@ -341,3 +341,22 @@ def test_leftovers_of_a_crash_mid_publication_are_swept_under_the_lock(tmp_path)
             sorted(p for p in published if not p.name.startswith("state.sqlite"))
     finally:
         a.close()
+
+
+def test_a_database_left_readable_by_an_older_version_is_narrowed_before_it_is_opened(tmp_path, umask022):
+    from host.aggregator.store import Store
+
+    db = tmp_path / "state.sqlite"
+    old = sqlite3.connect(db)  # as SQLite creates it: 0644 under umask 022, and so its side files
+    old.execute("PRAGMA journal_mode=WAL")
+    old.execute("CREATE TABLE t(x)")
+    old.execute("INSERT INTO t VALUES (1)")
+    old.commit()
+    side = [Path(f"{db}-wal"), Path(f"{db}-shm")]
+    assert mode(db) == 0o644 and all(p.exists() and mode(p) == 0o644 for p in side)
+    s = Store(db)
+    try:
+        assert mode(db) == 0o600 and all(mode(p) == 0o600 for p in side)
+    finally:
+        s.close()
+        old.close()

@@ -160,12 +160,16 @@ def _cast(flat: np.ndarray, dt: str, name: str) -> np.ndarray:
         info = np.iinfo(target)
         if flat.dtype.kind == "f":  # 2^k bounds are exact in a double: min <= v < max + 1
             ok = (flat == np.floor(flat)) & (flat >= float(info.min)) & (flat < float(info.max) + 1)
+            # beyond 2^53 a double is not one integer: the JSON parser turns an integer literal outside
+            # int64/uint64 into the nearest double, which may land on a bound (-2^63 - 1 -> -2^63)
+            ok &= np.abs(flat) < 2.0 ** 53
         else:
             ok = (flat >= int(info.min)) & (flat <= int(info.max))
         if not ok.all():
             i = _first(~ok)
             raise ProtocolError(400, f"input '{name}' element {i} is {flat[i]!r}, which is not a {dt} "
-                                     f"(integers from {info.min} to {info.max}); send {dt} values",
+                                     f"(integers from {info.min} to {info.max}, beyond 2^53 as integer "
+                                     f"literals, not mixed with fractions); send {dt} values",
                                 reason="out_of_range")
     if target.kind == "b" and flat.dtype.kind != "b" and flat.size and not np.isin(flat, (0, 1)).all():
         i = _first(~np.isin(flat, (0, 1)))

@@ -75,6 +75,19 @@ def run(args) -> int:
     return {"detect": _detect, "enroll": _enroll, "adapt": _adapt, "status": _status}[args.action](args)
 
 
+def _recover(state_dir, bundle, sched=None):
+    """Finish or undo what a crash interrupted in the state directory (``AdaptStore.recover``): a
+    commit rolled forward with its energy charged once, staged and temp files of runs that never
+    committed removed. Every command that writes the state starts with it."""
+    from edge.adapt.store import AdaptStore
+    from edge.scheduler import Scheduler
+
+    store = AdaptStore(state_dir, bundle)
+    sched = sched or Scheduler(state_dir)
+    store.recover(sched.charge)
+    return store
+
+
 def _models(bundle, state_dir, backend):
     """The model detection runs: the bundle's encoder, or backbone + the active adapted conv tail."""
     from edge.adapt import Tail, TailModel, classifier_from_bundle
@@ -118,14 +131,15 @@ def _detect(args) -> int:
     from edge.errors import EdgelearnError
 
     bundle = _bundle(args)
-    km, head = _models(bundle, args.state, args.backend)
     state = DeviceState.open(args.state, bundle)
+    _recover(args.state, bundle)
+    km, head = _models(bundle, args.state, args.backend)
     kws = None
     if args.keywords:
         kws = [w for w in km.labels if not w.startswith("_")] if args.keywords == "all" else \
             [w.strip() for w in args.keywords.split(",") if w.strip()]
     feed, replay = (None, None) if args.no_replay else _replay_feeder(bundle, args.state, km, args)
-    det = Detector(km, custom=state.custom(), keywords=kws, threshold=args.threshold,
+    det = Detector(km, custom=state.custom(dim=_embedding_dim(km)), keywords=kws, threshold=args.threshold,
                    stride=args.stride, head=head, on_event=feed)
 
     def show(ev):
@@ -156,6 +170,13 @@ def _detect(args) -> int:
     finally:
         if replay is not None:
             replay.flush()  # batched writes; the last partial batch is written on the way out
+
+
+def _embedding_dim(km) -> int:
+    """The size of the embedding custom keywords score (one inference on silence)."""
+    import numpy as np
+
+    return int(km.infer(np.zeros((1, 49, 10), np.float32))[0].shape[-1])
 
 
 def _enroll(args) -> int:
@@ -203,7 +224,6 @@ def _adapt(args) -> int:
     from edge.adapt.convtrain import choose_sparse
     from edge.adapt.fcache import cached_features
     from edge.adapt.run import train
-    from edge.adapt.store import AdaptStore
     from edge.kws import KeywordModel
     from edge.replay import TAIL_REPLAY, ReplayStore
     from edge.scheduler import Scheduler
@@ -212,7 +232,8 @@ def _adapt(args) -> int:
         from edge.errors import EdgelearnError
         raise EdgelearnError(f"--distill {args.distill} is outside 0..1", fix="pass a weight between 0 and 1")
     bundle = _bundle(args)
-    store = AdaptStore(args.state, bundle)
+    sched = Scheduler(args.state, sysfs_root=args.sysfs_root, idle_s=lambda: 10 ** 6)
+    store = _recover(args.state, bundle, sched)
     if args.rollback:
         print(json.dumps({"context": args.context, "version": store.rollback(args.context)}))
         return 0
@@ -222,7 +243,6 @@ def _adapt(args) -> int:
         return 0
     km = KeywordModel(bundle, backend=args.backend)
     windows, y = _load_data(km, args.data)
-    sched = Scheduler(args.state, sysfs_root=args.sysfs_root, idle_s=lambda: 10 ** 6)
     steps = args.steps
     if not args.force:
         d = sched.decide()
@@ -237,14 +257,21 @@ def _adapt(args) -> int:
     chosen = choose_sparse(tail, x[:32], y[:32], args.memory_budget, args.optimizer) \
         if args.strategy == "sparse" else ()
     tr = ConvTrainer(tail, args.strategy, args.optimizer, rank=args.rank, sparse_weights=chosen)
+    # the replay buffer is written once, in the run's commit (nothing on a pause)
     replay = ReplayStore(args.state, dim=int(np.prod(x.shape[1:])), max_bytes=args.replay_bytes,
-                         name=TAIL_REPLAY)
+                         name=TAIL_REPLAY, flush_every=1 << 62)
     teacher = ConvTail(load_tail(bundle), qparams=bb.qparams).probs if args.distill > 0 else None
+
+    def stage():
+        replay.add_many(tail.to_float(x), y)
+        return {TAIL_REPLAY: replay.staged()}
+
     res = train(tr, x, y, store, args.context, steps, replay=replay, teacher=teacher, distill=args.distill,
-                should_continue=(lambda: True) if args.force else sched.should_continue)
-    sched.spend(res["steps_done"])
-    replay.add_many(tail.to_float(x), y)
-    replay.flush()
+                should_continue=(lambda: True) if args.force else sched.should_continue,
+                charge_seq=sched.charged + 1, stage=stage)
+    if res["status"] == "done":
+        replay.mark_saved()
+    store.recover(sched.charge)  # the run's energy, charged once (its record sits beside the result)
     print(json.dumps({**res, "strategy": args.strategy, "tensors": tr.names, "step_bytes": tr.step_bytes()}))
     return 0
 
@@ -252,20 +279,18 @@ def _adapt(args) -> int:
 def _status(args) -> int:
     from edge.adapt.store import AdaptStore
     from edge.enroll import DeviceState
-    from edge.portable.replay import ReplayBuffer
-    from edge.replay import EMBEDDING_REPLAY, TAIL_REPLAY
+    from edge.replay import EMBEDDING_REPLAY, TAIL_REPLAY, load_replay
+    from edge.scheduler import last_record
 
     bundle = _bundle(args)
     km_labels = list(bundle.labels)
     state = DeviceState.open(args.state, bundle)
-    adapt = AdaptStore(args.state, bundle)
-    log = Path(args.state) / "scheduler.log"
-    last = log.read_text().splitlines()[-1] if log.exists() and log.stat().st_size else None
+    adapt = AdaptStore(args.state, bundle)  # read-only: status never changes the state
+    last = last_record(args.state)
     replay = {}
     for name in (EMBEDDING_REPLAY, TAIL_REPLAY):
-        path = Path(args.state) / name
-        if path.exists():
-            rb = ReplayBuffer.from_bytes(path.read_bytes())
+        rb = load_replay(Path(args.state) / name)
+        if rb is not None:
             replay[name] = {"count": rb.count, "capacity": rb.capacity, "bytes": rb.nbytes,
                             "classes": {km_labels[k] if k < len(km_labels) else k: n
                                         for k, n in sorted(rb.class_counts().items())}}
@@ -278,5 +303,5 @@ def _status(args) -> int:
     verifier = {n: None if v is None else {"version": v, "current": v == current} for n, v in versions.items()}
     print(json.dumps({"bundle": f"{bundle.model_id} v{bundle.version}", "keywords": state.names(),
                       "verifier": verifier, "adapt": adapt.meta, "replay": replay,
-                      "last_schedule": json.loads(last) if last else None}, indent=1))
+                      "last_schedule": last}, indent=1))
     return 0

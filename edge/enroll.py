@@ -40,8 +40,8 @@ import numpy as np
 
 from edge import features as F
 from edge.errors import EdgelearnError
+from edge.atomic import atomic_write
 from edge.portable import proto as P
-from edge.store import atomic_write
 
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
@@ -58,6 +58,61 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9 _'-]{0,31}$")
 
 class StateError(EdgelearnError):
     """The device state directory is unusable (another bundle, corrupt)."""
+
+
+def _real(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def _vector(v, what: str, n: int | None = None) -> int:
+    if not (isinstance(v, list) and v and all(_real(x) for x in v)):
+        raise ValueError(f"{what} is not a list of finite numbers")
+    if n is not None and len(v) != n:
+        raise ValueError(f"{what} has {len(v)} values, the others have {n}")
+    return len(v)
+
+
+def check_keywords(kws) -> list[dict]:
+    """The ``keywords`` list of keywords.json, checked entry by entry (what detection, enrolment and
+    status read); raises ValueError saying which entry and field is wrong."""
+    if not isinstance(kws, list):
+        raise ValueError(f"'keywords' is {type(kws).__name__}, not a list")
+    dim, names = None, set()
+    for i, e in enumerate(kws):
+        where = f"keyword {i + 1}"
+        if not isinstance(e, dict):
+            raise ValueError(f"{where} is {type(e).__name__}, not an object")
+        name = e.get("name")
+        if not isinstance(name, str) or not _NAME.match(name) or name in names:
+            raise ValueError(f"{where} has name {name!r} (not a usable, unique keyword name)")
+        names.add(name)
+        where = f"keyword {name!r}"
+        dim = _vector(e.get("w"), f"{where} 'w'", dim)
+        if "prototype" in e:  # enrolment keeps it (hand-made entries may lack it; detection does not need it)
+            _vector(e["prototype"], f"{where} 'prototype'", dim)
+        for k in ("b", "threshold"):
+            if not _real(e.get(k)):
+                raise ValueError(f"{where} {k!r} is {e.get(k)!r}, not a finite number")
+        if "verify" in e:
+            v = e["verify"]
+            if not isinstance(v, dict):
+                raise ValueError(f"{where} 'verify' is {type(v).__name__}, not an object")
+            ver = v.get("version", 1)
+            if isinstance(ver, bool) or not isinstance(ver, int):
+                raise ValueError(f"{where} verifier version {ver!r} is not a number")
+            if not _real(v.get("threshold")):
+                raise ValueError(f"{where} verifier threshold {v.get('threshold')!r} is not a finite number")
+            q = v.get("qparams", [])
+            if not (isinstance(q, list) and all(_real(x) for x in q)):
+                raise ValueError(f"{where} verifier qparams {q!r} are not numbers")
+            from edge import verify as V
+
+            try:  # templates, steps and levels, as the detector will read them
+                V.unpack(v)
+                V.levels_of(v)
+            except EdgelearnError as err:
+                raise ValueError(f"{where}: {err.problem}") from None
+    return kws
 
 
 class CustomKeywords:
@@ -121,6 +176,7 @@ class DeviceState:
     def __init__(self, root: Path, model_id: str, version: int, keywords: list[dict], bundle=None):
         self.root, self.model_id, self.version, self.keywords = Path(root), model_id, version, keywords
         self.bundle = bundle
+        self.path = self.root / "keywords.json"
 
     @classmethod
     def open(cls, root, bundle) -> "DeviceState":
@@ -131,15 +187,20 @@ class DeviceState:
         if not path.exists():
             return cls(root, bundle.model_id, bundle.version, [], bundle)
         try:
-            data = json.loads(path.read_text())
-            mid, ver, kws = data["model_id"], int(data["model_version"]), list(data["keywords"])
+            data = json.loads(path.read_bytes())
+            if not isinstance(data, dict):
+                raise ValueError(f"it holds {type(data).__name__}, not an object")
             if data.get("format") not in READABLE_FORMATS:
-                raise ValueError(f"format {data.get('format')}, this runtime reads {READABLE_FORMATS}")
-        except (ValueError, KeyError, TypeError, OSError) as e:
-            raise StateError(f"{path} is unreadable ({e})",
+                raise ValueError(f"format {data.get('format')!r}, this runtime reads {READABLE_FORMATS}")
+            mid, ver = data.get("model_id"), data.get("model_version")
+            if not isinstance(mid, str) or isinstance(ver, bool) or not isinstance(ver, int):
+                raise ValueError(f"model {mid!r} v{ver!r} is not a model id and version")
+            kws = check_keywords(data.get("keywords"))
+        except (ValueError, OSError) as e:  # JSON and UTF-8 errors are ValueErrors
+            raise StateError(f"{path} is unreadable ({getattr(e, 'strerror', None) or e})",
                              fix="restore it from a backup or delete it and enrol again") from None
         if (mid, ver) != (bundle.model_id, bundle.version):
-            raise StateError(f"state directory {root} belongs to bundle {mid} v{ver}, not "
+            raise StateError(f"state directory {root} belongs to bundle {mid} v{ver} (says {path}), not "
                              f"{bundle.model_id} v{bundle.version}; its keywords were learned with "
                              "another encoder", fix="use the matching bundle, another --state "
                              "directory, or re-enrol the keywords for this bundle")
@@ -154,8 +215,19 @@ class DeviceState:
     def names(self) -> list[str]:
         return [k["name"] for k in self.keywords]
 
-    def custom(self, verify: bool = True) -> CustomKeywords | None:
-        return CustomKeywords(self.keywords, self.bundle, verify) if self.keywords else None
+    def custom(self, verify: bool = True, dim: int | None = None) -> CustomKeywords | None:
+        """The enrolled keywords' scorer (None if there are none). ``dim``: the embedding size of the
+        model that will score them, checked against theirs."""
+        if not self.keywords:
+            return None
+        n = len(self.keywords[0]["w"])
+        if dim is not None and n != dim:
+            raise StateError(f"keywords in {self.path} score {n}-d embeddings, this bundle's encoder gives {dim}",
+                             fix="restore the file from a backup, or delete it and enrol again")
+        try:
+            return CustomKeywords(self.keywords, self.bundle, verify)
+        except EdgelearnError as e:  # a verifier entry this bundle cannot read
+            raise StateError(f"{self.path}: {e.problem}", fix=e.fix) from None
 
 
 def check_name(name: str, base_labels, existing) -> str:
@@ -272,7 +344,8 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
     rng = np.random.default_rng(seed)
     pos, _ = km.infer(km.features(augment([windows[i] for i in keep], rng)))
     bank = negative_bank(km.bundle)
-    others = [np.asarray(k["prototype"], np.float32) for k in state.keywords if k["name"] != norm]
+    others = [np.asarray(k["prototype"], np.float32) for k in state.keywords
+              if k["name"] != norm and "prototype" in k]
     neg = np.concatenate([bank] + ([np.stack(others)] if others else []))
     w, b = train_head(pos, neg)
     ck = CustomKeywords([{"name": norm, "w": w, "b": b, "threshold": 0.5}])

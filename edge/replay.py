@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.atomic import atomic_write
 from edge.errors import EdgelearnError
-from edge.portable.replay import _SLOT_FMT, SLOT_OVERHEAD, ReplayBuffer, ReplayError
-from edge.store import atomic_write
+from edge.portable.replay import _SLOT_FMT, HEADER_BYTES, HEADER_FMT, MAGIC, SLOT_OVERHEAD, ReplayBuffer, ReplayError
 
 EMBEDDING_REPLAY = "replay.bin"
 TAIL_REPLAY = "replay_tail.bin"
@@ -51,20 +51,45 @@ def slot_arrays(replay, slots) -> tuple[np.ndarray, np.ndarray]:
     return rx, ry
 
 
+def load_replay(path, dim: int | None = None) -> ReplayBuffer | None:
+    """The replay buffer in ``path`` (None if there is none), or one EdgelearnError naming the file.
+
+    The header is checked against the file's size before anything is allocated, so a garbled
+    capacity or dimension cannot ask for gigabytes. ``dim``: the vector size the caller needs."""
+    path = Path(path)
+    fix = "delete the file to start an empty replay buffer (it only holds examples to rehearse)"
+    try:
+        if not path.exists():
+            return None
+        data = path.read_bytes()
+    except OSError as e:
+        raise EdgelearnError(f"replay file {path} is unreadable ({e.strerror or e})", fix=fix) from None
+    try:
+        if len(data) < HEADER_BYTES:
+            raise ReplayError(f"{len(data)} bytes, shorter than the {HEADER_BYTES}-byte header (truncated)")
+        magic, hdim, cap, _, _ = struct.unpack_from(HEADER_FMT, data, 0)
+        if magic != MAGIC:
+            raise ReplayError(f"not a replay buffer (magic {magic!r})")
+        if hdim < 1 or len(data) != HEADER_BYTES + cap * (SLOT_OVERHEAD + hdim):
+            raise ReplayError(f"{len(data)} bytes do not hold the {cap} slots of {hdim} values its header "
+                              "says (truncated or corrupted)")
+        rb = ReplayBuffer.from_bytes(data)
+    except (ReplayError, ValueError, struct.error) as e:
+        raise EdgelearnError(f"replay file {path} is damaged: {e}", fix=fix) from None
+    if dim is not None and rb.dim != dim:
+        raise EdgelearnError(f"replay file {path} holds {rb.dim}-d vectors, the model gives {dim}",
+                             fix="delete the file; it was made for another encoder")
+    return rb
+
+
 class ReplayStore:
     def __init__(self, state_dir, dim: int = 64, max_bytes: int = 64 * 1024, flush_every: int = 32,
                  name: str = EMBEDDING_REPLAY):
         self.path = Path(state_dir) / name
         self.flush_every = flush_every
-        if self.path.exists():
-            try:
-                self.buffer = ReplayBuffer.from_bytes(self.path.read_bytes())
-            except (ReplayError, OSError) as e:
-                raise EdgelearnError(f"{self.path}: {e}",
-                                     fix="delete the file to start an empty replay buffer") from None
-            if self.buffer.dim != dim:
-                raise EdgelearnError(f"{self.path} holds {self.buffer.dim}-d vectors, the model gives {dim}",
-                                     fix="delete the file; it was made for another encoder")
+        loaded = load_replay(self.path, dim)
+        if loaded is not None:
+            self.buffer = loaded
         else:
             try:
                 self.buffer = ReplayBuffer(dim, max_bytes)
@@ -130,4 +155,12 @@ class ReplayStore:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, self.buffer.to_bytes())
+        self.buffer.mark_saved()
+
+    def staged(self) -> bytes:
+        """The buffer's file image, for a caller that commits it together with other files
+        (``AdaptStore.save(stage=...)``); call ``mark_saved()`` once it is in place."""
+        return self.buffer.to_bytes()
+
+    def mark_saved(self) -> None:
         self.buffer.mark_saved()

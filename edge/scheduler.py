@@ -6,8 +6,15 @@ and ``sys/class/thermal/thermal_zone*/temp`` (millidegrees; the hottest zone
 counts). A missing or unreadable file is *unknown*, logged once per read with
 its path, and the policy (``edge.portable.schedule``, shared with the ESP32)
 treats unknowns conservatively. Every decision is logged with its reason to
-``<state>/scheduler.log`` (one JSON line each) and the policy's budget and
-hysteresis are persisted atomically, so a reboot cannot reset them.
+``<state>/scheduler.log`` (one JSON line each; 0600, fdatasync'd, rotated to
+``scheduler.log.1`` at ``LOG_MAX_BYTES`` so it never grows past two files; a line torn by a
+crash is skipped by ``last_record``) and the policy's budget and hysteresis are persisted
+atomically in ``scheduler.state``, so a reboot cannot reset them.
+
+Charges are idempotent: ``charge(seq, steps)`` spends only if ``seq`` is above the last
+charge applied (kept in ``scheduler.state`` after the portable policy's bytes), so a run
+that recorded its charge beside its result (``edge.adapt.store``) is charged exactly once
+however often a crash makes the charge be replayed.
 
 The energy per training step is estimated from the target profile's energy per
 MAC (``[compute.cpu] energy_pj_per_mac`` in a profile TOML) times the MACs of
@@ -22,14 +29,42 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import time
 from pathlib import Path
 
+from edge.atomic import append_line, atomic_write
+from edge.errors import EdgelearnError
 from edge.portable.schedule import PAUSE, TRAIN, Readings, SchedulePolicy
-from edge.store import atomic_write
 
 log = logging.getLogger("edgelearn.scheduler")
 DEFAULT_PJ_PER_MAC = 800.0  # rpi4 profile: ~4 W under load / 5 GMAC/s
+LOG_MAX_BYTES = 64 * 1024
+LOG_NAME, STATE_NAME = "scheduler.log", "scheduler.state"
+_CHARGED = struct.Struct("<4sQ")  # after the portable state: b"CHG1", the last charge sequence applied
+
+
+def last_record(state_dir) -> dict | None:
+    """The newest whole decision in ``scheduler.log`` (or its rotated ``.1``); torn or foreign lines
+    are skipped. None when there is none; one EdgelearnError if the log cannot be read at all."""
+    for path in (Path(state_dir) / LOG_NAME, Path(state_dir) / (LOG_NAME + ".1")):
+        try:
+            if not path.exists():
+                continue
+            with open(path, "rb") as f:
+                f.seek(max(0, path.stat().st_size - 2 * LOG_MAX_BYTES))
+                lines = f.read().splitlines()
+        except OSError as e:
+            raise EdgelearnError(f"scheduler log {path} is unreadable ({e.strerror or e})",
+                                 fix="fix its permissions, or delete it (it is only a log)") from None
+        for line in reversed(lines):
+            try:
+                rec = json.loads(line)
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("action"), str):
+                return rec
+    return None
 
 
 def read_sysfs(root, now_s: float, idle_s=None) -> tuple[Readings, list[str]]:
@@ -114,12 +149,22 @@ class Scheduler:
         self.root = Path(sysfs_root)
         self.idle_s, self.clock = idle_s, clock
         self.policy = policy or SchedulePolicy(joules_per_step=joules_per_step(DEFAULT_PJ_PER_MAC))
-        self.log_path = self.state / "scheduler.log"
-        sp = self.state / "scheduler.state"
+        self.log_path = self.state / LOG_NAME
+        self.state_path = self.state / STATE_NAME
+        self.charged = 0  # the last charge sequence applied
+        sp = self.state_path
         if sp.exists():
             try:
-                self.policy.load_state(sp.read_bytes())
-            except ValueError as e:
+                data = sp.read_bytes()
+                n = len(self.policy.state_bytes())
+                if len(data) == n + _CHARGED.size:
+                    magic, self.charged = _CHARGED.unpack_from(data, n)
+                    if magic != b"CHG1":
+                        raise ValueError(f"not a charge record (magic {magic!r})")
+                    data = data[:n]
+                self.policy.load_state(data)
+            except (ValueError, OSError, struct.error) as e:
+                self.charged = 0
                 log.warning("scheduler state %s unreadable (%s); starting a fresh day budget", sp, e)
         self.last = None
 
@@ -133,8 +178,7 @@ class Scheduler:
             log.warning("sysfs: %s", p)
         log.info("schedule: %s %d steps (%s)", d.action, d.steps, d.reason)
         self.state.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        append_line(self.log_path, json.dumps(rec), LOG_MAX_BYTES)
         self.last = d
         return d
 
@@ -144,8 +188,21 @@ class Scheduler:
 
     def spend(self, steps: int) -> None:
         self.policy.spend(steps, self.clock())
+        self._save()
+
+    def charge(self, seq: int, steps: int) -> bool:
+        """Spend ``steps`` unless charge ``seq`` (or a later one) was already applied; True if spent."""
+        if seq <= self.charged:
+            return False
+        self.policy.spend(steps, self.clock())
+        self.charged = seq
+        self._save()
+        return True
+
+    def _save(self) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.state / "scheduler.state", self.policy.state_bytes())
+        atomic_write(self.state_path, self.policy.state_bytes() + _CHARGED.pack(b"CHG1", self.charged))
 
 
-__all__ = ["Scheduler", "read_sysfs", "joules_per_step", "profile_pj_per_mac", "PAUSE", "TRAIN"]
+__all__ = ["Scheduler", "read_sysfs", "last_record", "joules_per_step", "profile_pj_per_mac", "PAUSE", "TRAIN",
+           "LOG_MAX_BYTES"]

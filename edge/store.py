@@ -30,31 +30,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from edge.atomic import atomic_write, fsync_dir  # noqa: F401  (the one implementation; host.bundle imports them here)
 from edge.errors import BundleError
-
-
-def fsync_dir(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path, data: bytes) -> None:
-    """Write bytes so that a crash leaves either the old file or the new one, never a mix."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def smoke_check_models(bundle, backend: str = "auto", placements=("cpu",)) -> None:

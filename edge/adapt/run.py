@@ -5,7 +5,18 @@ says no, the trainer's full state (delta, optimiser moments, step count, data
 cursor) is checkpointed atomically and the loop returns ``"paused"``. Calling
 again with the same context resumes from the checkpoint. On completion the
 adapted delta (LoRA merged) becomes the context's new version and the
-checkpoint is removed.
+checkpoint is removed, in one commit (``AdaptStore.save``).
+
+A checkpoint is resumed only by the same run: the same context, strategy, optimiser,
+tensors, step count, the same data (a digest) and the same starting version (``base``), so
+a checkpoint left by a run that committed just before a crash is never resumed on top of the
+version it produced. A checkpoint that does not fit the trainer's state is ignored.
+
+Energy: with ``charge_seq`` (the scheduler's next charge sequence) every step is charged
+once: a pause records ``{"seq", "steps"}`` (the steps since the last charge) in the
+checkpoint, the commit records the rest beside the new version, and the caller applies them
+with ``AdaptStore.recover(scheduler.charge)``; a crash between the record and the scheduler's
+write replays the charge, which the sequence makes idempotent.
 
     >>> res = train(trainer, x, y, store, "default", steps=200, should_continue=sched.ok)
     >>> res["status"], res["steps_done"]
@@ -14,14 +25,28 @@ checkpoint is removed.
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from edge.adapt.trainer import mix_replay
 
 
+def data_digest(x, y) -> str:
+    h = hashlib.sha256(np.ascontiguousarray(x).tobytes())
+    h.update(str(np.shape(x)).encode() + np.asarray(y, np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _fits(state: dict, ck: dict) -> bool:
+    """Does a checkpoint hold exactly the tensors (names, shapes) of this trainer's state?"""
+    return set(ck) - {"cursor"} == set(state) and all(np.shape(ck[k]) == np.shape(v) for k, v in state.items())
+
+
 def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, replay=None,
           replay_n: int = 16, should_continue=lambda: True, checkpoint_every: int = 50,
-          seed: int = 0, teacher=None, distill: float = 0.5) -> dict:
+          seed: int = 0, teacher=None, distill: float = 0.5, charge_seq: int | None = None,
+          stage=None) -> dict:
     """Run ``steps`` steps (or resume them); see the module docstring.
 
     With ``teacher`` (``x -> probs`` of the model before adapting, e.g. the bundle's tail), the
@@ -32,15 +57,23 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
     A conv-tail trainer (``ConvTrainer``) gets its inputs prepared once per run: the part of the
     tail no trained tensor changes (``ConvTrainer.prepare``), for the local examples and every
     replay slot, and the teacher's posteriors per replay slot (``ReplayPool``).
+
+    ``stage``: a callable giving ``{path relative to the state directory: bytes}`` to commit with
+    the new version (the replay buffer with this run's examples); ``charge_seq``: see the module
+    docstring.
     """
     info = {"context": context, "strategy": trainer.strategy, "optimizer": trainer.optimizer,
             "steps": steps, "n": int(len(x)), "distill": float(distill) if teacher is not None else 0.0,
-            "tensors": list(trainer.names)}
-    done, losses = 0, []
+            "tensors": list(trainer.names), "base": store.current(context), "data": data_digest(x, y)}
+    done, charged, losses, first = 0, 0, [], None  # first: the run's first loss (kept across a pause)
     ck, ck_info = store.load_checkpoint()
-    if ck is not None and {k: ck_info.get(k) for k in info} == info:
-        trainer.load_state({k: v for k, v in ck.items() if k != "cursor"})
-        done = int(ck_info["done"])
+    if ck is not None and {k: ck_info.get(k) for k in info} == info and _fits(trainer.state(), ck):
+        ck_done, ck_charged = ck_info.get("done"), ck_info.get("charged", 0)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (ck_done, ck_charged)) \
+                and 0 <= ck_charged <= ck_done <= steps:
+            trainer.load_state({k: v for k, v in ck.items() if k != "cursor"})
+            done, charged = ck_done, ck_charged
+            first = ck_info.get("loss_first") if isinstance(ck_info.get("loss_first"), float) else None
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(x))
     pool, conv = None, hasattr(trainer, "replay_pool")
@@ -49,7 +82,9 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
         x = trainer.prepare(x)
     while done < steps:
         if not should_continue():
-            store.save_checkpoint(trainer.state(), {**info, "done": done})
+            charge = {"seq": charge_seq, "steps": done - charged} if charge_seq is not None else None
+            store.save_checkpoint(trainer.state(), {**info, "done": done, "charged": done if charge else charged,
+                                                    "charge": charge, "loss_first": first})
             return {"status": "paused", "steps_done": done, "loss": losses[-1] if losses else None}
         idx = order[(done * batch + np.arange(batch)) % len(x)]
         soft = None
@@ -67,10 +102,12 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
             r = slice(len(idx), None)
             targets[r] = (1.0 - distill) * targets[r] + distill * soft
         losses.append(trainer.step(bx, by, targets=targets))
+        first = losses[-1] if first is None else first
         done += 1
         if done % checkpoint_every == 0 and done < steps:
-            store.save_checkpoint(trainer.state(), {**info, "done": done})
-    version = store.save(context, trainer.tail.merged(), {**info, "final_loss": losses[-1] if losses else None})
-    store.clear_checkpoint()
+            store.save_checkpoint(trainer.state(), {**info, "done": done, "charged": charged, "loss_first": first})
+    charge = {"seq": charge_seq, "steps": done - charged} if charge_seq is not None else None
+    version = store.save(context, trainer.tail.merged(), {**info, "final_loss": losses[-1] if losses else None},
+                         stage=stage() if stage is not None else None, charge=charge)
     return {"status": "done", "steps_done": done, "version": version,
-            "loss_first": losses[0] if losses else None, "loss": losses[-1] if losses else None}
+            "loss_first": first, "loss": losses[-1] if losses else None}

@@ -4,11 +4,26 @@ Layout under ``<state>/adapt/``::
 
     <context>/v<N>.npz   one adapted delta (only the tensors that differ from the base)
     active.json          {"active": context, "model": [id, version],
-                          "contexts": {context: {"current": N, "previous": M|null}}}
+                          "contexts": {context: {"current": N, "previous": M|null}},
+                          "pending": {...}  only between a commit and its roll-forward}
     checkpoint.npz       a paused training run (delta + optimiser state), if any
+    pending/             files staged for a commit (a new version, the replay buffer)
+    .lock                flock'd while a commit or a recovery runs (one writer at a time)
 
-Every file is written with ``atomic_write`` and the pointer flips last, so a
-power cut leaves the previous adapted state (or the bare base) loadable.
+A run commits by one atomic write of ``active.json``. Before it, the new version and
+every other file of the run (``save(stage=...)``: the replay buffer) are written
+(``edge.atomic.atomic_write``) to ``pending/``; the pointer then flips and names them and the
+run's energy charge (``pending``); after it they are renamed into place, the run's checkpoint is
+removed and ``pending`` dropped. ``recover()`` (the start of every writing command) finishes a
+commit a crash cut short (roll forward: renames, checkpoint, the charge, via the scheduler's
+idempotent ``charge``) and removes what an uncommitted run left (staged files nothing names,
+the temp files of interrupted atomic writes). So a crash at any point leaves either the state
+before the run or the state after it, never a mix: no orphan version, no stale checkpoint on top
+of a saved version, energy charged exactly once.
+
+Every file is read by a validated loader: a damaged pointer or version is one ``EdgelearnError``
+naming the file (nothing is deleted); a damaged checkpoint is a cache of computation and is
+ignored (the run starts over).
 
     >>> st = AdaptStore("state", bundle)
     >>> st.save("kitchen", trainer.tail.merged(), {"strategy": "lora"})
@@ -18,17 +33,38 @@ power cut leaves the previous adapted state (or the bare base) loadable.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import logging
+import math
+import os
 import re
+import struct
+import tokenize
+import zipfile
+import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from edge import atomic
+from edge.atomic import atomic_write
 from edge.errors import EdgelearnError
-from edge.store import atomic_write
 
+log = logging.getLogger("edgelearn.adapt")
 _CONTEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
+_VERSION = re.compile(r"^v([1-9][0-9]{0,8})\.npz$")
+META, CHECKPOINT, PENDING = "active.json", "checkpoint.npz", "pending"
+MAX_NPZ_BYTES = 256 << 20
+# what a delta may hold: the conv tail's tensors and factors, or the embedding head's
+CONV_NAMES = ("dw4_w", "dw4_b", "pw4_w", "pw4_b", "cls_w", "cls_b", "pw4.lora_a", "pw4.lora_b", "cls.lora_a",
+              "cls.lora_b", "pw4.adapter_a", "pw4.adapter_b", "cls.adapter_a", "cls.adapter_b")
+HEAD_NAMES = ("proj.w", "proj.b", "classifier.w", "classifier.b", "adapter.a", "adapter.b", "proj.lora_a",
+              "proj.lora_b", "classifier.lora_a", "classifier.lora_b")
+_READ_ERRORS = (OSError, ValueError, EOFError, KeyError, SyntaxError, TypeError, OverflowError, struct.error,
+                zlib.error, zipfile.BadZipFile, NotImplementedError, RuntimeError, tokenize.TokenError)
 
 
 def npz_bytes(arrays: dict) -> bytes:
@@ -37,67 +73,342 @@ def npz_bytes(arrays: dict) -> bytes:
     return buf.getvalue()
 
 
+def _npz_arrays(path: Path) -> dict:
+    """The arrays of an .npz, each member's header checked against its size before it is read (a
+    garbled shape cannot ask for gigabytes); raises one of ``_READ_ERRORS`` when damaged."""
+    if path.stat().st_size > MAX_NPZ_BYTES:
+        raise ValueError(f"{path.stat().st_size} bytes, more than an adapted delta can be")
+    out = {}
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if not info.filename.endswith(".npy") or info.file_size > MAX_NPZ_BYTES:
+                raise ValueError(f"member {info.filename!r} is not an array")
+            raw = zf.read(info)  # CRC checked
+            f = io.BytesIO(raw)
+            version = np.lib.format.read_magic(f)
+            header = np.lib.format.read_array_header_2_0 if version >= (2, 0) else np.lib.format.read_array_header_1_0
+            shape, _, dtype = header(f)
+            if dtype.hasobject:
+                raise ValueError(f"member {info.filename!r} holds Python objects")
+            if math.prod(shape) * dtype.itemsize != len(raw) - f.tell():
+                raise ValueError(f"member {info.filename!r} is not the {shape} {dtype} its header says")
+            out[info.filename[:-4]] = np.load(io.BytesIO(raw), allow_pickle=False)
+    return out
+
+
 def read_npz(path: Path) -> dict:
     try:
-        with np.load(path) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as e:
+        return _npz_arrays(Path(path))
+    except _READ_ERRORS as e:
         raise EdgelearnError(f"{path} is unreadable ({e})", fix="roll back or delete it") from None
+
+
+def _info(arrays: dict) -> dict:
+    raw = arrays.pop("__info__", None)
+    if raw is None:
+        return {}
+    if not (isinstance(raw, np.ndarray) and raw.dtype == np.uint8 and raw.ndim == 1):
+        raise ValueError("its __info__ is not a JSON byte string")
+    info = json.loads(bytes(raw).decode())
+    if not isinstance(info, dict):
+        raise ValueError("its __info__ is not a JSON object")
+    return info
+
+
+def delta_shapes(bundle) -> dict | None:
+    """Allowed shape per delta tensor for this bundle (None in a factor's rank), or None when the
+    bundle carries no tail to check against."""
+    if not getattr(bundle, "manifest", None):
+        return None
+    from edge.adapt.conv import load_tail
+
+    try:
+        t = load_tail(bundle)
+    except EdgelearnError:
+        return None
+    c, k = t["pw4_w"].shape[0], t["cls_w"].shape[1]
+    shapes = {n: tuple(t[n].shape) for n in ("dw4_w", "dw4_b", "pw4_w", "pw4_b", "cls_w", "cls_b")}
+    shapes.update({"pw4.lora_a": (c, None), "pw4.lora_b": (None, c), "cls.lora_a": (c, None),
+                   "cls.lora_b": (None, k), "pw4.adapter_a": (c, None), "pw4.adapter_b": (None, c),
+                   "cls.adapter_a": (k, None), "cls.adapter_b": (None, k),
+                   "proj.w": (c, c), "proj.b": (c,), "classifier.w": (c, k), "classifier.b": (k,),
+                   "adapter.a": (c, None), "adapter.b": (None, c), "proj.lora_a": (c, None),
+                   "proj.lora_b": (None, c), "classifier.lora_a": (c, None), "classifier.lora_b": (None, k)})
+    return shapes
+
+
+def check_delta(arrays: dict, shapes: dict | None) -> None:
+    """Raise ValueError unless ``arrays`` is a delta a tail can run: known names of one kind (conv
+    tail or embedding head), finite float tensors, the bundle's shapes, matching factor ranks."""
+    names = set(arrays)
+    unknown = sorted(names - set(CONV_NAMES) - set(HEAD_NAMES))
+    if unknown:
+        raise ValueError(f"tensors {unknown} are no tail's")
+    if names & set(CONV_NAMES) and names & set(HEAD_NAMES):
+        raise ValueError("it mixes conv-tail and embedding-head tensors")
+    ranks = {}
+    for name, a in arrays.items():
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f" or a.ndim not in (1, 2) or a.size == 0:
+            raise ValueError(f"{name} is not a float vector or matrix ({getattr(a, 'dtype', type(a))}, "
+                             f"shape {getattr(a, 'shape', None)})")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{name} holds NaN or inf")
+        want = (shapes or {}).get(name)
+        if want is not None and (len(want) != a.ndim or any(w is not None and w != s for w, s in zip(want, a.shape))):
+            raise ValueError(f"{name} has shape {a.shape}, this bundle's tail needs {want}")
+        if name.endswith(("_a", ".a")) and a.ndim == 2:
+            ranks.setdefault(name[:-1], [None, None])[0] = a.shape[1]
+        if name.endswith(("_b", ".b")) and a.ndim == 2 and ("lora" in name or "adapter" in name):
+            ranks.setdefault(name[:-1], [None, None])[1] = a.shape[0]
+    for stem, (ra, rb) in ranks.items():
+        if ("lora" in stem or "adapter" in stem) and ra != rb:
+            raise ValueError(f"factors {stem}a/{stem}b have ranks {ra} and {rb}")
+
+
+def _version_number(v, what: str):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 10 ** 9:
+        raise ValueError(f"{what} is {v!r}, not a version number")
+    return v
+
+
+def check_meta(meta, model) -> dict:
+    """The pointer document, checked field by field; raises ValueError saying what is wrong."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"it holds {type(meta).__name__}, not an object")
+    if not isinstance(meta.get("contexts"), dict):
+        raise ValueError("'contexts' is not an object")
+    for name, entry in meta["contexts"].items():
+        if not _CONTEXT.match(name):
+            raise ValueError(f"context name {name!r} is not usable")
+        if not isinstance(entry, dict):
+            raise ValueError(f"context {name!r} is {entry!r}, not an object")
+        _version_number(entry.get("current"), f"context {name!r} current")
+        _version_number(entry.get("previous"), f"context {name!r} previous")
+    active = meta.get("active")
+    if active is not None and (not isinstance(active, str) or active not in meta["contexts"]):
+        raise ValueError(f"the active context {active!r} is not one of its contexts")
+    m = meta.get("model")
+    if not (isinstance(m, list) and len(m) == 2 and isinstance(m[0], str)
+            and isinstance(m[1], int) and not isinstance(m[1], bool)):
+        raise ValueError(f"'model' is {m!r}, not [model_id, version]")
+    pending = meta.get("pending")
+    if pending is not None:
+        if not isinstance(pending, dict) or not isinstance(pending.get("moves", []), list):
+            raise ValueError("'pending' is not a commit record")
+        for mv in pending.get("moves", []):
+            if not (isinstance(mv, list) and len(mv) == 2 and all(isinstance(p, str) for p in mv)
+                    and all(_safe_rel(p) for p in mv)):
+                raise ValueError(f"pending move {mv!r} is not a pair of state-relative paths")
+        charges = pending.get("charges", [])
+        if not isinstance(charges, list):
+            raise ValueError("pending 'charges' is not a list")
+        for c in charges:
+            _check_charge(c)
+    return meta
+
+
+def _safe_rel(p: str) -> bool:
+    parts = Path(p).parts
+    return bool(parts) and not Path(p).is_absolute() and ".." not in parts
+
+
+def _check_charge(c):
+    if c is None:
+        return None
+    if not (isinstance(c, dict) and all(isinstance(c.get(k), int) and not isinstance(c.get(k), bool)
+                                        and c[k] >= 0 for k in ("seq", "steps"))):
+        raise ValueError(f"charge {c!r} is not {{seq, steps}}")
+    return c
 
 
 class AdaptStore:
     def __init__(self, state_dir, bundle):
-        self.root = Path(state_dir) / "adapt"
+        self.state = Path(state_dir)
+        self.root = self.state / "adapt"
+        self.bundle = bundle
         self.model = [bundle.model_id, bundle.version]
+        self.meta_path = self.root / META
         self.meta = self._read_meta()
+        self._shapes = False  # computed on the first load
 
+    # -- the pointer ---------------------------------------------------------------------------
     def _read_meta(self) -> dict:
-        path = self.root / "active.json"
-        if not path.exists():
-            return {"active": None, "model": self.model, "contexts": {}}
+        path = self.meta_path
+        fix = (f"restore it from a backup, or delete it to run the base model (the adapted versions "
+               f"under {self.root} are kept)")
         try:
-            meta = json.loads(path.read_text())
-        except ValueError as e:
-            raise EdgelearnError(f"{path} is corrupt ({e})", fix="delete it to return to the base model") from None
-        if meta.get("model") != self.model:
+            if not path.exists():
+                return {"active": None, "model": self.model, "contexts": {}}
+            meta = json.loads(path.read_bytes())
+            check_meta(meta, self.model)
+        except OSError as e:
+            raise EdgelearnError(f"{path} is unreadable ({e.strerror or e})", fix=fix) from None
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise EdgelearnError(f"{path} is not a valid adapt pointer ({e})", fix=fix) from None
+        if meta["model"] != self.model:
             raise EdgelearnError(f"adapted parameters in {self.root} were trained on bundle "
-                                 f"{meta.get('model')}, not {self.model}",
+                                 f"{meta.get('model')}, not {self.model} (says {path})",
                                  fix="use the matching bundle or delete the adapt/ directory")
         return meta
 
     def _write_meta(self) -> None:
-        atomic_write(self.root / "active.json", json.dumps(self.meta, indent=1).encode())
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.meta_path, json.dumps(self.meta, indent=1).encode())
+
+    @contextmanager
+    def _locked(self):
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     @staticmethod
     def check_context(context: str) -> str:
-        if not _CONTEXT.match(context or ""):
+        if not isinstance(context, str) or not _CONTEXT.match(context or ""):
             raise EdgelearnError(f"context name {context!r} is not usable",
                                  fix="use 1-32 letters, digits, _ or -")
         return context
 
-    def save(self, context: str, delta: dict, info: dict | None = None) -> int:
+    def current(self, context: str | None = None):
+        """The current version number of ``context`` (the active one by default), or None."""
+        context = context or self.meta.get("active")
+        return (self.meta["contexts"].get(context) or {}).get("current") if context else None
+
+    def _next_version(self, context: str) -> int:
+        entry = self.meta["contexts"].get(context) or {}
+        on_disk = [int(m[1]) for p in (self.root / context).glob("v*.npz") if (m := _VERSION.match(p.name))]
+        return max(on_disk + [entry.get("current") or 0, entry.get("previous") or 0]) + 1
+
+    def _version_path(self, context: str, version: int) -> Path:
+        """Where version ``version`` of ``context`` is: in place, or still staged by a commit that a
+        crash stopped before its roll-forward."""
+        final = self.root / context / f"v{version}.npz"
+        for staged, target in (self.meta.get("pending") or {}).get("moves", []):
+            if self.state / target == final and (self.state / staged).exists():
+                return self.state / staged
+        return final
+
+    # -- commit ---------------------------------------------------------------------------------
+    def save(self, context: str, delta: dict, info: dict | None = None, stage: dict | None = None,
+             charge: dict | None = None) -> int:
+        """Make ``delta`` the context's new current version, in one commit with ``stage``
+        ({path relative to the state directory: bytes}, e.g. the replay buffer) and ``charge``
+        ({"seq", "steps"}: energy the caller's scheduler books with ``recover``); returns N."""
         self.check_context(context)
-        d = self.root / context
-        d.mkdir(parents=True, exist_ok=True)
-        entry = self.meta["contexts"].get(context, {"current": None, "previous": None})
-        version = max([int(p.stem[1:]) for p in d.glob("v*.npz")] + [0]) + 1
-        arrays = dict(delta)
-        arrays["__info__"] = np.frombuffer(json.dumps(info or {}).encode(), np.uint8)
-        atomic_write(d / f"v{version}.npz", npz_bytes(arrays))
-        self.meta["contexts"][context] = {"current": version, "previous": entry["current"]}
-        self.meta["active"] = context
-        self._write_meta()
+        check_delta(dict(delta), None)
+        with self._locked():
+            self._recover_files()
+            version = self._next_version(context)
+            pend = self.root / PENDING
+            pend.mkdir(parents=True, exist_ok=True)
+            arrays = dict(delta)
+            arrays["__info__"] = np.frombuffer(json.dumps(info or {}).encode(), np.uint8)
+            moves = [(pend / f"{context}.v{version}.npz", self.root / context / f"v{version}.npz")]
+            for rel, data in (stage or {}).items():
+                if not _safe_rel(rel):
+                    raise EdgelearnError(f"cannot stage {rel!r}", fix="give a path inside the state directory")
+                moves.append((pend / Path(rel).name, self.state / rel))
+            atomic_write(moves[0][0], npz_bytes(arrays))
+            for (staged, _), data in zip(moves[1:], (stage or {}).values()):
+                atomic_write(staged, data)
+            entry = self.meta["contexts"].get(context) or {"current": None, "previous": None}
+            self.meta["contexts"][context] = {"current": version, "previous": entry.get("current")}
+            self.meta["active"] = context
+            charges = (self.meta.get("pending") or {}).get("charges", []) + ([_check_charge(charge)] if charge else [])
+            self.meta["pending"] = {"moves": [[str(s.relative_to(self.state)), str(t.relative_to(self.state))]
+                                              for s, t in moves], "charges": charges}
+            self._write_meta()  # the commit
+            self._roll_forward()
+            if not charges:
+                self.meta.pop("pending")
+                self._write_meta()
         return version
 
+    def _roll_forward(self) -> None:
+        """The commit's renames and its checkpoint's removal (idempotent: a crash may repeat it)."""
+        pending = self.meta.get("pending")
+        if pending is None:
+            return
+        for staged, target in pending.get("moves", []):
+            src, dst = self.state / staged, self.state / target
+            if src.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                atomic.replace(src, dst)
+        _, ck = self.load_checkpoint()
+        ctx = (ck or {}).get("context")
+        if isinstance(ctx, str) and ctx in self.meta["contexts"] and ck.get("base") != self.current(ctx):
+            atomic.remove(self.root / CHECKPOINT)  # the run just committed (its context moved on)
+
+    def _recover_files(self) -> None:
+        """Roll a committed run forward; remove what uncommitted ones and interrupted writes left."""
+        self._roll_forward()
+        pend = self.root / PENDING
+        named = {self.state / s for s, _ in (self.meta.get("pending") or {}).get("moves", [])}
+        if pend.is_dir():
+            for p in pend.iterdir():
+                if p.is_file() and p not in named:  # staged by a run that never committed
+                    atomic.remove(p)
+        for d in [self.state, self.root, pend] + ([p for p in self.root.iterdir() if p.is_dir()]
+                                                  if self.root.is_dir() else []):
+            for p in atomic.sweep_temp(d):
+                log.info("removed %s (an interrupted write)", p)
+
+    def pending_charges(self) -> list[dict]:
+        """Energy charges recorded beside results (the last commit's, a paused run's), by sequence."""
+        out = list((self.meta.get("pending") or {}).get("charges", []))
+        _, ck_info = self.load_checkpoint()
+        try:
+            c = _check_charge((ck_info or {}).get("charge"))
+        except ValueError:
+            c = None
+        if c:
+            out.append(c)
+        return sorted(out, key=lambda c: c["seq"])
+
+    def recover(self, charge=None) -> None:
+        """Finish or undo what a crash interrupted (see the module docstring). ``charge(seq, steps)``:
+        the scheduler's idempotent charge, for the energy a run recorded beside its result."""
+        if not self.root.exists():
+            if self.state.is_dir():
+                atomic.sweep_temp(self.state)
+            return
+        with self._locked():
+            self._recover_files()
+            if charge is not None:
+                for c in self.pending_charges():
+                    charge(c["seq"], c["steps"])
+            if "pending" in self.meta and (charge is not None or not self.meta["pending"].get("charges")):
+                self.meta.pop("pending")  # what it recorded is done
+                self._write_meta()
+
+    # -- reading --------------------------------------------------------------------------------
     def load(self, context: str | None = None) -> dict:
         context = context or self.meta.get("active")
         if context is None:
             return {}
         entry = self.meta["contexts"].get(context)
-        if entry is None or entry["current"] is None:
+        if entry is None or entry.get("current") is None:
             return {}
-        arrays = read_npz(self.root / context / f"v{entry['current']}.npz")
-        arrays.pop("__info__", None)
+        path = self._version_path(context, entry["current"])
+        fix = (f"roll back to the previous version (`edgelearn device adapt --rollback --context {context}`), "
+               f"or restore the file from a backup")
+        if not path.exists():
+            raise EdgelearnError(f"{path} is missing, but {self.meta_path} names it as context {context!r}'s "
+                                 f"current version", fix=fix)
+        if self._shapes is False:
+            self._shapes = delta_shapes(self.bundle)
+        try:
+            arrays = _npz_arrays(path)
+            _info(arrays)
+            check_delta(arrays, self._shapes)
+        except _READ_ERRORS as e:
+            raise EdgelearnError(f"adapted version {path} is damaged ({e})", fix=fix) from None
         return arrays
 
     def use(self, context: str | None) -> None:
@@ -111,23 +422,32 @@ class AdaptStore:
         entry = self.meta["contexts"].get(context)
         if entry is None:
             raise EdgelearnError(f"no adapted context {context!r}", fix="nothing to roll back")
-        self.meta["contexts"][context] = {"current": entry["previous"], "previous": None}
+        self.meta["contexts"][context] = {"current": entry.get("previous"), "previous": None}
         self._write_meta()
-        return entry["previous"]
+        return entry.get("previous")
 
+    # -- the pause checkpoint (a cache of computation: damaged means absent) ----------------------
     def save_checkpoint(self, state: dict, info: dict) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         arrays = dict(state)
         arrays["__info__"] = np.frombuffer(json.dumps(info).encode(), np.uint8)
-        atomic_write(self.root / "checkpoint.npz", npz_bytes(arrays))
+        atomic_write(self.root / CHECKPOINT, npz_bytes(arrays))
 
     def load_checkpoint(self):
-        path = self.root / "checkpoint.npz"
+        path = self.root / CHECKPOINT
         if not path.exists():
             return None, None
-        arrays = read_npz(path)
-        info = json.loads(bytes(arrays.pop("__info__")).decode())
+        try:
+            arrays = _npz_arrays(path)
+            info = _info(arrays)
+            for k, v in arrays.items():
+                if v.dtype.kind not in "fiu" or (v.dtype.kind == "f" and not np.all(np.isfinite(v))):
+                    raise ValueError(f"{k} is not finite numbers")
+        except _READ_ERRORS as e:
+            log.warning("ignoring %s (%s): the paused run starts over", path, e)
+            return None, None
         return arrays, info
 
     def clear_checkpoint(self) -> None:
-        (self.root / "checkpoint.npz").unlink(missing_ok=True)
+        atomic.remove(self.root / CHECKPOINT)
+

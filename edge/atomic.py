@@ -1,0 +1,167 @@
+"""Crash-safe file writes, shared by every piece of device state (and the bundle store).
+
+``atomic_write(path, data)`` leaves either the old file or the new one, never a mix: the
+bytes go to a temp file beside ``path`` (created 0600, so nothing is ever readable by others
+even for a moment), which is fsynced, renamed over ``path`` and the directory fsynced.
+The temp file is named ``.<name>.<pid>.<random>.tmp``; a crash (kill -9, power cut) can leave
+one behind, and ``sweep_temp(dir)`` removes those whose writer is gone (its pid is not running,
+or the file is over an hour old), never a live writer's.
+
+``append_line(path, line, max_bytes)`` is the log appender: one ``write`` per record, fdatasync,
+mode 0600, a torn last line (a crash in the middle of an append) never glued to the next record,
+and the file rotated to ``<name>.1`` before it would pass ``max_bytes`` (so a log is bounded by
+two files).
+
+``replace(src, dst)`` and ``remove(path)`` are the other durable steps of a commit (a rename of
+a staged file into place, a deletion), with the directory fsynced.
+
+``fault_hook``: None, or a callable ``(event, path)`` called at each durable step
+(``"begin"`` when a write starts, ``"tmp"`` once its temp file is durable but not yet in place,
+``"done"`` when it is in place), which a crash test uses to stop a process exactly there.
+
+    >>> atomic_write(state / "keywords.json", json.dumps(doc).encode())
+    >>> sweep_temp(state)       # at start-up: what an earlier crash left behind
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+MODE = 0o600
+STALE_S = 3600.0
+# .<name>.<pid>.<mkstemp random>.tmp, and the older .<name>.<8 random> of a known state file
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
+_LEGACY = re.compile(r"^\.(?P<name>keywords\.json|active\.json|checkpoint\.npz|v\d+\.npz|features-[0-9a-f]+\.npy"
+                     r"|replay(_tail)?\.bin|scheduler\.state|current)\.[A-Za-z0-9_]{8}$")
+
+fault_hook = None
+
+
+def _fault(event: str, path) -> None:
+    if fault_hook is not None:
+        fault_hook(event, str(path))
+
+
+def fsync_dir(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, data: bytes, mode: int = MODE) -> None:
+    """Write bytes so that a crash leaves either the old file or the new one, never a mix."""
+    path = Path(path)
+    _fault("begin", path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+    try:
+        if mode != MODE:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        _fault("tmp", path)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    _fault("done", path)
+
+
+def replace(src, dst) -> None:
+    """Rename a staged (complete, fsynced) file over ``dst``, durably."""
+    dst = Path(dst)
+    _fault("begin", dst)
+    os.replace(src, dst)
+    fsync_dir(dst.parent)
+    if Path(src).parent != dst.parent:
+        fsync_dir(Path(src).parent)
+    _fault("done", dst)
+
+
+def remove(path) -> bool:
+    """Delete a file durably; False if it was not there."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    _fault("begin", path)
+    path.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    _fault("done", path)
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0  # someone else's process (or a pid no process can have: not alive)
+    return True
+
+
+def is_temp(name: str) -> bool:
+    return bool(_TEMP.match(name) or _LEGACY.match(name))
+
+
+def sweep_temp(directory, now: float | None = None) -> list[Path]:
+    """Remove the temp files of atomic writes that a crash left in ``directory``; returns them.
+
+    A temp file is stale when its writer's pid is not running or it is over ``STALE_S`` old
+    (pid reuse after a reboot); the older unnamed kind (no pid) when over a minute old."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    now = time.time() if now is None else now
+    gone = []
+    for p in d.iterdir():
+        m, legacy = _TEMP.match(p.name), _LEGACY.match(p.name)
+        if not (m or legacy) or not p.is_file() or p.is_symlink():
+            continue
+        try:
+            age = now - p.stat().st_mtime
+        except OSError:
+            continue
+        stale = age > STALE_S or (not _pid_alive(int(m["pid"])) if m else age > 60)
+        if stale:
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone
+
+
+def append_line(path, line: str, max_bytes: int) -> None:
+    """Append one record (``line``, no newline) to a log of at most ``max_bytes`` per file."""
+    path = Path(path)
+    rec = (line.rstrip("\n") + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, MODE)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o777 != MODE:
+            os.fchmod(fd, MODE)  # a log written before the 0600 rule
+        size = st.st_size
+        if size and size + len(rec) > max_bytes:
+            os.close(fd)
+            fd = -1
+            os.replace(path, path.with_name(path.name + ".1"))
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, MODE)
+            size = 0
+        if size:
+            with open(path, "rb") as f:  # a torn last record stays on its own line
+                f.seek(size - 1)
+                if f.read(1) != b"\n":
+                    rec = b"\n" + rec
+        os.write(fd, rec)
+        os.fdatasync(fd)
+    finally:
+        if fd >= 0:
+            os.close(fd)

@@ -32,7 +32,7 @@ FILES = ("keywords.json", "adapt/active.json", "adapt/default/v1.npz", "adapt/de
 # caches: a command may recompute or replace them whatever they hold
 REDUNDANT = ("adapt/checkpoint.npz", "adapt/features-*.npy")
 ADAPT_ARGS = ("--steps", "3")
-SETTINGS = settings(max_examples=int(os.environ.get("EDGELEARN_HOSTILE_EXAMPLES", "25")), deadline=None,
+SETTINGS = settings(max_examples=int(os.environ.get("EDGELEARN_HOSTILE_EXAMPLES", "60")), deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
                     database=None)
 

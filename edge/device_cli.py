@@ -21,6 +21,8 @@ def add_arguments(p) -> None:
     for name, hlp in (("detect", "stream audio and print detections"),
                       ("enroll", "learn a custom keyword from 3-10 clips"),
                       ("adapt", "adapt the tail on local labelled clips (scheduler-gated)"),
+                      ("calibrate", "set base-keyword thresholds by false accepts per hour on audio "
+                                    "that says none of them"),
                       ("status", "show the state directory")):
         s = sub.add_parser(name, help=hlp)
         s.add_argument("--bundle", type=Path, default=None, help="bundle dir or .zip (default: shipped)")
@@ -32,12 +34,22 @@ def add_arguments(p) -> None:
             src.add_argument("--wav", type=Path, help="16 kHz mono 16-bit WAV of any length")
             src.add_argument("--mic", action="store_true", help="read the default ALSA device (arecord)")
             s.add_argument("--json", action="store_true", help="one JSON object per detection")
-            s.add_argument("--threshold", type=float, default=0.7, help="base keyword threshold")
+            level = s.add_mutually_exclusive_group()
+            level.add_argument("--threshold", type=float, default=0.7, help="base keyword threshold")
+            level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
+                               help="per-keyword thresholds from `device calibrate` for at most this "
+                                    "many false accepts per hour")
             s.add_argument("--keywords", default=None, help="comma-separated base keywords, or 'all'")
             s.add_argument("--stride", type=int, default=4, help="hops (20 ms) between encoder runs")
             s.add_argument("--confirm", type=float, default=0.9,
                            help="base-keyword detections at or above this score feed the replay buffer")
             s.add_argument("--no-replay", action="store_true", help="do not feed detections to the replay buffer")
+        elif name == "calibrate":
+            s.add_argument("--wav", type=Path, nargs="+", required=True,
+                           help="16 kHz WAVs of everyday audio that says none of the base keywords "
+                                "(TV, conversation; an hour or more)")
+            s.add_argument("--targets", default=",".join(f"{t:g}" for t in (0.1, 0.5, 1, 2, 5)),
+                           help="false accepts per hour to calibrate for, comma-separated")
         elif name == "enroll":
             s.add_argument("--keyword", required=True, help="the new word or short phrase")
             s.add_argument("--wav", type=Path, nargs="+", required=True, help="3-10 clips of it")
@@ -72,7 +84,8 @@ def _bundle(args):
 
 
 def run(args) -> int:
-    return {"detect": _detect, "enroll": _enroll, "adapt": _adapt, "status": _status}[args.action](args)
+    return {"detect": _detect, "enroll": _enroll, "adapt": _adapt, "status": _status,
+            "calibrate": _calibrate}[args.action](args)
 
 
 def _recover(state_dir, bundle, sched=None):
@@ -139,7 +152,14 @@ def _detect(args) -> int:
         kws = [w for w in km.labels if not w.startswith("_")] if args.keywords == "all" else \
             [w.strip() for w in args.keywords.split(",") if w.strip()]
     feed, replay = (None, None) if args.no_replay else _replay_feeder(bundle, args.state, km, args)
-    det = Detector(km, custom=state.custom(dim=_embedding_dim(km)), keywords=kws, threshold=args.threshold,
+    threshold = args.threshold
+    if args.sensitivity is not None:
+        from edge.operating import load_points
+
+        threshold = load_points(args.state, _calibrated_for(bundle, args.state)).thresholds(args.sensitivity)
+        if kws is not None:
+            threshold = {w: t for w, t in threshold.items() if w in kws}
+    det = Detector(km, custom=state.custom(dim=_embedding_dim(km)), keywords=kws, threshold=threshold,
                    stride=args.stride, head=head, on_event=feed)
 
     def show(ev):
@@ -170,6 +190,50 @@ def _detect(args) -> int:
     finally:
         if replay is not None:
             replay.flush()  # batched writes; the last partial batch is written on the way out
+
+
+def _calibrated_for(bundle, state_dir) -> dict:
+    """What a calibration holds for: the bundle's encoder and the active adapted context."""
+    from edge.adapt.store import AdaptStore
+
+    meta = AdaptStore(state_dir, bundle).meta
+    active = meta.get("active")
+    version = meta["contexts"][active].get("current") if active else None
+    return {"model": bundle.model_id, "bundle_version": bundle.manifest.get("version"),
+            "context": active, "context_version": version}
+
+
+def _calibrate(args) -> int:
+    from edge.audio import open_wav
+    from edge.detect import Detector
+    from edge.errors import EdgelearnError
+    from edge.operating import calibrate, save_points, stream_scores
+
+    try:
+        targets = sorted({float(t) for t in args.targets.split(",") if t.strip()})
+    except ValueError:
+        raise EdgelearnError(f"--targets {args.targets!r} is not a list of numbers",
+                             fix="pass e.g. --targets 0.5,1,2") from None
+    if not targets or min(targets) <= 0:
+        raise EdgelearnError("--targets needs rates above 0 false accepts per hour", fix="pass e.g. 0.5,1,2")
+    bundle = _bundle(args)
+    km, head = _models(bundle, args.state, args.backend)
+    det = Detector(km, head=head)
+    streams, hours = [], 0.0
+    for path in args.wav:
+        with open_wav(path, min_samples=16000) as w:  # read in pieces: an hour of audio is fine
+            sc, ends, h = stream_scores(det, w.chunks(16000 * 60))
+        streams.append((sc, ends, None))
+        hours += h
+    points = [calibrate(streams, hours, t, det.names) for t in targets]
+    save_points(args.state, {"for": _calibrated_for(bundle, args.state), "hours": hours,
+                             "files": [str(p) for p in args.wav], "points": points})
+    print(json.dumps({"hours": round(hours, 3), "points": [
+        {"target_fa_h": p["target_fa_h"], "thresholds": p["thresholds"]} for p in points]}))
+    if hours < 1.0:
+        print(f"warning: {hours * 60:.0f} minutes of audio pin a rate of {min(targets)} per hour "
+              "only loosely; calibrate on an hour or more", file=sys.stderr)
+    return 0
 
 
 def _embedding_dim(km) -> int:

@@ -29,23 +29,33 @@ GRID = tuple(round(0.2 + 0.01 * i, 2) for i in range(80))  # 0.20 .. 0.99
 TARGETS = (0.1, 0.5, 1.0, 2.0, 5.0)   # false accepts per hour a sensitivity can ask for
 
 
-def stream_scores(det, pcm, batch: int = 256):
+def stream_scores(det, audio, batch: int = 256):
     """Every window's first-stage scores and (end, keyword-end) times, as ``det`` would see them.
 
-    The same frames (``MfccStream``), windows (every ``det.stride`` hops once 49 frames are in)
-    and scores (``det.scores``) as ``Detector.push``, batched; returns ((T, K) scores,
-    (T, 2) ends, hours of audio)."""
-    frames = F.MfccStream().push(np.asarray(pcm))
-    idx = np.arange(F.N_FRAMES, frames.shape[0] + 1, det.stride)
-    rows, ends = [], np.zeros((len(idx), 2))
-    for s in range(0, len(idx), batch):
-        wins = np.stack([frames[i - F.N_FRAMES:i] for i in idx[s:s + batch]])
-        rows.append(det.scores(F.normalize(wins, det.km.scale))[0])
-        for j, (i, w) in enumerate(zip(idx[s:s + batch], wins)):
-            end = ((i - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
-            ends[s + j] = end, det._keyword_end(w, end)
+    ``audio``: int16 PCM, or an iterable of int16 chunks (a long file read piece by piece: one
+    chunk's frames are held, never the file's). The same frames (``MfccStream``), windows (every
+    ``det.stride`` hops once 49 frames are in) and scores (``det.scores``) as ``Detector.push``,
+    batched; returns ((T, K) scores, (T, 2) ends, hours of audio)."""
+    chunks = [audio] if isinstance(audio, np.ndarray) else audio
+    mfcc, buf = F.MfccStream(), np.zeros((0, F.N_MFCC), np.float32)
+    base, nxt = 0, F.N_FRAMES  # absolute index of buf[0]; frame count at which the next window ends
+    rows, ends, samples = [], [], 0
+    for chunk in chunks:
+        samples += len(chunk)
+        buf = np.concatenate([buf, mfcc.push(np.asarray(chunk))])
+        idx = np.arange(nxt, base + len(buf) + 1, det.stride)
+        for s in range(0, len(idx), batch):
+            wins = np.stack([buf[i - F.N_FRAMES - base:i - base] for i in idx[s:s + batch]])
+            rows.append(det.scores(F.normalize(wins, det.km.scale))[0])
+            for i, w in zip(idx[s:s + batch], wins):
+                end = ((i - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
+                ends.append((end, det._keyword_end(w, end)))
+        if len(idx):
+            nxt = int(idx[-1]) + det.stride
+        drop = max(0, nxt - F.N_FRAMES - base)  # frames no later window needs
+        buf, base = buf[drop:], base + drop
     scores = np.concatenate(rows) if rows else np.zeros((0, len(det.names)), np.float32)
-    return scores, ends, len(pcm) / F.SAMPLE_RATE / 3600
+    return scores, np.asarray(ends, np.float64).reshape(-1, 2), samples / F.SAMPLE_RATE / 3600
 
 
 def calibrate(streams, hours: float, target_fa_h: float, names, grid=GRID, smooth: int = 2,
@@ -89,3 +99,42 @@ class OperatingPoints:
             raise EdgelearnError(f"no operating point at or under {fa_h} false accepts per hour",
                                  fix=f"ask for one of {[p['target_fa_h'] for p in self.points]}")
         return dict(ok[-1]["thresholds"])
+
+
+POINTS_FILE = "operating.json"
+
+
+def save_points(state_dir, table: dict) -> None:
+    """The device's calibration (``edgelearn device calibrate``), written atomically, 0600."""
+    import json
+    from pathlib import Path
+
+    from edge.atomic import atomic_write
+
+    OperatingPoints(table)  # refuse to write a table that could not be read back
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(state_dir) / POINTS_FILE, json.dumps(table, indent=1).encode())
+
+
+def load_points(state_dir, calibrated_for: dict) -> OperatingPoints:
+    """The state's calibration, if it was made for this model and adapted context."""
+    import json
+    from pathlib import Path
+
+    path = Path(state_dir) / POINTS_FILE
+    if not path.is_file():
+        raise EdgelearnError(f"{path} does not exist: this device has no calibrated operating points",
+                             fix="run `edgelearn device calibrate --state ST --wav everyday.wav` first, "
+                                 "or pass --threshold")
+    try:
+        table = json.loads(path.read_bytes())
+        points = OperatingPoints(table)
+        for p in points.points:
+            if not all(isinstance(v, (int, float)) for v in p["thresholds"].values()):
+                raise TypeError("a threshold is not a number")
+    except (ValueError, TypeError, KeyError, AttributeError, EdgelearnError, RecursionError):
+        raise EdgelearnError(f"{path} is damaged", fix="run `edgelearn device calibrate` again") from None
+    if table.get("for") != calibrated_for:
+        raise EdgelearnError(f"{path} was calibrated for {table.get('for')}, not for {calibrated_for}",
+                             fix="run `edgelearn device calibrate` again after changing the model or context")
+    return points

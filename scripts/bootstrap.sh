@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-host,serve,dev}"
 
-apt_pkgs=(espeak-ng festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts flite sox)
+# asterisk-core-sounds-en-wav: real human speech (one speaker) for the kws_base benchmark
+apt_pkgs=(espeak-ng festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts flite sox asterisk-core-sounds-en-wav)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,6 +6,7 @@ import pytest
 
 from bench import _base_streams as B
 from bench import _realspeech as R
+from edge import features as F
 from edge.detect import THRESHOLD, Detector, count_events
 from edge.errors import EdgelearnError
 from edge.operating import GRID, OperatingPoints, calibrate, stream_scores
@@ -115,3 +116,66 @@ def test_positive_hits_and_real_speech_false_accepts_are_counted_by_the_rules():
     assert fa["fa_per_hour"] == pytest.approx(1 / (3.6 / 3600))
     assert B.refractory([{"keyword": "no", "time_s": t} for t in (1.0, 1.4, 2.1, 2.5)]) == \
         [{"keyword": "no", "time_s": 1.0}, {"keyword": "no", "time_s": 2.1}]
+
+
+def test_stream_scores_in_chunks_equal_the_whole_stream():
+    pcm = (np.random.default_rng(1).standard_normal(16000 * 5) * 300).astype(np.int16)
+    script = list(np.linspace(0, 1, 300))
+    whole = stream_scores(Detector(_Scripted(script), keywords=["yes", "no"]), pcm)
+    parts = stream_scores(Detector(_Scripted(script), keywords=["yes", "no"]),
+                          (pcm[i:i + 7001] for i in range(0, len(pcm), 7001)))
+    assert np.array_equal(whole[0], parts[0]) and np.array_equal(whole[1], parts[1])
+    frames = 1 + (len(pcm) - F.FRAME_LENGTH) // F.HOP_LENGTH
+    assert whole[2] == parts[2] and len(whole[0]) == 1 + (frames - F.N_FRAMES) // 4
+
+
+@pytest.mark.skipif(__import__("shutil").which("espeak-ng") is None, reason="espeak-ng not installed")
+def test_device_calibrate_then_detect_at_a_sensitivity(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from edge.audio import write_wav
+    from host.data import noise, synth
+
+    rng = np.random.default_rng(3)
+    near = ["yesterday", "nowhere", "upstairs", "downtown", "leftover", "rightly", "online", "often",
+            "stopwatch", "golden", "a stop sign", "go ahead and look", "nobody knows", "turn it up"]
+    parts = []
+    for text in near * 2:
+        [u] = synth.render(synth.Voice("espeak", "en-us+f2"), [(text, float(rng.uniform(0.9, 1.1)), 1.0)])
+        parts += [u.astype(np.float32), np.zeros(int(rng.uniform(0.3, 0.8) * 16000), np.float32)]
+    x = np.concatenate(parts)
+    x += noise.coloured_noise(rng, "pink", (len(x),)) * 60
+    wav = write_wav(tmp_path / "everyday.wav", np.clip(x, -32768, 32767).astype(np.int16))
+    st = tmp_path / "st"
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "edge.cli", "device", *args], capture_output=True, text=True)
+
+    r = cli("detect", "--state", str(st), "--wav", str(wav), "--sensitivity", "5", "--no-replay")
+    assert r.returncode != 0 and "device calibrate" in r.stderr and "Traceback" not in r.stderr
+    r = cli("calibrate", "--state", str(st), "--wav", str(wav), "--targets", "0.5,5")
+    assert r.returncode == 0, r.stderr
+    table = json.loads((st / "operating.json").read_text())
+    assert os.stat(st / "operating.json").st_mode & 0o777 == 0o600
+    assert [p["target_fa_h"] for p in table["points"]] == [0.5, 5.0]
+    assert set(table["points"][0]["thresholds"]) == {"yes", "no", "up", "down", "left", "right", "on", "off",
+                                                      "stop", "go"}
+    assert "warning" in r.stderr  # a minute of audio pins a rate loosely, and it says so
+    # on the audio it was calibrated on, the point allows less than one event: none fires
+    r = cli("detect", "--state", str(st), "--wav", str(wav), "--sensitivity", "5", "--no-replay", "--json")
+    assert r.returncode == 0 and r.stdout.strip() == "", r.stdout + r.stderr
+    r = cli("detect", "--state", str(st), "--wav", str(wav), "--sensitivity", "0.1", "--no-replay")
+    assert r.returncode != 0 and "0.5" in r.stderr and "Traceback" not in r.stderr
+    # a calibration made for another model or context is refused, and so is a damaged one
+    table["for"]["context"] = "kitchen"
+    (st / "operating.json").write_text(json.dumps(table))
+    r = cli("detect", "--state", str(st), "--wav", str(wav), "--sensitivity", "5", "--no-replay")
+    assert r.returncode != 0 and "calibrate" in r.stderr and "Traceback" not in r.stderr
+    (st / "operating.json").write_text('{"points": [{"target_fa_h": 1')
+    r = cli("detect", "--state", str(st), "--wav", str(wav), "--sensitivity", "5", "--no-replay")
+    assert r.returncode != 0 and "damaged" in r.stderr and "Traceback" not in r.stderr
+    r = cli("calibrate", "--state", str(st), "--wav", str(wav), "--targets", "x")
+    assert r.returncode != 0 and "--targets" in r.stderr and "Traceback" not in r.stderr

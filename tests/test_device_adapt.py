@@ -70,6 +70,15 @@ def test_adapt_trains_the_conv_tail_and_detect_uses_it(audio, tmp_path):
     res = json.loads(cli("adapt", "--state", st, "--data", data, "--strategy", "bias-only", "--dw4", "train",
                          "--steps", "3", "--force", "--context", "hall").stdout)
     assert res["tensors"] == ["dw4_b", "pw4_b", "cls_b"]
+    # every strategy's delta saves and loads again, the depthwise kernel (3, 3, 64) of `full` included
+    for strategy in ("full", "residual-adapter", "sparse"):
+        res = json.loads(cli("adapt", "--state", st, "--data", data, "--strategy", strategy, "--steps", "2",
+                             "--force", "--context", strategy).stdout)
+        assert res["status"] == "done", res
+        saved = np.load(st / "adapt" / strategy / "v1.npz")
+        assert set(res["tensors"]) <= set(saved.files)
+    assert np.load(st / "adapt" / "full" / "v1.npz")["dw4_w"].shape == (3, 3, 64)
+    cli("adapt", "--state", st, "--use", "hall")  # detect below runs the context it ran before
     bad = cli("adapt", "--state", st, "--data", data, "--distill", "1.5", "--force", check=False)
     assert bad.returncode != 0 and "--distill 1.5 is outside 0..1" in bad.stderr and "Traceback" not in bad.stderr
     assert (st / "adapt" / "kitchen" / "v2.npz").exists() and not (st / "adapt" / "kitchen" / "v3.npz").exists()

@@ -148,8 +148,8 @@ def check_delta(arrays: dict, shapes: dict | None) -> None:
         raise ValueError("it mixes conv-tail and embedding-head tensors")
     ranks = {}
     for name, a in arrays.items():
-        if not isinstance(a, np.ndarray) or a.dtype.kind != "f" or a.ndim not in (1, 2) or a.size == 0:
-            raise ValueError(f"{name} is not a float vector or matrix ({getattr(a, 'dtype', type(a))}, "
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f" or a.ndim not in (1, 2, 3) or a.size == 0:
+            raise ValueError(f"{name} is not a float vector, matrix or depthwise kernel ({getattr(a, 'dtype', type(a))}, "
                              f"shape {getattr(a, 'shape', None)})")
         if not np.all(np.isfinite(a)):
             raise ValueError(f"{name} holds NaN or inf")

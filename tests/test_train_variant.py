@@ -108,3 +108,29 @@ def test_evaluate_refuses_training_only_options(tmp_path, capsys):
         tv.main([str(tmp_path), "--evaluate", "--extra", "5,18,1,3"])
     assert e.value.code == 2
     assert "--extra and --piper train only change training" in capsys.readouterr().err
+
+
+def test_world_conversions_are_training_rows_of_the_chosen_voices_only(monkeypatch):
+    from host.data import voiceconv
+
+    monkeypatch.setattr(voiceconv, "_convert_job", lambda job: job[0][::-1].copy())
+    c = tiny_corpus()
+    rows = voiceconv.converted_rows(c, ["festival:kal_diphone"], copies=2, workers=1)
+    assert sorted(k[1:3] for k in rows) == [("apple", "filler")] * 2 + [("yes", "keyword")] * 2
+    assert all(k[0] == "festival:kal_diphone+world" for k in rows)
+    merged = tv.with_supplement(c, rows)
+    assert list(merged.split[-4:]) == ["train"] * 4 and len(merged.text) == len(c.text) + 4
+    assert c.eval_clips("test")[0].shape == merged.eval_clips("test")[0].shape  # eval clips do not move
+
+
+def test_world_conversion_moves_pitch_and_keeps_length():
+    pw = pytest.importorskip("pyworld")
+    from host.data.voiceconv import convert
+
+    t = np.arange(8000) / 16000
+    vowel = (np.sin(2 * np.pi * 120 * t) + 0.5 * np.sin(2 * np.pi * 240 * t) + 0.3 * np.sin(2 * np.pi * 360 * t))
+    pcm = (vowel * 8000).astype(np.int16)
+    out = convert(pcm, f0_scale=1.8, formant_scale=1.0)
+    assert out.dtype == np.int16 and len(out) == len(pcm)
+    f0, _ = pw.dio(out.astype(np.float64) / 32768, 16000)
+    assert 190 < np.median(f0[f0 > 0]) < 240

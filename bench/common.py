@@ -2,7 +2,7 @@
 
 Every benchmark runs ours and a reference side by side in one run and writes a
 list of rows, each with at least name, metric, value, unit, baseline,
-baseline_value, ratio, machine and date (DESIGN.md, "Benchmarks and figures").
+baseline_value, ratio, machine and date (docs/design.md, "Benchmarks and figures").
 
     >>> rows = [row("frontend", "time per 1 s window", 0.11, "ms", "librosa", 0.9)]
     >>> write_results("frontend", rows)

@@ -1,6 +1,6 @@
 """The audio front end: 16 kHz int16 audio -> 49x10 MFCC per 1 s window.
 
-This is the one definition of the features (DESIGN.md, "Audio front end"):
+This is the one definition of the features (docs/design.md, "Contracts"):
 frames of 30 ms (480 samples) every 20 ms (320), periodic Hann window, FFT 512,
 power spectrum, 40 HTK-mel triangles from 20 to 4000 Hz (no area
 normalisation, as ``tf.signal.linear_to_mel_weight_matrix``), natural log with

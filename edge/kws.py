@@ -40,7 +40,7 @@ def check_frontend(frontend: dict) -> None:
     for k, v in F.PARAMS.items():
         if k in frontend and frontend[k] != v:
             raise BundleError(f"bundle front end has {k}={frontend[k]!r}, this runtime computes {v!r}",
-                              fix="use a bundle built for the edgelearn front end (DESIGN.md) or upgrade")
+                              fix="use a bundle built for the edgelearn front end (docs/frontend-and-model.md) or upgrade")
 
 
 def check_labels_fit(bundle, part: dict, probs) -> None:

@@ -9,7 +9,7 @@ librosa = pytest.importorskip("librosa")
 
 
 def librosa_mfcc(x_int16: np.ndarray) -> np.ndarray:
-    """librosa configured to DESIGN.md's parameters.
+    """librosa configured to the front end's parameters (docs/frontend-and-model.md).
 
     librosa frames n_fft (512) samples with the 480-sample window centred in
     them, so frame k covers [320k + 16, 320k + 496); padding 16 samples on each

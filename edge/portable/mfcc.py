@@ -1,6 +1,6 @@
 """The MFCC front end for MicroPython: ``edge/features.py`` without numpy.
 
-Same definition (DESIGN.md "Audio front end"): 480-sample frames every 320,
+Same definition (docs/design.md, "Contracts"): 480-sample frames every 320,
 periodic Hann, FFT 512, power, 40 HTK-mel triangles 20-4000 Hz, ln with a
 1e-6 floor, orthonormal DCT-II to 10 coefficients. The FFT uses ``ulab`` when
 the firmware has it and otherwise a pure-Python one: the 512-point real FFT

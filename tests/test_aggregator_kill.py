@@ -8,8 +8,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aggregator_helpers import start
 from edge.portable.wire import INT8, Header
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.models import load_params
@@ -32,22 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def start(state: Path, port: int) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(state),
-                          "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    for _ in range(300):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/v1/status")
-            if c.getresponse().status == 200:
-                return p
-        except OSError:
-            time.sleep(0.05)
-        if p.poll() is not None:
-            raise AssertionError(p.stderr.read().decode())
-    raise AssertionError("aggregator did not start")
 
 
 def post(port, path, body, headers):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import http.client
 import json
 import math
 import os
@@ -17,7 +16,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from hypothesis import strategies as st
 
 from edge.errors import EdgelearnError
 from host.aggregator.app import Aggregator, build_app
+from aggregator_helpers import serve_cmd, start
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.rounds import Reject
 from host.aggregator.testing import FakeClock, TestTransport, make_state, snapshot
@@ -197,26 +196,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def serve_cmd(state, port):
-    return [sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(state), "--port", str(port)]
-
-
-def start(state: Path, port: int) -> subprocess.Popen:
-    p = subprocess.Popen(serve_cmd(state, port), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    for _ in range(600):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/v1/status")
-            if c.getresponse().status == 200:
-                return p
-        except OSError:
-            time.sleep(0.05)
-        if p.poll() is not None:
-            raise AssertionError(p.stderr.read().decode())
-    p.kill()
-    raise AssertionError("aggregator did not start")
 
 
 def test_a_second_aggregator_on_the_same_state_refuses_naming_the_holder(tmp_path):

@@ -58,10 +58,11 @@ TARGET_FA_H = 0.5
 CALIBRATED_FA_H = 2.0  # what an adapted device calibrates for on 16 minutes (one event is 3.6 FA/h)
 PEER_SWEEP = (1e-20, 1e-5, 1.0, 1e5, 1e10, 1e20, 1e30, 1e40)  # larger: stricter
 PEER_DEFAULT = 1.0  # PocketSphinx's own -kws_threshold default
+TMP = None  # the run's scratch folder (streams as WAV files, adapted states), removed at the end
 
 
 def synthetic_negatives(n: int = 900, seed: int = 3) -> np.ndarray:
-    """~15 min of word pairs (the phone model's list, which holds no command word) by training voices."""
+    """~24 min of word pairs (the phone model's list, which holds no command word) by training voices."""
     from host.data import synth as S
     from host.data.corpus import CorpusConfig, assign_splits
 
@@ -71,7 +72,7 @@ def synthetic_negatives(n: int = 900, seed: int = 3) -> np.ndarray:
     splits = assign_splits(S.all_voices(), CorpusConfig())
     voices = [v for v in S.espeak_voices() if splits[v.id] == "train"][::6]
     parts = []
-    for i, v in enumerate(voices):
+    for v in voices:
         jobs = [(f"{rng.choice(words)} {rng.choice(words)}", float(rng.uniform(0.85, 1.2)), 1.0)
                 for _ in range(n // len(voices))]
         for p in S.render(v, jobs):
@@ -112,7 +113,7 @@ def real_fa(km, thresholds, test) -> dict:
 def _wav(pcm) -> str:
     from host.data.synth import pcm_to_wav_bytes
 
-    f = tempfile.NamedTemporaryFile(suffix=".wav", delete=False)
+    f = tempfile.NamedTemporaryFile(suffix=".wav", delete=False, dir=TMP)
     f.write(pcm_to_wav_bytes(pcm))
     f.close()
     return f.name
@@ -150,7 +151,7 @@ def adapt_voice(bundle_dir, voice, strategy, others: bool) -> Path:
     (and, with ``others``, 30 clips of other words and 10 s of room noise)."""
     from host.data.synth import pcm_to_wav_bytes
 
-    root = Path(tempfile.mkdtemp(prefix=f"kws_base_{voice}_"))
+    root = Path(tempfile.mkdtemp(prefix=f"{voice}_", dir=TMP))
     clips = B.adapt_clips(voice, unknown=30, silence=10) if others else B.adapt_clips(voice)
     for i, c in enumerate(clips):
         d = root / "data" / c.word
@@ -233,14 +234,25 @@ def variant(build_dir, streams, dev, test, ours) -> list[dict]:
 def main(argv=None) -> int:
     import argparse
 
-    from edge.bundle import load_bundle
-    from edge.kws import DEFAULT_BUNDLE, REPO_KEYS, KeywordModel
-
     ap = argparse.ArgumentParser(prog="kws_base", description="base commands on unseen voices and real speech")
     ap.add_argument("--variant", type=Path, default=None,
                     help="also stream a build of scripts/train_variant.py (model.keras) beside the shipped "
                          "fp32 model, and write kws_base_variant.json instead")
     a = ap.parse_args(argv or [])  # `edgelearn bench kws_base` calls main() with none
+    global TMP
+    TMP = tempfile.mkdtemp(prefix="kws_base_")
+    try:
+        return _run(a)
+    finally:
+        import shutil
+
+        shutil.rmtree(TMP, ignore_errors=True)
+
+
+def _run(a) -> int:
+    from edge.bundle import load_bundle
+    from edge.kws import DEFAULT_BUNDLE, REPO_KEYS, KeywordModel
+
     reason = R.missing_reason()
     if reason:
         print(f"kws_base: {reason}")

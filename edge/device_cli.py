@@ -48,7 +48,9 @@ def add_arguments(p) -> None:
             s.add_argument("--wav", type=Path, nargs="+", required=True,
                            help="16 kHz WAVs of everyday audio that says none of the base keywords "
                                 "(TV, conversation; an hour or more)")
-            s.add_argument("--targets", default=",".join(f"{t:g}" for t in (0.1, 0.5, 1, 2, 5)),
+            from edge.operating import TARGETS
+
+            s.add_argument("--targets", default=",".join(f"{t:g}" for t in TARGETS),
                            help="false accepts per hour to calibrate for, comma-separated")
         elif name == "enroll":
             s.add_argument("--keyword", required=True, help="the new word or short phrase")

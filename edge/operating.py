@@ -102,6 +102,7 @@ class OperatingPoints:
 
 
 POINTS_FILE = "operating.json"
+MAX_POINTS_BYTES = 1 << 20  # a table for a few dozen keywords is a few KB
 
 
 def save_points(state_dir, table: dict) -> None:
@@ -127,10 +128,13 @@ def load_points(state_dir, calibrated_for: dict) -> OperatingPoints:
                              fix="run `edgelearn device calibrate --state ST --wav everyday.wav` first, "
                                  "or pass --threshold")
     try:
+        if path.stat().st_size > MAX_POINTS_BYTES:
+            raise ValueError("too large")
         table = json.loads(path.read_bytes())
         points = OperatingPoints(table)
         for p in points.points:
-            if not all(isinstance(v, (int, float)) for v in p["thresholds"].values()):
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+                       for v in p["thresholds"].values()):
                 raise TypeError("a threshold is not a number")
     except (ValueError, TypeError, KeyError, AttributeError, EdgelearnError, RecursionError):
         raise EdgelearnError(f"{path} is damaged", fix="run `edgelearn device calibrate` again") from None

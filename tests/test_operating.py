@@ -179,3 +179,22 @@ def test_device_calibrate_then_detect_at_a_sensitivity(tmp_path):
     assert r.returncode != 0 and "damaged" in r.stderr and "Traceback" not in r.stderr
     r = cli("calibrate", "--state", str(st), "--wav", str(wav), "--targets", "x")
     assert r.returncode != 0 and "--targets" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_calibration_table_with_a_threshold_out_of_range_or_too_large_is_damaged(tmp_path):
+    import json
+
+    from edge.operating import MAX_POINTS_BYTES, load_points
+
+    for_ = {"model": "m", "bundle_version": 1, "context": None, "context_version": None}
+    for bad in (1.5, True, "0.5", None):
+        (tmp_path / "operating.json").write_text(json.dumps(
+            {"for": for_, "points": [{"target_fa_h": 1.0, "thresholds": {"yes": bad}}]}))
+        with pytest.raises(EdgelearnError, match="damaged"):
+            load_points(tmp_path, for_)
+    (tmp_path / "operating.json").write_text(" " * (MAX_POINTS_BYTES + 1))
+    with pytest.raises(EdgelearnError, match="damaged"):
+        load_points(tmp_path, for_)
+    (tmp_path / "operating.json").write_text(json.dumps(
+        {"for": for_, "points": [{"target_fa_h": 1.0, "thresholds": {"yes": 0.8}}]}))
+    assert load_points(tmp_path, for_).thresholds(1.0) == {"yes": 0.8}

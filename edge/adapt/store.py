@@ -21,7 +21,7 @@ the temp files of interrupted atomic writes). So a crash at any point leaves eit
 before the run or the state after it, never a mix: no orphan version, no stale checkpoint on top
 of a saved version, energy charged exactly once.
 
-Every file is read by a validated loader: a damaged pointer or version is one ``EdgelearnError``
+What a version may hold, and its bytes, is ``edge.adapt.delta``. Every file is read by a validated loader: a damaged pointer or version is one ``EdgelearnError``
 naming the file (nothing is deleted); a damaged checkpoint is a cache of computation and is
 ignored (the run starts over).
 
@@ -34,22 +34,17 @@ ignored (the run starts over).
 from __future__ import annotations
 
 import fcntl
-import io
 import json
 import logging
-import math
 import os
 import re
-import struct
-import tokenize
-import zipfile
-import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from edge import atomic
+from edge.adapt.delta import READ_ERRORS, check_delta, delta_shapes, npz_arrays, npz_bytes, npz_info
 from edge.atomic import atomic_write
 from edge.errors import EdgelearnError
 
@@ -57,114 +52,6 @@ log = logging.getLogger("edgelearn.adapt")
 _CONTEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 _VERSION = re.compile(r"^v([1-9][0-9]{0,8})\.npz$")
 META, CHECKPOINT, PENDING = "active.json", "checkpoint.npz", "pending"
-MAX_NPZ_BYTES = 256 << 20
-# what a delta may hold: the conv tail's tensors and factors, or the embedding head's
-CONV_NAMES = ("dw4_w", "dw4_b", "pw4_w", "pw4_b", "cls_w", "cls_b", "pw4.lora_a", "pw4.lora_b", "cls.lora_a",
-              "cls.lora_b", "pw4.adapter_a", "pw4.adapter_b", "cls.adapter_a", "cls.adapter_b")
-HEAD_NAMES = ("proj.w", "proj.b", "classifier.w", "classifier.b", "adapter.a", "adapter.b", "proj.lora_a",
-              "proj.lora_b", "classifier.lora_a", "classifier.lora_b")
-_READ_ERRORS = (OSError, ValueError, EOFError, KeyError, SyntaxError, TypeError, OverflowError, struct.error,
-                zlib.error, zipfile.BadZipFile, NotImplementedError, RuntimeError, tokenize.TokenError)
-
-
-def npz_bytes(arrays: dict) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
-
-
-def _npz_arrays(path: Path) -> dict:
-    """The arrays of an .npz, each member's header checked against its size before it is read (a
-    garbled shape cannot ask for gigabytes); raises one of ``_READ_ERRORS`` when damaged."""
-    if path.stat().st_size > MAX_NPZ_BYTES:
-        raise ValueError(f"{path.stat().st_size} bytes, more than an adapted delta can be")
-    out = {}
-    with zipfile.ZipFile(path) as zf:
-        for info in zf.infolist():
-            if not info.filename.endswith(".npy") or info.file_size > MAX_NPZ_BYTES:
-                raise ValueError(f"member {info.filename!r} is not an array")
-            raw = zf.read(info)  # CRC checked
-            f = io.BytesIO(raw)
-            version = np.lib.format.read_magic(f)
-            header = np.lib.format.read_array_header_2_0 if version >= (2, 0) else np.lib.format.read_array_header_1_0
-            shape, _, dtype = header(f)
-            if dtype.hasobject:
-                raise ValueError(f"member {info.filename!r} holds Python objects")
-            if math.prod(shape) * dtype.itemsize != len(raw) - f.tell():
-                raise ValueError(f"member {info.filename!r} is not the {shape} {dtype} its header says")
-            out[info.filename[:-4]] = np.load(io.BytesIO(raw), allow_pickle=False)
-    return out
-
-
-def read_npz(path: Path) -> dict:
-    try:
-        return _npz_arrays(Path(path))
-    except _READ_ERRORS as e:
-        raise EdgelearnError(f"{path} is unreadable ({e})", fix="roll back or delete it") from None
-
-
-def _info(arrays: dict) -> dict:
-    raw = arrays.pop("__info__", None)
-    if raw is None:
-        return {}
-    if not (isinstance(raw, np.ndarray) and raw.dtype == np.uint8 and raw.ndim == 1):
-        raise ValueError("its __info__ is not a JSON byte string")
-    info = json.loads(bytes(raw).decode())
-    if not isinstance(info, dict):
-        raise ValueError("its __info__ is not a JSON object")
-    return info
-
-
-def delta_shapes(bundle) -> dict | None:
-    """Allowed shape per delta tensor for this bundle (None in a factor's rank), or None when the
-    bundle carries no tail to check against."""
-    if not getattr(bundle, "manifest", None):
-        return None
-    from edge.adapt.conv import load_tail
-
-    try:
-        t = load_tail(bundle)
-    except EdgelearnError:
-        return None
-    c, k = t["pw4_w"].shape[0], t["cls_w"].shape[1]
-    shapes = {n: tuple(t[n].shape) for n in ("dw4_w", "dw4_b", "pw4_w", "pw4_b", "cls_w", "cls_b")}
-    shapes.update({"pw4.lora_a": (c, None), "pw4.lora_b": (None, c), "cls.lora_a": (c, None),
-                   "cls.lora_b": (None, k), "pw4.adapter_a": (c, None), "pw4.adapter_b": (None, c),
-                   "cls.adapter_a": (k, None), "cls.adapter_b": (None, k),
-                   "proj.w": (c, c), "proj.b": (c,), "classifier.w": (c, k), "classifier.b": (k,),
-                   "adapter.a": (c, None), "adapter.b": (None, c), "proj.lora_a": (c, None),
-                   "proj.lora_b": (None, c), "classifier.lora_a": (c, None), "classifier.lora_b": (None, k)})
-    return shapes
-
-
-def check_delta(arrays: dict, shapes: dict | None) -> None:
-    """Raise ValueError unless ``arrays`` is a delta a tail can run: known names of one kind (conv
-    tail or embedding head), finite float tensors, the bundle's shapes, matching factor ranks."""
-    names = set(arrays)
-    unknown = sorted(names - set(CONV_NAMES) - set(HEAD_NAMES))
-    if unknown:
-        raise ValueError(f"tensors {unknown} are no tail's")
-    if names & set(CONV_NAMES) and names & set(HEAD_NAMES):
-        raise ValueError("it mixes conv-tail and embedding-head tensors")
-    ranks = {}
-    for name, a in arrays.items():
-        if not isinstance(a, np.ndarray) or a.dtype.kind != "f" or a.ndim not in (1, 2, 3) or a.size == 0:
-            raise ValueError(f"{name} is not a float vector, matrix or depthwise kernel ({getattr(a, 'dtype', type(a))}, "
-                             f"shape {getattr(a, 'shape', None)})")
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"{name} holds NaN or inf")
-        want = (shapes or {}).get(name)
-        if want is not None and (len(want) != a.ndim or any(w is not None and w != s for w, s in zip(want, a.shape))):
-            raise ValueError(f"{name} has shape {a.shape}, this bundle's tail needs {want}")
-        if name.endswith(("_a", ".a")) and a.ndim == 2:
-            ranks.setdefault(name[:-1], [None, None])[0] = a.shape[1]
-        if name.endswith(("_b", ".b")) and a.ndim == 2 and ("lora" in name or "adapter" in name):
-            ranks.setdefault(name[:-1], [None, None])[1] = a.shape[0]
-    for stem, (ra, rb) in ranks.items():
-        if ("lora" in stem or "adapter" in stem) and ra != rb:
-            raise ValueError(f"factors {stem}a/{stem}b have ranks {ra} and {rb}")
-
-
 def _version_number(v, what: str):
     if v is None:
         return None
@@ -404,10 +291,10 @@ class AdaptStore:
         if self._shapes is False:
             self._shapes = delta_shapes(self.bundle)
         try:
-            arrays = _npz_arrays(path)
-            _info(arrays)
+            arrays = npz_arrays(path)
+            npz_info(arrays)
             check_delta(arrays, self._shapes)
-        except _READ_ERRORS as e:
+        except READ_ERRORS as e:
             raise EdgelearnError(f"adapted version {path} is damaged ({e})", fix=fix) from None
         return arrays
 
@@ -438,12 +325,12 @@ class AdaptStore:
         if not path.exists():
             return None, None
         try:
-            arrays = _npz_arrays(path)
-            info = _info(arrays)
+            arrays = npz_arrays(path)
+            info = npz_info(arrays)
             for k, v in arrays.items():
                 if v.dtype.kind not in "fiu" or (v.dtype.kind == "f" and not np.all(np.isfinite(v))):
                     raise ValueError(f"{k} is not finite numbers")
-        except _READ_ERRORS as e:
+        except READ_ERRORS as e:
             log.warning("ignoring %s (%s): the paused run starts over", path, e)
             return None, None
         return arrays, info

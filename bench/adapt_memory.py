@@ -36,8 +36,8 @@ import tracemalloc
 import numpy as np
 
 from bench.common import row, write_results
+from edge.adapt.strategies import STRATEGIES as STRATS
 
-STRATS = ("bias-only", "residual-adapter", "lora", "sparse", "full")
 FROZEN_DW = "bias-only, dw4 frozen"  # device default: pw4_b, cls_b; its forward up to pw4's bias is cached
 LABEL = {"bias-only": "bias-only, dw4_b trains"}  # --dw4 train: back-propagates through pw4 every step
 BATCH = 16

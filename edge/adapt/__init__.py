@@ -11,6 +11,7 @@
 - ``trainer``: bias-only, residual adapter, LoRA, sparse (contribution analysis under
   a memory budget) and full updates with SGD or Adam, exact per-step byte accounting,
   replay mixing.
+- ``strategies``: the strategy and optimiser names, once (trainers, partitioner, aggregator).
 - ``store``: adapted parameters per context, versioned, rollback, pause checkpoints.
 - ``run``: the pausable training loop the scheduler drives.
 

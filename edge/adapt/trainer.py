@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from edge.adapt.strategies import OPTIMIZERS, STRATEGIES  # noqa: F401 (re-exported)
 from edge.adapt.tail import Tail
 from edge.errors import EdgelearnError
 from edge.replay import sample_slots, slot_arrays
 
-STRATEGIES = ("bias-only", "residual-adapter", "lora", "sparse", "full")
-OPTIMIZERS = ("sgd", "adam")
 CANDIDATES = ("proj.w", "proj.b", "classifier.w", "classifier.b")
 
 

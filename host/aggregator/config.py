@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from edge.adapt.strategies import STRATEGIES as ADAPT_STRATEGIES
 from edge.errors import EdgelearnError
 from edge.store import atomic_write
 
@@ -76,7 +77,7 @@ class AggregatorConfig:
                             "need 1 <= overselect <= max_overselect")
         if self.codec not in ("dense_f32", "int8", "topk_int8"):
             problems.append(f"codec={self.codec!r}")
-        if self.adapt_strategy not in ("", "bias-only", "residual-adapter", "lora", "sparse", "full"):
+        if self.adapt_strategy not in ("", *ADAPT_STRATEGIES):
             problems.append(f"adapt_strategy={self.adapt_strategy!r}")
         if not 0 < self.topk_fraction <= 1:
             problems.append(f"topk_fraction={self.topk_fraction}")

@@ -19,6 +19,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edge.adapt.strategies import OPTIMIZERS
 from edge.errors import EdgelearnError
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
@@ -26,7 +27,6 @@ PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
 KINDS = ("mcu", "linux", "phone")
 RUNTIMES = ("micropython", "tflite-micro", "litert", "onnxruntime")
 TIERS = ("prototypes", "bias-only", "lora", "residual-adapter", "full")
-OPTIMIZERS = ("sgd", "adam")
 
 
 class ProfileError(EdgelearnError):

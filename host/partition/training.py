@@ -34,10 +34,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from edge.adapt.strategies import OPTIMIZERS, STRATEGIES as _NAMES
 from host.partition.graph import Graph, ModelError
 
-STRATEGIES = ("full", "bias-only", "residual-adapter", "lora", "sparse")
-OPTIMIZERS = ("sgd", "adam")
+# the report order: full (the baseline) first, then the registry's order
+STRATEGIES = ("full",) + tuple(s for s in _NAMES if s != "full")
 F32 = 4
 # Layers the tail may contain; a depthwise or k x k convolution ends it (their
 # backward pass needs im2col workspaces this model does not describe).

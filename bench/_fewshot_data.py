@@ -14,11 +14,12 @@ written atomically, so a second run costs seconds.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from edge.atomic import atomic_file
 
 SHOTS, HELD_OUT = 5, 3
 STREAM_HOURS = 2.05
@@ -140,9 +141,8 @@ def render_independent(path: Path, seed: int, voices=None, label: str = "indepen
 
 def _save_npz(path: Path, arrays: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    with atomic_file(path, mode=None) as f:
+        np.savez(f, **arrays)
 
 
 def negative_stream(pieces: list[np.ndarray], seconds: float, seed: int = 7, block_s: int = 60,

@@ -18,6 +18,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from edge.atomic import atomic_write
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -48,9 +50,7 @@ def row(name: str, metric: str, value, unit: str, baseline: str | None = None,
 def write_results(name: str, rows: list[dict]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(rows, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (json.dumps(rows, indent=1) + "\n").encode(), mode=None)
     print_table(rows)
     print(f"wrote {path}")
     return path

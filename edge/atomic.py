@@ -15,6 +15,21 @@ two files).
 ``replace(src, dst)`` and ``remove(path)`` are the other durable steps of a commit (a rename of
 a staged file into place, a deletion), with the directory fsynced.
 
+The same writer in the other shapes a caller needs (each one temp file, 0600 while it is written,
+fsynced, renamed, the directory fsynced; the temp removed if the writer raises):
+
+* ``atomic_file(path)``: a binary file object to stream into (``np.savez(f, ...)``, a zip, a WAV);
+* ``atomic_path(path)``: a temp *name* for a tool that wants one (an ONNX exporter), with
+  ``path``'s suffix so a tool that picks the format by suffix still can;
+* ``npz_bytes(arrays)``: an ``.npz`` as bytes, for ``atomic_write`` or a request body;
+* ``write_new(path, data, mode)``: a file that must not exist yet (a key), its mode from the first byte;
+* ``replace_dir(tmp, out)``: a finished directory swapped in for ``out`` (the old one kept aside
+  until the new one is in place).
+
+``mode=MODE`` (0600) is the default; ``mode=None`` gives the final file the mode a plain
+``open(path, "w")`` would (``0666`` under the umask, normally 0644) for files that are public by
+design (audio, bundles, caches, benchmark results), while its temp file is still 0600.
+
 ``fault_hook``: None, or a callable ``(event, path)`` called at each durable step
 (``"begin"`` when a write starts, ``"tmp"`` once its temp file is durable but not yet in place,
 ``"done"`` when it is in place), which a crash test uses to stop a process exactly there.
@@ -27,14 +42,17 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 MODE = 0o600
 STALE_S = 3600.0
-# .<name>.<pid>.<mkstemp random>.tmp, and the older .<name>.<8 random> of a known state file
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
+# .<name>.<pid>.<mkstemp random>.tmp (.tmp<suffix> from atomic_path), and the older
+# .<name>.<8 random> of a known state file
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp(\.[A-Za-z0-9]+)?$")
 _LEGACY = re.compile(r"^\.(?P<name>keywords\.json|active\.json|checkpoint\.npz|v\d+\.npz|features-[0-9a-f]+\.npy"
                      r"|replay(_tail)?\.bin|scheduler\.state|current)\.[A-Za-z0-9_]{8}$")
 
@@ -54,17 +72,35 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def atomic_write(path, data: bytes, mode: int = MODE) -> None:
-    """Write bytes so that a crash leaves either the old file or the new one, never a mix."""
+def _umask() -> int:
+    try:  # Linux says it without changing it (os.umask would, for every thread, for a moment)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _final_mode(mode: int | None) -> int:
+    return 0o666 & ~_umask() if mode is None else mode
+
+
+@contextmanager
+def atomic_file(path, mode: int | None = MODE):
+    """A binary file to write ``path`` through; a crash leaves the old file or the new one."""
     path = Path(path)
     _fault("begin", path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
-        if mode != MODE:
-            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
+            if mode != MODE:
+                os.fchmod(f.fileno(), _final_mode(mode))
             os.fsync(f.fileno())
         _fault("tmp", path)
         os.replace(tmp, path)
@@ -73,6 +109,78 @@ def atomic_write(path, data: bytes, mode: int = MODE) -> None:
         raise
     fsync_dir(path.parent)
     _fault("done", path)
+
+
+def atomic_write(path, data: bytes, mode: int | None = MODE) -> None:
+    """Write bytes so that a crash leaves either the old file or the new one, never a mix."""
+    with atomic_file(path, mode) as f:
+        f.write(data)
+
+
+@contextmanager
+def atomic_path(path, mode: int | None = MODE):
+    """A temp file name beside ``path`` (0600, ending in ``path``'s suffix) for a tool that writes
+    to a name; when the block ends the file is fsynced and renamed over ``path``."""
+    path = Path(path)
+    _fault("begin", path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.",
+                               suffix=f".tmp{path.suffix}")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            if mode != MODE:
+                os.fchmod(fd, _final_mode(mode))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fault("tmp", path)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    _fault("done", path)
+
+
+def npz_bytes(arrays: dict) -> bytes:
+    """``np.savez`` of ``arrays`` (name -> array), as bytes."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def write_new(path, data: bytes, mode: int = MODE) -> None:
+    """Create ``path``, which must not exist (FileExistsError), with exactly ``mode`` from its
+    first byte (whatever the umask), fsynced with its directory."""
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, mode)  # the umask may have narrowed it; make it exact
+    fsync_dir(path.parent)
+
+
+def replace_dir(tmp, out) -> None:
+    """Put the finished directory ``tmp`` in place of ``out`` (beside it). Linux has no portable
+    atomic directory swap from Python: the old one is kept under a side name until the new one
+    is in place, then removed."""
+    tmp, out = Path(tmp), Path(out)
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+        os.rename(out, old / "b")
+    os.rename(tmp, out)
+    fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def replace(src, dst) -> None:

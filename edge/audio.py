@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.atomic import atomic_file
 from edge.errors import AudioError
 
 SAMPLE_RATE = 16000
@@ -256,11 +257,9 @@ def write_wav(path, samples, rate: int = SAMPLE_RATE) -> Path:
     """Write int16 (or float in [-1, 1]) mono PCM atomically."""
     path = Path(path)
     pcm = to_int16(samples)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with wave.open(str(tmp), "wb") as w:
+    with atomic_file(path, mode=None) as f, wave.open(f, "wb") as w:  # audio is public: the umask's mode
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes(pcm.astype("<i2").tobytes())
-    os.replace(tmp, path)
     return path

@@ -34,7 +34,8 @@ from edge.errors import EdgelearnError
 from edge.portable import wire
 from edge.portable.chunks import iter_chunks
 from edge.portable.wire_topk import TopKEncoder
-from edge.store import BundleStore, atomic_write
+from edge.atomic import atomic_write, npz_bytes
+from edge.store import BundleStore
 
 HEAD_FILE = "head.npz"
 CODECS = {"dense_f32": wire.DENSE_F32, "int8": wire.INT8, "topk_int8": wire.TOPK_INT8}
@@ -163,10 +164,8 @@ class FLClient:
         return self.seq
 
     def _save_residuals(self):
-        import io
-        buf = io.BytesIO()
-        np.savez(buf, **{k: np.frombuffer(bytes(v), np.float32) for k, v in self.topk.residuals.items()})
-        atomic_write(self.dir / "topk_residuals.npz", buf.getvalue())
+        atomic_write(self.dir / "topk_residuals.npz",
+                     npz_bytes({k: np.frombuffer(bytes(v), np.float32) for k, v in self.topk.residuals.items()}))
 
     def _call(self, method, path, body=b"", headers=None, ok=(200,)):
         status, raw = self.http.request(method, path, body, headers)

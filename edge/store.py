@@ -30,7 +30,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from edge.atomic import atomic_write, fsync_dir  # noqa: F401  (the one implementation; host.bundle imports them here)
+from edge.atomic import atomic_write, fsync_dir  # noqa: F401  (the one implementation, re-exported for older callers)
 from edge.errors import BundleError
 
 

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 import zipfile
@@ -23,8 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from edge import bundle as eb
+from edge.atomic import atomic_file, atomic_write, replace_dir
 from edge.errors import BundleError
-from edge.store import atomic_write, fsync_dir
 from host import keys as hk
 
 _DEFAULTS = {"frontend": {}, "target": None, "partitions": [], "trainable": {}, "quantization": {}, "extra": {}}
@@ -86,19 +85,6 @@ def check_models_match_labels(manifest: dict, file_paths: dict) -> None:
                                   fix="list one label per class, in the model's output order, then sign again")
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    # Linux has no portable atomic directory swap from Python; the old bundle is
-    # kept under a side name until the new one is in place, then removed.
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-        os.rename(out, old / "b")
-    os.rename(tmp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def build_bundle(out_dir, files: dict, manifest: dict, private_key_path) -> Path:
     """Copy files in, fill format/created/files, write manifest.json + manifest.sig; replace out_dir atomically."""
     out = Path(out_dir)
@@ -124,7 +110,7 @@ def build_bundle(out_dir, files: dict, manifest: dict, private_key_path) -> Path
         atomic_write(tmp / eb.MANIFEST, raw)
         atomic_write(tmp / eb.SIGNATURE, hk.sign_manifest_bytes(raw, private_key_path).encode())
         eb.check_contents(tmp)
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -181,19 +167,13 @@ def zip_bundle(bundle_dir, out_zip) -> Path:
     d, out = Path(bundle_dir), Path(out_zip)
     m = eb.check_contents(d)
     names = sorted(m["files"]) + [n for n in eb.META_FILES if (d / n).is_file()]
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
-            for n in names:
-                info = zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0))
-                info.external_attr = 0o644 << 16
-                info.compress_type = zipfile.ZIP_DEFLATED
-                with open(d / n, "rb") as src, zf.open(info, "w") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(out) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n in names:
+            info = zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with open(d / n, "rb") as src, zf.open(info, "w") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
     return out
 
 

@@ -16,26 +16,21 @@ Private and device keys are created with mode 0600 and never overwritten.
 from __future__ import annotations
 
 import base64
-import os
 import secrets
 from pathlib import Path
 
 from edge.bundle import (HMAC_KEY_TAG, PRIVATE_TAG, PUBLIC_TAG, SIG_DOMAIN, SIG_TAG, _parse_key_line,
                          key_id)
+from edge.atomic import write_new
 from edge.errors import BundleError
 
 
 def _write_new(path: Path, text: str, mode: int) -> None:
     """Create a file that must not exist yet, with its final mode from the first byte."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        write_new(path, text.encode(), mode)
     except FileExistsError:
         raise BundleError(f"{path}: already exists", fix="choose another --out or --name; keys are never overwritten") from None
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(path, mode)  # the umask may have narrowed it; make it exact
 
 
 def _raw_public(private) -> bytes:

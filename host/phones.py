@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.atomic import atomic_file, atomic_write
+
 WORDS_FILE = Path(__file__).parent / "data" / "phone_words.txt"
 N_PAIRS, PAIR_POOL = 2000, 2000
 ESPEAK_RENDERS, FESTIVAL_SHARE = 3, 0.5
@@ -107,9 +109,8 @@ def render_corpus(cache_dir: Path, seed: int = 0) -> dict:
            "labels": np.array([" ".join(phones[accent[k.split("|")[1]]][int(k.split("|")[0])]) for k in keys]),
            "text": np.array([int(k.split("|")[0]) for k in keys], np.int32)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, **out)
-    tmp.replace(path)
+    with atomic_file(path, mode=None) as f:
+        np.savez(f, **out)
     return out
 
 
@@ -220,7 +221,7 @@ def export_int8(model, calib: np.ndarray, path: Path) -> None:
     conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     conv.inference_input_type = tf.int8
     conv.inference_output_type = tf.int8
-    path.write_bytes(conv.convert())
+    atomic_write(path, conv.convert(), mode=None)
 
 
 def train_phones(work: Path, scale, cache_dir: Path, epochs: int = EPOCHS, seed: int = 0) -> dict:

@@ -86,7 +86,7 @@ def export_prefix(model, calib: np.ndarray, out_dir) -> Path:
 
     from host.quantize import to_tflite
 
-    from edge.store import atomic_write
+    from edge.atomic import atomic_write
 
     path = Path(out_dir) / PREFIX_FILE
     prefix = keras.Model(model.input, model.get_layer(PREFIX_LAYER).output, name="tail_prefix")

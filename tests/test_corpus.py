@@ -93,3 +93,22 @@ def test_folder_loader_lists_every_bad_file(tmp_path):
     assert "3 problem(s)" in msg and "8000 Hz" in msg and "2 channels" in msg and "truncated" in msg
     with pytest.raises(EdgelearnError, match="not a directory"):
         load_folder(tmp_path / "nope")
+
+
+def test_default_cache_dir_checkout_wheel_and_env(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from host.data import corpus
+
+    monkeypatch.delenv("EDGELEARN_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    root = Path(corpus.__file__).resolve().parents[2]
+    assert corpus.default_cache_dir() == root / ".cache" / "edgelearn"  # a source checkout
+    # installed from a wheel: no checkout around the package
+    monkeypatch.setattr(corpus, "__file__", str(tmp_path / "site-packages" / "host" / "data" / "corpus.py"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert corpus.default_cache_dir() == tmp_path / "home" / ".cache" / "edgelearn"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert corpus.default_cache_dir() == tmp_path / "xdg" / "edgelearn"
+    monkeypatch.setenv("EDGELEARN_CACHE", str(tmp_path / "mine"))
+    assert corpus.default_cache_dir() == tmp_path / "mine"

@@ -33,12 +33,6 @@ READ_ERRORS = (OSError, ValueError, EOFError, KeyError, SyntaxError, TypeError, 
                 zlib.error, zipfile.BadZipFile, NotImplementedError, RuntimeError, tokenize.TokenError)
 
 
-def npz_bytes(arrays: dict) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
-
-
 def npz_arrays(path: Path) -> dict:
     """The arrays of an .npz, each member's header checked against its size before it is read (a
     garbled shape cannot ask for gigabytes); raises one of ``READ_ERRORS`` when damaged."""

@@ -14,12 +14,11 @@ not the shape and type the backbone gives is recomputed, not trusted.
 from __future__ import annotations
 
 import hashlib
-import io
 from pathlib import Path
 
 import numpy as np
 
-from edge.atomic import atomic_write
+from edge.atomic import atomic_file
 
 
 def cache_key(backbone, windows: np.ndarray) -> str:
@@ -45,7 +44,6 @@ def cached_features(state_dir, backbone, km, windows: np.ndarray, batch: int = 6
     path.parent.mkdir(parents=True, exist_ok=True)
     for old in path.parent.glob("features-*.npy"):  # one dataset's cache at a time bounds the disk use
         old.unlink(missing_ok=True)
-    buf = io.BytesIO()
-    np.save(buf, x)
-    atomic_write(path, buf.getvalue())
+    with atomic_file(path) as f:
+        np.save(f, x)
     return x

@@ -44,8 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from edge import atomic
-from edge.adapt.delta import READ_ERRORS, check_delta, delta_shapes, npz_arrays, npz_bytes, npz_info
-from edge.atomic import atomic_write
+from edge.adapt.delta import READ_ERRORS, check_delta, delta_shapes, npz_arrays, npz_info
+from edge.atomic import atomic_write, npz_bytes
 from edge.errors import EdgelearnError
 
 log = logging.getLogger("edgelearn.adapt")

@@ -69,7 +69,7 @@ class Aggregator:
 def sweep_leftovers(state_dir: Path) -> list[str]:
     """Remove what a crash mid-publication left in ``models/`` and ``bundles/``: temporary files of
     atomic writes (``.vN.npz.*``), half-built bundle directories (``.vN.building-*``), partial zips
-    (``.vN.zip.*``) and ONNX heads (``vN.onnx.tmp``). Called only under the state lock, so no live
+    (``.vN.zip.*``) and ONNX heads (``.vN.onnx.*``; ``vN.onnx.tmp`` from older versions). Called only under the state lock, so no live
     writer owns them; a version is published only by the database commit that follows its files,
     so none of these was ever served. Returns the names removed."""
     import shutil

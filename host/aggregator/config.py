@@ -12,7 +12,7 @@ from pathlib import Path
 
 from edge.adapt.strategies import STRATEGIES as ADAPT_STRATEGIES
 from edge.errors import EdgelearnError
-from edge.store import atomic_write
+from edge.atomic import atomic_write
 
 
 @dataclass

@@ -16,7 +16,6 @@ before the database names them, so a crash leaves at worst an unnamed file.
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from pathlib import Path
@@ -25,16 +24,14 @@ import numpy as np
 
 from edge.errors import EdgelearnError
 from edge.fl_client import HEAD_FILE, tail_logits
-from edge.store import atomic_write
+from edge.atomic import atomic_path, atomic_write, npz_bytes
 
 HEAD_ONNX = "head.onnx"
 _BASE_EXCLUDE = ("manifest.json", "manifest.sig", "manifest.mac", HEAD_FILE, HEAD_ONNX)
 
 
 def params_bytes(params: dict) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v, np.float32) for k, v in params.items()})
-    return buf.getvalue()
+    return npz_bytes({k: np.asarray(v, np.float32) for k, v in params.items()})
 
 
 def load_params(path) -> dict:
@@ -109,8 +106,8 @@ class ModelRegistry:
             from host.aggregator.head_onnx import PARTITION, write_head_onnx
 
             onnx_path = self.dir / "models" / f"v{version}.onnx"
-            part = write_head_onnx(params, onnx_path.with_suffix(".onnx.tmp"))
-            onnx_path.with_suffix(".onnx.tmp").replace(onnx_path)
+            with atomic_path(onnx_path, mode=None) as tmp:  # public, as published versions are
+                part = write_head_onnx(params, tmp)
             files[HEAD_ONNX] = onnx_path
             part["file"] = HEAD_ONNX
             m["partitions"] = [p for p in manifest.get("partitions", []) if p.get("name") != PARTITION] + [part]

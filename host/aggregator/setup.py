@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import io
 import secrets
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import numpy as np
 
 from edge.errors import EdgelearnError
 from edge.portable.wire import _ID_CHARS, MAX_DEVICE_ID_LEN
-from edge.store import atomic_write
+from edge.atomic import atomic_write, npz_bytes
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.models import ModelRegistry
 from host.aggregator.store import Store
@@ -37,9 +36,7 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
     cfg.save(d / "config.json")
     if heldout is not None:
         X, y = heldout
-        buf = io.BytesIO()
-        np.savez(buf, X=np.asarray(X, np.float32), y=np.asarray(y, np.int64))
-        atomic_write(d / "heldout.npz", buf.getvalue())
+        atomic_write(d / "heldout.npz", npz_bytes({"X": np.asarray(X, np.float32), "y": np.asarray(y, np.int64)}))
     if params is None:
         from host.fleet.data import extract_head
         params = extract_head(bundle)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.atomic import replace_dir
 from host.data import noise as N
 from host.data import synth
 from host.data.words import CUSTOM_PHRASES, FILLERS, LABELS, SILENCE, SPEECH_COMMANDS, UNKNOWN
@@ -34,8 +35,17 @@ SPLITS = ("train", "val", "test", "unseen")
 
 
 def default_cache_dir() -> Path:
+    """``$EDGELEARN_CACHE``; else, in a source checkout, ``<checkout>/.cache/edgelearn``; else (installed
+    from a wheel) the user's cache, ``$XDG_CACHE_HOME/edgelearn`` or ``~/.cache/edgelearn``."""
     env = os.environ.get("EDGELEARN_CACHE")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".cache" / "edgelearn"
+    if env:
+        return Path(env)
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file() and (root / "host" / "data").is_dir():
+        return root / ".cache" / "edgelearn"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "edgelearn"
 
 
 @dataclass
@@ -257,9 +267,7 @@ def build_corpus(cfg: CorpusConfig | None = None, cache_dir=None, workers: int =
     np.save(tmp / "offsets.npy", offsets)
     (tmp / "meta.json").write_text(json.dumps(meta))
     (tmp / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
-    if cache.exists():
-        shutil.rmtree(cache)
-    os.replace(tmp, cache)
+    replace_dir(tmp, cache)
     return load_corpus(cache)
 
 

@@ -15,13 +15,13 @@ its own voices and a skewed subset of the words, as real users would have.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from edge.atomic import atomic_file
 from edge.errors import EdgelearnError
 
 SPLITS = ("train", "val", "test")
@@ -96,9 +96,8 @@ def load_embeddings(bundle_dir=None, cache_dir=None, progress: bool = True) -> E
     if progress:
         print(file=sys.stderr)
     data = EmbeddingSet(np.concatenate(Xs), np.concatenate(ys), np.concatenate(vs), np.concatenate(ss))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.npz")
-    np.savez(tmp, X=data.X, y=data.y, voice=data.voice, split=data.split)
-    os.replace(tmp, path)
+    with atomic_file(path, mode=None) as f:
+        np.savez(f, X=data.X, y=data.y, voice=data.voice, split=data.split)
     return data
 
 

@@ -10,12 +10,12 @@ quantisation, in a format a board reads with ``struct.unpack_from`` and
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 
+from edge.atomic import atomic_write
 from host.partition.graph import Graph
 
 MAGIC = b"ELB1"
@@ -50,9 +50,7 @@ def write_blob(g: Graph, out: Path) -> Path:
     data_start += _pad4(data_start)
     header = MAGIC + struct.pack("<HHI", VERSION, len(consts), data_start)
     blob = header + index + bytes(data_start - header_len - len(index)) + data
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(blob)
-    os.replace(tmp, out)
+    atomic_write(out, blob, mode=None)
     return out
 
 

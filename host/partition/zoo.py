@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.atomic import atomic_path, atomic_write
+
 # Candidate variants, largest first: (channels, blocks). DS-CNN-S is (64, 4).
 VARIANTS = ((64, 4), (48, 4), (32, 4), (32, 3), (24, 3), (16, 2), (8, 2))
 
@@ -41,9 +43,7 @@ def variant_tflite(channels: int = 64, blocks: int = 4, classes: int = 12,
         from host.quantize import to_tflite
 
         data = to_tflite(_keras(channels, blocks, classes), _calib())
-        tmp = out.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, out)
+        atomic_write(out, data, mode=None)
     return out
 
 
@@ -56,13 +56,11 @@ def variant_onnx(channels: int = 64, blocks: int = 4, classes: int = 12,
     if not fp32.exists():
         from host.quantize import to_onnx
 
-        tmp = fp32.with_name(fp32.stem + ".tmp.onnx")
-        to_onnx(_keras(channels, blocks, classes), tmp)
-        os.replace(tmp, fp32)
+        with atomic_path(fp32, mode=None) as tmp:
+            to_onnx(_keras(channels, blocks, classes), tmp)
     if int8 and not q.exists():
         from host.quantize import quantize_onnx
 
-        tmp = q.with_name(q.stem + ".tmp.onnx")
-        quantize_onnx(fp32, tmp, _calib())
-        os.replace(tmp, q)
+        with atomic_path(q, mode=None) as tmp:
+            quantize_onnx(fp32, tmp, _calib())
     return q if int8 else fp32

@@ -8,6 +8,9 @@ docs/firmware.md (graph).
     from edge.portable.model_load import read_index
     with open("weights.elb", "rb") as f:
         index, data_start = read_index(f)      # {name: (dtype, shape, axis, scales, zps, offset, nbytes)}
+
+``read_index`` is the one reader of the blob's layout: the host's ``host.partition.blob.read_blob``
+(numpy arrays, for tests and tools) is built on it; the writer is ``host.partition.blob.write_blob``.
 """
 
 import array
@@ -22,14 +25,17 @@ from edge.portable.model import ModelBlobError
 MAGIC = b"ELB1"
 BLOB_VERSION = 1
 GRAPH_FORMAT = "edgelearn-mcu-graph"
-_DTYPE_CODES = {0: "b", 1: "i", 2: "h", 3: "B", 4: "f"}
+DTYPE_CODES = {0: "b", 1: "i", 2: "h", 3: "B", 4: "f"}  # blob dtype code -> array typecode
 _ITEM = {"b": 1, "i": 4, "h": 2, "B": 1, "f": 4}
 # MicroPython raises ValueError where CPython raises struct.error, and has no struct.error
 _STRUCT_ERROR = getattr(struct, "error", ValueError)
 
 
-def read_index(f):
-    """The blob's index: {name: (dtype code, shape, axis, scales, None, offset, nbytes)} and data_start."""
+def read_index(f, zero_points=False):
+    """The blob's index: {name: (dtype code, shape, axis, scales, zps, offset, nbytes)} and data_start.
+
+    ``zps`` is None unless ``zero_points`` (a board never needs them: weights are symmetric); the
+    dtype code is an ``array`` typecode (``DTYPE_CODES``); offsets are from ``data_start``."""
     head = f.read(12)
     if len(head) < 12 or head[:4] != MAGIC:
         raise ModelBlobError("not an edgelearn tensor blob (magic %r)" % (bytes(head[:4]),))
@@ -55,12 +61,14 @@ def read_index(f):
             pos += 2
             # one float32 array, not a tuple of boxed floats (per-channel scales are most of the index)
             scales = array.array("f", index[pos:pos + 4 * ns])
-            pos += 8 * ns   # zero points follow; weights are symmetric (zero point 0), so they are not kept
+            # zero points follow; weights are symmetric (zero point 0), so a board does not keep them
+            zps = struct.unpack_from("<%di" % ns, index, pos + 4 * ns) if zero_points else None
+            pos += 8 * ns
             off, nbytes = struct.unpack_from("<II", index, pos)
             pos += 8
-            if dt not in _DTYPE_CODES:
+            if dt not in DTYPE_CODES:
                 raise ModelBlobError("tensor %s has unknown dtype code %d" % (name, dt))
-            out[name] = (_DTYPE_CODES[dt], shape, axis, scales, None, off, nbytes)
+            out[name] = (DTYPE_CODES[dt], shape, axis, scales, zps, off, nbytes)
     except (IndexError, ValueError, _STRUCT_ERROR):
         raise ModelBlobError("tensor blob index is damaged or truncated")
     return out, data_start
@@ -145,7 +153,7 @@ def _arena_sizes(f):
             ns = struct.unpack("<H", f.read(2))[0]
             f.seek(8 * ns, 1)
             nbytes = struct.unpack("<II", f.read(8))[1]
-            code = _DTYPE_CODES.get(dt)
+            code = DTYPE_CODES.get(dt)
             if code is None:
                 raise ModelBlobError("a tensor has unknown dtype code %d" % dt)
             if nbytes != _count(shape) * _ITEM[code]:

@@ -1,4 +1,4 @@
-"""The flat int8 tensor blob for MicroPython targets (layout: docs/partition.md).
+"""The flat int8 tensor blob for MicroPython targets (layout: docs/partition.md): the writer.
 
 Every constant tensor of the model (int8 weights, int32 biases) with its
 quantisation, in a format a board reads with ``struct.unpack_from`` and
@@ -10,18 +10,18 @@ quantisation, in a format a board reads with ``struct.unpack_from`` and
 
 from __future__ import annotations
 
+import io
 import struct
 from pathlib import Path
 
 import numpy as np
 
 from edge.atomic import atomic_write
+from edge.portable.model_load import BLOB_VERSION as VERSION
+from edge.portable.model_load import DTYPE_CODES, MAGIC, read_index
 from host.partition.graph import Graph
 
-MAGIC = b"ELB1"
-VERSION = 1
-DTYPES = {"int8": 0, "int32": 1, "int16": 2, "uint8": 3, "float32": 4}
-_NP = {v: k for k, v in DTYPES.items()}
+DTYPES = {np.dtype(c).name: k for k, c in DTYPE_CODES.items()}  # numpy dtype name -> blob code
 
 
 def _pad4(n: int) -> int:
@@ -55,30 +55,15 @@ def write_blob(g: Graph, out: Path) -> Path:
 
 
 def read_blob(path: Path) -> list[dict]:
-    """Reference reader (the MicroPython loader mirrors it with struct/array)."""
-    buf = memoryview(Path(path).read_bytes())
-    if bytes(buf[:4]) != MAGIC:
-        raise ValueError(f"{path} is not an edgelearn tensor blob (magic {bytes(buf[:4])!r})")
-    version, n, data_start = struct.unpack_from("<HHI", buf, 4)
-    if version != VERSION:
-        raise ValueError(f"{path} is blob version {version}, this reader knows {VERSION}")
-    pos, out = 12, []
-    for _ in range(n):
-        ln = buf[pos]
-        name = bytes(buf[pos + 1:pos + 1 + ln]).decode()
-        pos += 1 + ln
-        dt, ndim, axis = struct.unpack_from("<BBb", buf, pos)
-        pos += 3
-        shape = struct.unpack_from(f"<{ndim}I", buf, pos)
-        pos += 4 * ndim
-        (ns,) = struct.unpack_from("<H", buf, pos)
-        pos += 2
-        scales = struct.unpack_from(f"<{ns}f", buf, pos)
-        zps = struct.unpack_from(f"<{ns}i", buf, pos + 4 * ns)
-        pos += 8 * ns
-        off, nbytes = struct.unpack_from("<II", buf, pos)
-        pos += 8
-        arr = np.frombuffer(buf[data_start + off:data_start + off + nbytes], dtype="<" + np.dtype(_NP[dt]).str[1:])
-        out.append({"name": name, "dtype": _NP[dt], "shape": shape, "axis": axis, "scales": scales,
+    """Every tensor of a blob with numpy data, in blob order; read by the device's own reader
+    (``edge.portable.model_load.read_index``), so host and board read one layout one way.
+    Raises ``ModelBlobError`` (a ValueError) naming what is wrong."""
+    raw = Path(path).read_bytes()
+    index, data_start = read_index(io.BytesIO(raw), zero_points=True)
+    out = []
+    for name, (code, shape, axis, scales, zps, off, nbytes) in index.items():
+        dt = np.dtype(code).newbyteorder("<")
+        arr = np.frombuffer(raw, dtype=dt, count=nbytes // dt.itemsize, offset=data_start + off)
+        out.append({"name": name, "dtype": dt.name, "shape": shape, "axis": axis, "scales": tuple(scales),
                     "zero_points": zps, "data": arr.reshape(shape)})
     return out

@@ -27,16 +27,29 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per clip")
 
 
-def run(args) -> int:
-    from edge.audio import read_wav
-    from edge.bundle import load_bundle
-    from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
+def classify(wavs, bundle=None, *, backend: str = "auto", trusted_keys=None):
+    """(path, label, probability) for each clip in ``wavs`` (WAV paths, one keyword each), as each
+    is classified; ``bundle``: a loaded bundle or its path (None: the shipped model, checked with
+    ``trusted_keys`` or the device's default keys). A clip longer than ``MAX_CLIP_SECONDS`` is an
+    ``AudioError``. The bundle and model are loaded when this is called."""
+    from edge.device import open_bundle
+    from edge.kws import KeywordModel
 
-    bundle = load_bundle(args.bundle or DEFAULT_BUNDLE, trusted_keys=args.pubkey or default_trusted_keys())
-    km = KeywordModel(bundle, backend=args.backend)
-    for path in args.wav:
+    km = KeywordModel(open_bundle(bundle, trusted_keys), backend=backend)
+    return _classified(km, [wavs] if isinstance(wavs, (str, Path)) else list(wavs))
+
+
+def _classified(km, wavs):
+    from edge.audio import read_wav
+
+    for path in wavs:
         pcm = read_wav(path, min_samples=1600, max_samples=MAX_CLIP_SECONDS * 16000, long_fix=_LONG_FIX)
         label, p = km.classify(pcm)
+        yield path, label, p
+
+
+def run(args) -> int:
+    for path, label, p in classify(args.wav, args.bundle, backend=args.backend, trusted_keys=args.pubkey):
         if args.json:
             print(json.dumps({"file": str(path), "label": label, "score": round(p, 4)}))
         else:

@@ -29,6 +29,7 @@ CONV_NAMES = ("dw4_w", "dw4_b", "pw4_w", "pw4_b", "cls_w", "cls_b", "pw4.lora_a"
               "cls.lora_b", "pw4.adapter_a", "pw4.adapter_b", "cls.adapter_a", "cls.adapter_b")
 HEAD_NAMES = ("proj.w", "proj.b", "classifier.w", "classifier.b", "adapter.a", "adapter.b", "proj.lora_a",
               "proj.lora_b", "classifier.lora_a", "classifier.lora_b")
+CONV_TAIL, EMBEDDING_HEAD = "conv-tail", "embedding-head"  # the two kinds of adapted delta
 READ_ERRORS = (OSError, ValueError, EOFError, KeyError, SyntaxError, TypeError, OverflowError, struct.error,
                 zlib.error, zipfile.BadZipFile, NotImplementedError, RuntimeError, tokenize.TokenError)
 
@@ -88,6 +89,17 @@ def delta_shapes(bundle) -> dict | None:
                    "adapter.a": (c, None), "adapter.b": (None, c), "proj.lora_a": (c, None),
                    "proj.lora_b": (None, c), "classifier.lora_a": (c, None), "classifier.lora_b": (None, k)})
     return shapes
+
+
+def delta_kind(delta) -> str | None:
+    """Which tail ``delta`` adapts: ``EMBEDDING_HEAD`` when it holds embedding-head tensors
+    (``HEAD_NAMES``: the bundle's encoder runs, and this head on its embedding), ``CONV_TAIL``
+    otherwise (the conv tail on the int8 backbone: ``edge.adapt.TailModel``), None when empty (the
+    base model). A stored delta is of one kind (``check_delta`` refuses a mix)."""
+    names = set(delta or ())
+    if not names:
+        return None
+    return EMBEDDING_HEAD if names & set(HEAD_NAMES) else CONV_TAIL
 
 
 def check_delta(arrays: dict, shapes: dict | None) -> None:

@@ -51,50 +51,65 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    if args.action == "init":
+    return ACTIONS[args.action](args)
+
+
+def init(args) -> int:
+    from host.aggregator.config import AggregatorConfig
+    from host.aggregator.setup import init_state
+
+    heldout = _heldout(args)
+    cfg = AggregatorConfig(mode=args.mode, strategy=args.strategy, clients_per_round=args.clients_per_round,
+                           overselect=args.overselect, max_overselect=args.max_overselect,
+                           round_timeout=args.round_timeout, secure_aggregation=args.secure_aggregation,
+                           checkin_max_skew=args.checkin_max_skew,
+                           buffer_size=args.buffer_size, codec=args.codec, dp_clip=args.dp_clip,
+                           dp_noise=args.dp_noise)
+    v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout)
+    print(f"aggregator state in {args.state}: model version {v} published")
+    return 0
+
+
+def _heldout(args):
+    """The publication check's held-out set: --heldout's npz, the corpus test voices, or None."""
+    if args.heldout:
         import numpy as np
 
-        from host.aggregator.config import AggregatorConfig
-        from host.aggregator.setup import init_state
-        heldout = None
-        if args.heldout:
-            with np.load(args.heldout) as z:
-                heldout = (z["X"], z["y"])
-        elif args.heldout_corpus:
-            from host.fleet.data import load_embeddings
-            data = load_embeddings(args.bundle)
-            r = data.rows("test")
-            heldout = (data.X[r], data.y[r])
-        cfg = AggregatorConfig(mode=args.mode, strategy=args.strategy, clients_per_round=args.clients_per_round,
-                               overselect=args.overselect, max_overselect=args.max_overselect,
-                               round_timeout=args.round_timeout, secure_aggregation=args.secure_aggregation,
-                               checkin_max_skew=args.checkin_max_skew,
-                               buffer_size=args.buffer_size, codec=args.codec, dp_clip=args.dp_clip,
-                               dp_noise=args.dp_noise)
-        v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout)
-        print(f"aggregator state in {args.state}: model version {v} published")
-        return 0
-    if args.action == "provision":
-        from pathlib import Path
+        with np.load(args.heldout) as z:
+            return z["X"], z["y"]
+    if args.heldout_corpus:
+        from host.fleet.data import load_embeddings
 
-        from edge.bundle import HMAC_KEY_TAG
-        from edge.store import atomic_write
-        from host.aggregator.setup import provision
-        key = provision(args.state, args.device, tier=args.tier)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        # atomic_write creates its file with mkstemp, so the key is 0600 from the first byte
-        atomic_write(out / f"{args.device}.hmac", f"{HMAC_KEY_TAG} {key.hex()} {args.device}\n".encode())
-        print(f"provisioned {args.device}; key in {out / (args.device + '.hmac')}")
-        return 0
-    if args.action == "serve":
-        import uvicorn
+        data = load_embeddings(args.bundle)
+        r = data.rows("test")
+        return data.X[r], data.y[r]
+    return None
 
-        from host.aggregator.app import build_app
-        app = build_app(args.state)
-        print(f"aggregator: serving {args.state} on http://{args.host}:{args.port}", flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
-        return 0
+
+def provision(args) -> int:
+    from host.aggregator.setup import provision as register, write_device_key
+
+    path = write_device_key(args.out, args.device, register(args.state, args.device, tier=args.tier))
+    print(f"provisioned {args.device}; key in {path}")
+    return 0
+
+
+def serve(args) -> int:
+    import uvicorn
+
+    from host.aggregator.app import build_app
+
+    app = build_app(args.state)
+    print(f"aggregator: serving {args.state} on http://{args.host}:{args.port}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    return 0
+
+
+def status(args) -> int:
     from host.aggregator.app import read_status
+
     print(json.dumps(read_status(args.state), indent=1))  # reads only: works beside a running `serve`
     return 0
+
+
+ACTIONS = {"init": init, "provision": provision, "serve": serve, "status": status}

@@ -68,3 +68,15 @@ def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "
     finally:
         store.close()
     return key
+
+
+def write_device_key(out_dir, device_id: str, key: bytes) -> Path:
+    """Write ``out_dir/DEVICE.hmac``, the key line a device reads (``edge.keys``), 0600 from the
+    first byte (``atomic_write`` creates it with mkstemp); returns its path."""
+    from edge.keys import HMAC_KEY_TAG
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{device_id}.hmac"
+    atomic_write(path, f"{HMAC_KEY_TAG} {bytes(key).hex()} {device_id}\n".encode())
+    return path

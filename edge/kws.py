@@ -20,12 +20,15 @@ import numpy as np
 from edge import features as F
 from edge.errors import BundleError, EdgelearnError
 
-REPO_KEYS = Path(__file__).resolve().parents[1] / "models" / "keys"
-DEFAULT_BUNDLE = Path(__file__).resolve().parents[1] / "models" / "kws-dscnn-s"
+# The shipped bundles and the public key that verifies them travel with the package (edge/models,
+# package data; the checkout's models/ links here).
+MODELS = Path(__file__).resolve().parent / "models"
+REPO_KEYS = MODELS / "keys"
+DEFAULT_BUNDLE = MODELS / "kws-dscnn-s"
 
 
 def default_trusted_keys():
-    """Keys a device trusts by default: $EDGELEARN_KEYS, /etc/edgelearn/keys, then the repo's."""
+    """Keys a device trusts by default: $EDGELEARN_KEYS, /etc/edgelearn/keys, then the shipped one (``REPO_KEYS``)."""
     import os
 
     for cand in (os.environ.get("EDGELEARN_KEYS"), "/etc/edgelearn/keys", REPO_KEYS):

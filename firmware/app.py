@@ -10,7 +10,7 @@ update encoding (firmware/report.py), check-ins (firmware/checkin.py). On a
 100 KB heap the code of all of them at once does not fit beside the model's
 weights.
 
-``handle(kind, seq, payload)`` answers one link frame (firmware/link.py,
+``handle(kind, seq, payload)`` answers one link frame (edge/portable/link.py,
 commands in docs/firmware.md); the answer is always an ACK or a NAK with a
 one-line reason, and a failed command changes no state. State files are
 written atomically (``board.atomic_write``), so a reset at any point leaves the
@@ -32,7 +32,7 @@ from edge.portable.compat import const, zeros
 from edge.portable.mfcc import N_FRAMES, N_MFCC, FeatureRing, MfccStream
 from edge.portable.model import McuModel, ModelBlobError
 from edge.portable.proto import ProtoHead
-from firmware import link as L
+from edge.portable import link as L
 from firmware.board import atomic_write, read_file
 
 MAX_KEYWORDS = const(4)
@@ -44,7 +44,7 @@ _GC_EVERY = const(8192)
 REPLAY_BYTES = const(4096)   # the board's replay buffer, serialised (firmware/learn.py)
 # modules that stay loaded; everything else a command imports is dropped after it
 RESIDENT = ("edge", "edge.portable", "edge.portable.compat", "edge.portable.quant", "edge.portable.kernels",
-            "edge.portable.mfcc", "edge.portable.model", "edge.portable.proto", "firmware", "firmware.link",
+            "edge.portable.mfcc", "edge.portable.model", "edge.portable.proto", "edge.portable.link", "firmware",
             "firmware.board", "firmware.app", "firmware.main", "__main__")
 
 

@@ -18,7 +18,7 @@ still serves ``status`` so the host can see it.
 import gc
 import json
 
-from firmware import link as L
+from edge.portable import link as L
 from firmware.board import make_board, read_file
 
 HOP_BYTES = 640          # 320 samples: one MFCC hop, so detection latency is one hop

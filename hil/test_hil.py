@@ -12,8 +12,8 @@ import pytest
 
 from edge.audio import read_wav, write_wav
 from edge.portable.wire import AuthError, decode_update
-from hil.board_fs import DEFAULT_BUNDLE, phrase_clips
-from hil.rigs import open_rig
+from host.board.fs import DEFAULT_BUNDLE, phrase_clips
+from host.board.rigs import open_rig
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(), reason="MCU bundle not built")
 KEY = bytes(range(7, 39))
@@ -109,7 +109,7 @@ def test_reset_mid_transfer_keeps_the_running_bundle(board, tmp_path):
     rig, t = board
     if rig.kind != "pty":
         pytest.skip("a hard reset mid-transfer needs the pty rig (it kills the process)")
-    from hil.board_fs import board_files
+    from host.board.fs import board_files
     files = board_files(tmp_path / "w", DEFAULT_BUNDLE, "esp32-hil", KEY)
     blob = [f for f in files if f[1] == "bundle.new/weights.elb"][0]
     raw = blob[0].read_bytes()

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hil.board_fs import DEFAULT_BUNDLE
+from host.board.fs import DEFAULT_BUNDLE
 
 CHECK = """
 from firmware.board import make_board
@@ -46,8 +46,8 @@ def add_arguments(p) -> None:
 
 
 def flash(transport, bundle: Path, device_id: str, key: bytes | None, progress=None) -> list[str]:
-    """Deploy to an open ``hil.transport.BoardTransport``; returns the board's check output lines."""
-    from hil.board_fs import board_files
+    """Deploy to an open ``host.board.transport.BoardTransport``; returns the board's check output lines."""
+    from host.board.fs import board_files
 
     with tempfile.TemporaryDirectory() as work:
         files = board_files(Path(work), bundle, device_id, key or b"")
@@ -60,11 +60,11 @@ def flash(transport, bundle: Path, device_id: str, key: bytes | None, progress=N
 
 def run(args) -> int:
     from edge.bundle import load_hmac_key
-    from hil.rigs import open_rig
+    from host.board.rigs import open_rig
 
     key = load_hmac_key(args.device_key) if args.device_key else None
     if args.port == "pty":
-        from hil.rigs import PtyRig
+        from host.board.rigs import PtyRig
         if args.fs is None:
             sys.stderr.write("flash: --port pty needs --fs DIR (the board's filesystem)\n")
             return 2

@@ -1,6 +1,6 @@
 """The serial gateway: talk to a board over the framed link and relay its updates to the aggregator.
 
-``BoardLink`` speaks firmware/link.py over a pyserial port: every command
+``BoardLink`` speaks edge/portable/link.py over a pyserial port: every command
 waits for its ACK or NAK, and is resent with the *same* sequence number when
 the reply is lost or the frame was corrupted on the way (the board answers a
 resend without applying it twice). Update frames arrive as ELCK chunks
@@ -25,7 +25,7 @@ import time
 from edge.errors import EdgelearnError
 from edge.portable.chunks import Reassembler
 from edge.portable.wire_errors import WireError
-from firmware import link as L
+from edge.portable import link as L
 
 
 class LinkFailed(EdgelearnError):

@@ -45,3 +45,45 @@ def test_user_error_is_one_line_exit_2(tmp_path):
     res = run("spot", str(tmp_path / "missing.wav"), "--bundle", str(tmp_path / "nope"))
     assert res.returncode == 2
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_every_optional_import_has_a_one_line_message():
+    """Every third-party module edge/ or host/ imports (at the top or lazily) is a base dependency
+    or in the CLI's table of missing packages, so a command that hits it missing says one sentence."""
+    import ast
+    from pathlib import Path
+
+    from edge.cli import _EXTRA_FOR
+    root = Path(__file__).resolve().parents[1]
+    base = {"numpy", "cryptography", "edge", "host", "firmware", "__future__"}
+    seen = {}
+    for top in ("edge", "host"):
+        for p in (root / top).rglob("*.py"):
+            if "portable" in p.parts:
+                continue   # MicroPython-only fallbacks (micropython, ulab) are never hit on CPython
+            for node in ast.walk(ast.parse(p.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
+                for n in names:
+                    seen.setdefault(n.split(".")[0], p.relative_to(root))
+    missing = {m: str(p) for m, p in seen.items()
+               if m not in sys.stdlib_module_names and m not in base and m not in _EXTRA_FOR}
+    assert not missing, f"add these to edge.cli._EXTRA_FOR: {missing}"
+
+
+def test_a_package_missing_while_a_command_runs_is_one_line():
+    # flash imports mpremote only when it opens the board's port: hide it, and the command names the extra
+    code = ("import sys; sys.modules['mpremote'] = None\n"
+            "from edge.cli import main\n"
+            "sys.exit(main(['flash', '--port', 'socket://127.0.0.1:9']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "'mpremote'" in res.stderr and "edgelearn[dev]" in res.stderr, res.stderr
+
+
+def test_bench_without_a_checkout_says_so_in_one_sentence(tmp_path):
+    import os
+    res = run("bench", env=dict(os.environ, EDGELEARN_SOURCE=str(tmp_path)))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "source checkout" in res.stderr

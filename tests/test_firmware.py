@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from edge.portable.wire import AuthError, decode_update
-from firmware import link as L
+from edge.portable import link as L
 from firmware.app import App
 from firmware.board import FakeBoard
-from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
+from host.board.fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(), reason="MCU bundle not built")
 KEY = bytes(range(32))

@@ -5,10 +5,10 @@ in flash. The unix port has no flash, so the compiled .mpy files are packed
 into a ROMFS image (bytecode executed in place, the stand-in for frozen
 modules) that is read into one block at the bottom of the heap before
 anything runs; the heap is the image's size plus 100 KB, and the image
-stands for flash, not for heap (hil/unix_board.py). The board filesystem is a
+stands for flash, not for heap (host/board/unixport.py). The board filesystem is a
 directory with the MCU bundle, config and key.
 
-``hil.unix_board.SEQUENCE`` boots, enrols a keyword from 5 clips, detects,
+``host.board.unixport.SEQUENCE`` boots, enrols a keyword from 5 clips, detects,
 adapts and encodes one update, sampling ``gc.mem_alloc()`` after a collection
 and the interpreter's name pools at every step. Phase modules (install,
 learn, report, the wire codec) are imported per command and unloaded after;
@@ -24,8 +24,8 @@ import json
 
 import pytest
 
-from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
-from hil.unix_board import AUDIO_BUFFER, DRIVER, SEQUENCE, fresh_state, micropython_exe, parse_marks, \
+from host.board.fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
+from host.board.unixport import AUDIO_BUFFER, DRIVER, SEQUENCE, fresh_state, micropython_exe, parse_marks, \
     romfs_image, run_board
 
 pytestmark = [pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(), reason="MCU bundle not built"),

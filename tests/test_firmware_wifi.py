@@ -9,7 +9,7 @@ checked against servers that refuse or answer garbage.
 
 Both runs (enrol, then a real reboot: a new process on the same filesystem)
 deploy the firmware as an ESP32 holds it, frozen in flash: a ROMFS image
-(hil/unix_board.py) read into the bottom of the heap because the unix port has
+(host/board/unixport.py) read into the bottom of the heap because the unix port has
 no flash, so the heap is the image's size plus 100 KB.
 """
 
@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from edge.audio import write_wav
-from firmware import link as L
-from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
+from edge.portable import link as L
+from host.board.fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
 from hil.live_aggregator import LiveAggregator, mcu_aggregator_state
-from hil.unix_board import AUDIO_BUFFER, DRIVER, HEAP_KB, micropython_exe, romfs_image, run_board
+from host.board.unixport import AUDIO_BUFFER, DRIVER, HEAP_KB, micropython_exe, romfs_image, run_board
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(), reason="MCU bundle not built")
 KEY = bytes(range(90, 122))
@@ -69,7 +69,7 @@ def board(tmp_path):
 def run_binary(code: str, fs, heap_kb: int = HEAP_KB) -> bytes:
     """The unix port's raw stdout (EVENT frames are binary), the firmware in a ROMFS image beside ``heap_kb``.
 
-    The image (hil/unix_board.py) stands for the ESP32's flash: it is read
+    The image (host/board/unixport.py) stands for the ESP32's flash: it is read
     into the bottom of the heap only because the unix port has none, so the
     heap is the image's size plus ``heap_kb``.
     """

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(micropython_path() is None,
 
 
 def _bundle_or_skip():
-    from hil.board_fs import DEFAULT_BUNDLE
+    from host.board.fs import DEFAULT_BUNDLE
     if not (DEFAULT_BUNDLE / "manifest.json").exists():
         pytest.skip("MCU bundle not built")
 
@@ -47,9 +47,9 @@ def test_simulator_runs_boards_beside_the_pi_fleet(tmp_path):
 
 
 def test_missing_mcu_bundle_is_a_clear_error(tmp_path, monkeypatch):
-    import hil.board_fs
+    import host.board.fs
     from host.fleet.mcu import run_mcu_cohort
-    monkeypatch.setattr(hil.board_fs, "DEFAULT_BUNDLE", tmp_path / "nothing")
+    monkeypatch.setattr(host.board.fs, "DEFAULT_BUNDLE", tmp_path / "nothing")
     with pytest.raises(EdgelearnError, match="no MCU bundle"):
         run_mcu_cohort(tmp_path / "out", devices=1)
     assert not (tmp_path / "out").exists()

@@ -14,9 +14,9 @@ import json
 
 import pytest
 
-from hil.board_fs import DEFAULT_BUNDLE, phrase_clips
+from host.board.fs import DEFAULT_BUNDLE, phrase_clips
 from hil.live_aggregator import LiveAggregator, mcu_aggregator_state
-from hil.rigs import micropython_exe, open_rig
+from host.board.rigs import micropython_exe, open_rig
 
 pytestmark = [pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(), reason="MCU bundle not built"),
               pytest.mark.skipif(micropython_exe() is None, reason="MicroPython unix port not installed")]

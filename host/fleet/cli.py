@@ -32,7 +32,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from edge.errors import EdgelearnError
-    from host.fleet.plots import write_report
+    from host.fleet.plots import summary, write_report
     from host.fleet.simulate import SimConfig, simulate
 
     out = Path(args.out)
@@ -46,13 +46,5 @@ def run(args) -> int:
                     fresh_head=not args.shipped_head, seed=args.seed, mcu_devices=args.mcu_devices)
     res = simulate(cfg, out)
     paths = write_report(res, out)
-    pub = [r for r in res["rounds"] if r["status"] == "closed"]
-    final = pub[-1]["accuracy"] if pub else None
-    print(f"fleet: {len(res['rounds'])} rounds ({len(pub)} published), accuracy "
-          f"{res['initial_accuracy']:.3f} -> {final if final is None else round(final, 3)}, "
-          f"{res['bytes_up']:,} bytes uploaded; {paths['html']}")
-    if "mcu" in res:
-        m = res["mcu"]
-        print(f"fleet: {len(m['devices'])} MicroPython boards, {m['accepted']} updates accepted, "
-              f"{m['versions'] - 1} MCU model versions published; {out / 'mcu' / 'mcu.json'}")
+    print("\n".join(summary(res, paths["html"], mcu_json=out / "mcu" / "mcu.json")))
     return 0

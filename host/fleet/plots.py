@@ -1,6 +1,7 @@
 """Figures of a fleet run: accuracy per round, bytes, round durations, participation (PNG + HTML).
 
-    write_report(result, "fleet-out")   # fleet-out/fleet.png, fleet-out/fleet.html, fleet-out/fleet.json
+    paths = write_report(result, "fleet-out")   # fleet-out/fleet.png, fleet-out/fleet.html, fleet-out/fleet.json
+    print("\n".join(summary(result, paths["html"])))
 """
 
 from __future__ import annotations
@@ -9,6 +10,22 @@ import base64
 import html
 import json
 from pathlib import Path
+
+
+def summary(res: dict, report, mcu_json=None) -> list[str]:
+    """The run in one or two lines (``edgelearn fleet simulate`` and ``edgelearn demo`` print them):
+    versions published, held-out accuracy before and after, bytes uploaded, the report; the
+    MicroPython boards' line when the run had some (with ``mcu_json``, the file that has their reports)."""
+    pub = [r for r in res["rounds"] if r["status"] == "closed"]
+    final = pub[-1]["accuracy"] if pub else res["initial_accuracy"]
+    lines = [f"fleet: {len(pub)} signed model versions published; held-out accuracy "
+             f"{res['initial_accuracy']:.2f} -> {final:.2f}; {res['bytes_up']:,} bytes uploaded; report {report}"]
+    if "mcu" in res:
+        m = res["mcu"]
+        lines.append(f"fleet: {len(m['devices'])} MicroPython boards enrolled and adapted; {m['accepted']} of their "
+                     f"updates accepted, {m['versions'] - 1} MCU model versions published"
+                     + (f"; {mcu_json}" if mcu_json else ""))
+    return lines
 
 
 def write_report(res: dict, out_dir) -> dict:

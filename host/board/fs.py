@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from firmware.manifest import bundle_files, compile_firmware
+from edge.kws import MODELS
+from host.board.manifest import bundle_files, compile_firmware
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_BUNDLE = ROOT / "models" / "kws-mcu-tcnn"
+DEFAULT_BUNDLE = MODELS / "kws-mcu-tcnn"   # the shipped MCU bundle (package data of edge)
 
 
 def board_files(work: Path, bundle: Path, device_id: str, key: bytes, bundle_dest: str = "bundle.new"):
@@ -53,8 +53,8 @@ def _voiced(f0: float, formant: float, seed: int) -> np.ndarray:
 def phrase_clips(n: int = 6):
     """Two custom phrases, ``n`` clips each, one synthesizer (held-out voices): ({phrase: [int16 clips]}, source)."""
     try:
-        from host.data.corpus import load_corpus
-        cache = sorted((ROOT / ".cache" / "edgelearn").glob("corpus-*"))
+        from host.data.corpus import default_cache_dir, load_corpus
+        cache = sorted(default_cache_dir().glob("corpus-*"))
         c = load_corpus(cache[0])
         from edge.features import fit_to_window
         idx = c.select(("test", "unseen"), kinds=("custom",))

@@ -50,7 +50,7 @@ amv = memoryview(abuf)
 """
 
 DRIVER = r"""
-from firmware import link as L
+from edge.portable import link as L
 from firmware.board import FakeBoard
 from firmware.app import App
 seq = [0]
@@ -93,7 +93,7 @@ def romfs_image(fs: Path, out: Path) -> int:
     shutil.rmtree(src, ignore_errors=True)
     for pkg in ("edge", "firmware"):
         if not (fs / pkg).is_dir():
-            raise FileNotFoundError(f"{fs / pkg} is missing: compile the firmware first (firmware.manifest)")
+            raise FileNotFoundError(f"{fs / pkg} is missing: compile the firmware first (host.board.manifest)")
         shutil.copytree(fs / pkg, src / pkg)
     (src / "edge" / "portable" / "_empty.py").unlink(missing_ok=True)   # an earlier revision's placeholder
     with contextlib.redirect_stdout(io.StringIO()):   # make_romfs prints the tree
@@ -104,8 +104,8 @@ def romfs_image(fs: Path, out: Path) -> int:
 
 
 def firmware_image(work: Path) -> Path:
-    """This checkout's firmware compiled (firmware.manifest) and packed into ``work/code.romfs``."""
-    from firmware.manifest import compile_firmware
+    """The firmware this Python imports compiled (host.board.manifest) and packed into ``work/code.romfs``."""
+    from host.board.manifest import compile_firmware
     work = Path(work)
     compile_firmware(work / "mpy")
     romfs_image(work / "mpy", work / "code.romfs")

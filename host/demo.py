@@ -140,7 +140,7 @@ def cloud_fallback(bundle_path, keys, km, clips) -> None:
 def fleet(out: Path):
     import shutil
 
-    from host.fleet.plots import write_report
+    from host.fleet.plots import summary, write_report
     from host.fleet.simulate import SimConfig, simulate
 
     target = out / "fleet"
@@ -150,15 +150,7 @@ def fleet(out: Path):
           "MicroPython boards (unix port) each enrol their own custom keyword, adapt and report")
     res = simulate(SimConfig(devices=12, rounds=3, clients_per_round=6, mcu_devices=2), target)
     paths = write_report(res, target)
-    pub = [r for r in res["rounds"] if r["status"] == "closed"]
-    final = pub[-1]["accuracy"] if pub else res["initial_accuracy"]
-    print(f"\nfleet: {len(pub)} signed model versions published; held-out accuracy "
-          f"{res['initial_accuracy']:.2f} -> {final:.2f}; {res['bytes_up']:,} bytes uploaded; "
-          f"report {paths['html']}")
-    if "mcu" in res:
-        m = res["mcu"]
-        print(f"fleet: {len(m['devices'])} MicroPython boards enrolled and adapted; {m['accepted']} of their "
-              f"updates accepted, {m['versions'] - 1} MCU model versions published")
+    print("\n" + "\n".join(summary(res, paths["html"])))
     state = target / "agg"
     versions = sorted((d for d in (state / "bundles").iterdir() if d.is_dir()), key=lambda d: int(d.name[1:]))
     return versions[-1], state / "keys"

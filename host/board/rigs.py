@@ -7,8 +7,8 @@ a USB-UART board (raw mode on both ends: no echo, no line discipline, 0x03 is
 a byte). The unix port's "filesystem" is a temporary directory (its cwd and
 module path). ``serial:/dev/ttyUSB0`` is a real board.
 
-The pty board holds the firmware as an ESP32 does, in flash: this checkout's
-firmware compiled into a ROMFS image (hil/unix_board.py) that the unix port
+The pty board holds the firmware as an ESP32 does, in flash: the installed
+firmware compiled into a ROMFS image (host/board/unixport.py) that the unix port
 mounts at start-up (``-c`` mounts it, ``-i`` then starts the REPL the host
 talks to), in a heap of the image's size plus 100 KB (the image stands for
 flash; the unix port has none). Files under ``edge/`` and ``firmware/`` are
@@ -19,9 +19,9 @@ and names load into the heap (~51 KB resident instead of ~30 KB), so that rig
 gets ``MPY_HEAP_KB`` (the HIL sequence needs 134 KB there, 2 KB steps;
 fails at 132 KB).
 
-    from hil.rigs import open_rig
+    from host.board.rigs import open_rig
     with open_rig("pty") as rig:              # or "serial:/dev/ttyUSB0"
-        t = rig.transport()                   # hil.transport.BoardTransport
+        t = rig.transport()                   # host.board.transport.BoardTransport
         t.exec("print(1 + 1)")
 """
 
@@ -37,7 +37,7 @@ import tty
 from pathlib import Path
 
 from edge.errors import EdgelearnError
-from hil.unix_board import HEAP_KB, board_heap, firmware_image, micropython_exe, mount_code  # noqa: F401
+from host.board.unixport import HEAP_KB, board_heap, firmware_image, micropython_exe, mount_code  # noqa: F401
 
 
 class RigError(EdgelearnError):
@@ -112,7 +112,7 @@ class PtyRig:
         self._rom_dir = rom_dir
 
     def transport(self, **kw):
-        from hil.transport import BoardTransport
+        from host.board.transport import BoardTransport
         in_rom = ("edge/", "firmware/") if self.image is not None else ()
         return BoardTransport(self.port, soft_reset=False, in_rom=in_rom, **kw)
 
@@ -156,7 +156,7 @@ class SerialRig:
         return os.path.exists(self.port)
 
     def transport(self, **kw):
-        from hil.transport import BoardTransport
+        from host.board.transport import BoardTransport
         return BoardTransport(self.port, soft_reset=False, **kw)
 
     def close(self, keep_fs: bool = False) -> None:

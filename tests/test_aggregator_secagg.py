@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge.errors import EdgelearnError
-from edge.fl_client import FLClient
+from edge.fl import FLClient
 from edge.portable.wire import INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edge.errors import BundleError
-from edge.fl_client import FLClient, FLError, TailTrainer, tail_logits
+from edge.fl import FLClient, FLError, TailTrainer, tail_logits
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.testing import TestTransport, make_state, small_params
@@ -132,3 +132,23 @@ def test_tail_logits_match_the_plain_head_at_identity_projection():
     p = small_params()
     X = np.abs(np.random.default_rng(0).standard_normal((5, 64))).astype(np.float32)
     np.testing.assert_allclose(tail_logits(p, X), X @ p["classifier.w"] + p["classifier.b"], rtol=1e-5)
+
+
+def test_a_round_verifies_the_bundle_once(tmp_path):
+    """Training loads (and verifies) the round's bundle; encoding the frame reuses that head."""
+    devs, _ = synthetic(1)
+    state, keys = fleet(tmp_path, AggregatorConfig(clients_per_round=1), n=1)
+    with TestTransport(build_app(state, tick_interval=0)) as t:
+        c = FLClient(t, "dev0", keys["dev0"], tmp_path / "c0", trusted_keys=state / "keys", data=devs[0])
+        calls = []
+        for name in ("current", "install"):
+            real = getattr(c.store, name)
+            setattr(c.store, name, lambda *a, _r=real, _n=name, **k: (calls.append(_n), _r(*a, **k))[1])
+        assert c.run_once(OK)["action"] == "uploaded"
+        assert calls == ["install"]   # a round with a new bundle: its install is the one verification
+        task = c.checkin(OK)["task"]
+        c.ensure_model(int(task["model_version"]))
+        calls.clear()
+        delta, n = c.train(task)      # a round on the bundle already installed
+        c.encode(task, delta, n)
+        assert calls == ["current"]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edge.fl_client import tail_logits
+from edge.fl import tail_logits
 from host.aggregator.head_onnx import write_head_onnx
 
 ort = pytest.importorskip("onnxruntime")

@@ -170,7 +170,7 @@ valid_state = st.fixed_dictionaries({}, optional={
 @example(state={"tier": "mcu", "battery": 0.9, "charging": None, "temperature": 35.0, "network": "serial",
                 "model_version": 3}, clockless=True)   # what the firmware sends (firmware/checkin.py)
 @example(state={"tier": "linux", "model_version": None, "battery": 0.9, "charging": True, "network": "wifi"},
-         clockless=False)                             # what edge.fl_client sends
+         clockless=False)                             # what edge.fl sends
 def test_every_valid_checkin_is_accepted(agg, state, clockless):
     body = {"device_id": DEV, **state}
     if not clockless:

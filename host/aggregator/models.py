@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.errors import EdgelearnError
-from edge.fl_client import HEAD_FILE, tail_logits
+from edge.fl.model import HEAD_FILE, tail_logits
 from edge.atomic import atomic_path, atomic_write, npz_bytes
 
 HEAD_ONNX = "head.onnx"

@@ -60,7 +60,7 @@ class SecureRounds:
         step, rid = msg.get("step"), msg.get("round_id")
         if step not in STEPS or not isinstance(rid, int):
             raise Reject(400, "BadRequest", f"secagg message needs an integer round_id and a step in {STEPS}",
-                         "send the message edge.fl_client builds")
+                         "send the message edge.fl builds")
         self.rm.tick()
         if not self.rm.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?", (rid, dev)):
             raise Reject(403, "NotSelected", f"device {dev!r} was not selected for round {rid}",
@@ -86,7 +86,7 @@ class SecureRounds:
             raise Reject(409, "SecAggError", e.problem, e.fix) from None
         except (ValueError, TypeError, AttributeError) as e:
             raise Reject(400, "BadRequest", f"secagg {step} message is malformed ({e})",
-                         "send the message edge.fl_client builds") from None
+                         "send the message edge.fl builds") from None
         self.advance()
         return self.view(dev, rid)
 

@@ -41,7 +41,7 @@ class LockstepConfig:
 def run_lockstep(cfg: LockstepConfig, out_dir, data=None, progress: bool = True) -> dict:
     """Run ``cfg.rounds`` rounds; returns per-round accuracy and bytes, totals and the final accuracy."""
     from edge.errors import EdgelearnError
-    from edge.fl_client import FLClient
+    from edge.fl import FLClient
     from host.aggregator.app import build_app, status_of
     from host.aggregator.config import AggregatorConfig
     from host.aggregator.testing import TestTransport, make_state, small_params

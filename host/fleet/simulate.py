@@ -1,6 +1,6 @@
 """A fleet of simulated devices running the real client code against a real aggregator on loopback.
 
-Each device is an ``edge.fl_client.FLClient`` (HTTP over a socket, wire
+Each device is an ``edge.fl.FLClient`` (HTTP over a socket, wire
 frames, signed bundles installed through ``edge.store``) with its own
 non-IID data (one voice, a subset of the words; corpus embeddings cached by
 ``host.fleet.data``), a battery that drains while training and charges in
@@ -83,7 +83,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
     import socket
     from concurrent.futures import ThreadPoolExecutor
 
-    from edge.fl_client import FLClient, FLError
+    from edge.fl import FLClient, FLError
     from host.aggregator.app import build_app, status_of
     from host.aggregator.config import AggregatorConfig
     from host.aggregator.testing import make_state, small_params

@@ -6,9 +6,12 @@ model, download its signed bundle and install it through ``edge.store`` (a
 bad bundle changes nothing); train the trainable tail on the device's own
 embeddings; encode the delta with the portable wire codec (INT8, TOPK_INT8
 with error feedback, or dense), authenticated with the device key; upload it
-whole or in resumable chunks. Only standard-library HTTP (``http.client``) is
-used, so a Pi needs nothing beyond the device runtime. The sequence number is
-reserved on disk before a frame is built, so a restart never reuses one.
+whole or in resumable chunks, or, when the task asks for secure aggregation,
+drive the secure round (``edge.secagg``). The bundle is verified once per
+round (when the round's training loads it); encoding and the secure round use
+that head. The sequence number is reserved on disk before a frame is built,
+so a restart never reuses one. HTTP is ``edge.fl.transport``; the model glue
+``edge.fl.model``.
 
     client = FLClient("http://agg:8470", "pi-001", key, "/var/lib/edgelearn/fl",
                       trusted_keys="/etc/edgelearn/keys", data=(X, y))
@@ -20,116 +23,23 @@ from __future__ import annotations
 import array
 import hashlib
 import hmac
-import http.client
 import json
 import os
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import numpy as np
 
-from edge.errors import EdgelearnError
+from edge.atomic import atomic_write, npz_bytes
+from edge.fl.model import TailTrainer, load_head, tail_logits
+from edge.fl.transport import FLError, HttpTransport, call
 from edge.portable import wire
 from edge.portable.chunks import iter_chunks
 from edge.portable.wire_topk import TopKEncoder
-from edge.atomic import atomic_write, npz_bytes
 from edge.store import BundleStore
 
-HEAD_FILE = "head.npz"
 CODECS = {"dense_f32": wire.DENSE_F32, "int8": wire.INT8, "topk_int8": wire.TOPK_INT8}
-
-
-class FLError(EdgelearnError):
-    """The aggregator refused a request or could not be reached."""
-
-    def __init__(self, problem, fix=None, status=None, reason=None):
-        super().__init__(problem, fix)
-        self.status, self.reason = status, reason
-
-
-# --- the federated model: edge.adapt's trainable tail on the frozen encoder's embedding ---
-
-def tail_logits(params: dict, X: np.ndarray) -> np.ndarray:
-    """Logits of the federated tail (``edge.adapt.Tail`` parameters: proj.*, classifier.*) on embeddings X."""
-    from edge.adapt.tail import Tail
-
-    return Tail(params).forward(np.asarray(X, np.float32))[0]
-
-
-class TailTrainer:
-    """Local training with ``edge.adapt.Trainer``; FedProx's proximal term is its decay-to-base.
-
-    ``strategy`` (bias-only, lora, sparse, full, residual-adapter when the federated
-    model carries adapter tensors) can be overridden per task (``adapt_strategy``).
-    ``train(params, X, y, config, rng)`` returns the new values of the tensors it changed.
-    """
-
-    def __init__(self, strategy: str = "full", optimizer: str = "sgd"):
-        self.strategy, self.optimizer = strategy, optimizer
-
-    def train(self, params: dict, X, y, config: dict, rng) -> dict:
-        from edge.adapt import Tail, Trainer
-
-        X = np.asarray(X, np.float32)
-        y = np.asarray(y, np.int64)
-        tail = Tail({k: v.copy() for k, v in params.items()})
-        tr = Trainer(tail, config.get("adapt_strategy", self.strategy), optimizer=self.optimizer,
-                     lr=float(config.get("learning_rate", 0.1)), rank=int(config.get("rank", 4)),
-                     seed=int(rng.integers(1 << 31)), sparse_tensors=config.get("sparse_tensors"),
-                     weight_decay_to_base=float(config.get("prox_mu", 0.0)))
-        bs = max(1, int(config.get("batch_size", 16)))
-        for _ in range(int(config.get("local_epochs", 1))):
-            order = rng.permutation(len(y))
-            for a in range(0, len(y), bs):
-                tr.step(X[order[a:a + bs]], y[order[a:a + bs]])
-        merged = tail.merged()
-        return {k: np.asarray(v, np.float32) for k, v in merged.items() if k in params}
-
-
-def load_head(bundle) -> dict:
-    """The trainable tensors a bundle carries in ``head.npz`` (named by manifest ``trainable.file``)."""
-    name = bundle.manifest.get("trainable", {}).get("file", HEAD_FILE)
-    try:
-        with np.load(bundle.path(name)) as z:
-            return {k: z[k].astype(np.float32) for k in z.files}
-    except (OSError, ValueError, KeyError) as e:
-        raise EdgelearnError(f"bundle v{bundle.version} has no readable {name} ({e})",
-                             fix="this bundle carries no federated head; install one from the aggregator") from None
-
-
-# --- HTTP ------------------------------------------------------------------
-
-class HttpTransport:
-    """A keep-alive HTTP/1.1 connection to the aggregator (reconnects once on a dropped connection)."""
-
-    def __init__(self, base_url: str, timeout: float = 30.0):
-        u = urlsplit(base_url)
-        if u.scheme != "http" or not u.hostname:
-            raise EdgelearnError(f"aggregator URL {base_url!r} is not http://host:port",
-                                 fix="e.g. http://192.168.1.10:8470 (put TLS in a reverse proxy)")
-        self.host, self.port, self.timeout = u.hostname, u.port or 80, timeout
-        self.conn = None
-
-    def request(self, method: str, path: str, body: bytes = b"", headers=None):
-        for attempt in (0, 1):
-            if self.conn is None:
-                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-            try:
-                self.conn.request(method, path, body=body, headers=headers or {})
-                r = self.conn.getresponse()
-                return r.status, r.read()
-            except (ConnectionError, http.client.HTTPException, OSError) as e:
-                self.close()
-                if attempt:
-                    raise FLError(f"aggregator at {self.host}:{self.port} unreachable ({e})",
-                                  fix="check the network; the device retries at its next check-in") from None
-
-    def close(self):
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
 
 
 class FLClient:
@@ -148,6 +58,7 @@ class FLClient:
         self.topk = TopKEncoder(fraction=0.05)
         self._load_state()
         self.bytes_up = 0
+        self._head = None  # (model version, head): the bundle this round verified
 
     # state that must survive a power cut: the last seq used, and top-k residuals
     def _load_state(self):
@@ -168,15 +79,7 @@ class FLClient:
                      npz_bytes({k: np.frombuffer(bytes(v), np.float32) for k, v in self.topk.residuals.items()}))
 
     def _call(self, method, path, body=b"", headers=None, ok=(200,)):
-        status, raw = self.http.request(method, path, body, headers)
-        if status not in ok:
-            try:
-                err = json.loads(raw)
-            except ValueError:
-                err = {"problem": raw[:200].decode(errors="replace")}
-            raise FLError(f"{method} {path} -> {status}: {err.get('problem')}", fix=err.get("fix"),
-                          status=status, reason=err.get("error"))
-        return status, raw
+        return call(self.http, method, path, body, headers, ok)
 
     # --- the protocol -------------------------------------------------------
     def checkin(self, status: dict) -> dict:
@@ -196,17 +99,28 @@ class FLClient:
         return None if ptr is None else int(ptr.rsplit("-v", 1)[1])
 
     def ensure_model(self, version: int) -> dict:
-        """Install bundle ``version`` if it is not current (download, verify, smoke check, swap); its head."""
+        """Install bundle ``version`` if it is not current (download, verify, smoke check, swap); its
+        head. The bundle is verified here, once: by the install, else by loading the current one."""
         if self.current_version() != version:
             _, raw = self._call("GET", f"/v1/bundles/{version}.zip")
             fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".zip")
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(raw)
-                self.store.install(tmp, smoke_check=lambda b: self._smoke(b))
+                bundle = self.store.install(tmp, smoke_check=lambda b: self._smoke(b))
             finally:
                 os.unlink(tmp)
-        return load_head(self.store.current())
+        else:
+            bundle = self.store.current()
+        head = load_head(bundle)
+        self._head = (version, head)
+        return head
+
+    def _round_head(self, version: int) -> dict:
+        """The head this round's ``train`` verified; loaded (and verified) now if it has not."""
+        if self._head is not None and self._head[0] == version and self.current_version() == version:
+            return self._head[1]
+        return self.ensure_model(version)
 
     @staticmethod
     def _smoke(bundle):
@@ -235,7 +149,7 @@ class FLClient:
             self.topk.fraction = float(task.get("topk_fraction", 0.05))
         hdr = wire.Header(self.device_id, int(task["round_id"]), int(task["model_version"]),
                           self._next_seq(), num_examples)
-        if set(delta) != set(self.ensure_model(int(task["model_version"]))):
+        if set(delta) != set(self._round_head(int(task["model_version"]))):
             hdr.flags |= wire.FLAG_SUBSET  # bias-only / sparse: absent tensors are unchanged
         tensors = [(k, v.shape, array.array("f", v.astype(np.float32).tobytes())) for k, v in sorted(delta.items())]
         frame = wire.encode_update(hdr, tensors, self.key, codec=codec,
@@ -285,7 +199,7 @@ class FLClient:
         if phase == "share" and "roster" in view:
             msg = {"step": "share", "shares": sa.share_keys(view["roster"], int(view["threshold"]))}
         elif phase == "masked" and "inbox" in view:
-            params = self.ensure_model(int(task["model_version"]))
+            params = self._round_head(int(task["model_version"]))
             # under DP every user counts once (user-level clipping happened in train())
             w = 1.0 if task.get("clip_norm") else float(num_examples)
             x = client_vector(delta, w, spec["names"], {k: v.shape for k, v in params.items()}, int(spec["frac_bits"]))

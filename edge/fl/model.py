@@ -1,0 +1,62 @@
+"""The federated model on a device: ``edge.adapt``'s trainable tail on the frozen encoder's
+embedding, as the bundle's ``head.npz`` carries it; its logits, its local training, reading it.
+
+    head = load_head(bundle)                                    # {"proj.w": ..., "classifier.b": ...}
+    new = TailTrainer("bias-only").train(head, X, y, task, rng)  # the tensors it changed
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge.errors import EdgelearnError
+
+HEAD_FILE = "head.npz"
+
+
+def tail_logits(params: dict, X: np.ndarray) -> np.ndarray:
+    """Logits of the federated tail (``edge.adapt.Tail`` parameters: proj.*, classifier.*) on embeddings X."""
+    from edge.adapt.tail import Tail
+
+    return Tail(params).forward(np.asarray(X, np.float32))[0]
+
+
+class TailTrainer:
+    """Local training with ``edge.adapt.Trainer``; FedProx's proximal term is its decay-to-base.
+
+    ``strategy`` (bias-only, lora, sparse, full, residual-adapter when the federated
+    model carries adapter tensors) can be overridden per task (``adapt_strategy``).
+    ``train(params, X, y, config, rng)`` returns the new values of the tensors it changed.
+    """
+
+    def __init__(self, strategy: str = "full", optimizer: str = "sgd"):
+        self.strategy, self.optimizer = strategy, optimizer
+
+    def train(self, params: dict, X, y, config: dict, rng) -> dict:
+        from edge.adapt import Tail, Trainer
+
+        X = np.asarray(X, np.float32)
+        y = np.asarray(y, np.int64)
+        tail = Tail({k: v.copy() for k, v in params.items()})
+        tr = Trainer(tail, config.get("adapt_strategy", self.strategy), optimizer=self.optimizer,
+                     lr=float(config.get("learning_rate", 0.1)), rank=int(config.get("rank", 4)),
+                     seed=int(rng.integers(1 << 31)), sparse_tensors=config.get("sparse_tensors"),
+                     weight_decay_to_base=float(config.get("prox_mu", 0.0)))
+        bs = max(1, int(config.get("batch_size", 16)))
+        for _ in range(int(config.get("local_epochs", 1))):
+            order = rng.permutation(len(y))
+            for a in range(0, len(y), bs):
+                tr.step(X[order[a:a + bs]], y[order[a:a + bs]])
+        merged = tail.merged()
+        return {k: np.asarray(v, np.float32) for k, v in merged.items() if k in params}
+
+
+def load_head(bundle) -> dict:
+    """The trainable tensors a bundle carries in ``head.npz`` (named by manifest ``trainable.file``)."""
+    name = bundle.manifest.get("trainable", {}).get("file", HEAD_FILE)
+    try:
+        with np.load(bundle.path(name)) as z:
+            return {k: z[k].astype(np.float32) for k in z.files}
+    except (OSError, ValueError, KeyError) as e:
+        raise EdgelearnError(f"bundle v{bundle.version} has no readable {name} ({e})",
+                             fix="this bundle carries no federated head; install one from the aggregator") from None

@@ -118,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"edgelearn {name}: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a path the user named that cannot be read or written: one sentence, not a traceback
+        if e.filename is None:
+            raise
+        print(f"edgelearn {name}: cannot use {e.filename}: {e.strerror or e} "
+              "(check the path and its permissions)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -87,3 +87,39 @@ def test_bench_without_a_checkout_says_so_in_one_sentence(tmp_path):
     res = run("bench", env=dict(os.environ, EDGELEARN_SOURCE=str(tmp_path)))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "source checkout" in res.stderr
+
+
+@pytest.mark.parametrize("content", [None, b"not an npz", b"PK\x03\x04broken"])
+def test_a_bad_heldout_file_is_one_sentence(tmp_path, content):
+    path = tmp_path / "heldout.npz"
+    if content is not None:
+        path.write_bytes(content)
+    r = subprocess.run([sys.executable, "-m", "edge.cli", "aggregator", "init", "--state", str(tmp_path / "s"),
+                        "--heldout", str(path)], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("edgelearn aggregator: --heldout ") and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "s").exists()  # nothing half-written
+
+
+def test_an_unreadable_path_is_one_sentence_not_a_traceback(tmp_path):
+    from edge import cli
+
+    class Cmd:
+        @staticmethod
+        def add_arguments(p):
+            p.add_argument("path")
+
+        @staticmethod
+        def run(args):
+            open(args.path).read()
+
+    import types
+    mod = types.ModuleType("probe_cmd")
+    mod.add_arguments, mod.run = Cmd.add_arguments, Cmd.run
+    sys.modules["probe_cmd"] = mod
+    try:
+        cli.COMMANDS["probe"] = ("probe_cmd", "probe")
+        assert cli.main(["probe", str(tmp_path / "missing.txt")]) == 2
+    finally:
+        cli.COMMANDS.pop("probe")
+        sys.modules.pop("probe_cmd")

@@ -73,10 +73,20 @@ def init(args) -> int:
 def _heldout(args):
     """The publication check's held-out set: --heldout's npz, the corpus test voices, or None."""
     if args.heldout:
+        import zipfile
+
         import numpy as np
 
-        with np.load(args.heldout) as z:
-            return z["X"], z["y"]
+        from edge.errors import EdgelearnError
+
+        try:
+            with np.load(args.heldout) as z:
+                return z["X"], z["y"]
+        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+            if isinstance(e, FileNotFoundError):
+                raise EdgelearnError(f"--heldout {args.heldout} does not exist", fix="pass an .npz file with arrays X and y")
+            raise EdgelearnError(f"--heldout {args.heldout} is not an .npz file with arrays X and y ({e})",
+                                 fix="write one with numpy.savez(path, X=windows, y=labels)")
     if args.heldout_corpus:
         from host.fleet.data import load_embeddings
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.atomic import atomic_file
+from host.data.words import NEAR_MISS, RUNS  # noqa: F401 (the bench's negatives; _fewshot_score reads them here)
 
 SHOTS, HELD_OUT = 5, 3
 STREAM_HOURS = 2.05
@@ -29,20 +30,6 @@ INDEPENDENT_RENDER_SEED, INDEPENDENT_SNIPPET_SEED = 4711, 4712
 # The fresh check (issue 4): the corpus's espeak-ng val-split voices (never trained on, never in the
 # stream), seeds drawn for it; added before the verifier's second rule was developed and run once.
 FRESH_RENDER_SEED, FRESH_SNIPPET_SEED = 5711, 5712
-NEAR_MISS = {
-    "hey edge": ["hey", "edge", "hedge", "hey ed", "hey eddie"], "banana": ["bandana", "nana", "ban a car"],
-    "jupiter": ["jupe", "super", "jubilee"], "computer": ["commuter", "compute", "come pewter"],
-    "open sesame": ["open", "sesame seed", "open the same"], "pineapple": ["pine", "apple", "pine needle"],
-    "blueberry": ["blue", "berry", "blue ferry"], "good night": ["good", "good knight", "goodnight moon"],
-    "hey robot": ["robot", "hey rob", "hey bob"], "lantern": ["lanterns", "land turn", "lantana"],
-    "velvet": ["velvet rope", "vel", "helmet"], "volcano": ["vulcan", "volcanic", "balcony"],
-    "cinnamon": ["cinema", "synonym", "cinnamon roll"], "octopus": ["octopi", "octave", "platypus"],
-    "thunder": ["under", "thunderbolt", "hunter"], "umbrella": ["umbra", "bella", "umbrage"],
-    "popcorn": ["pop", "corn", "pop gun"], "saturday": ["saturn", "sunday", "satur"],
-    "dolphin": ["dolphins", "doll fin", "golfing"], "magnet": ["magnets", "mag net", "magnify"],
-}
-RUNS = ["the", "and then", "I think", "over there", "a little", "right now", "you know", "maybe later",
-        "not yet", "come here", "thank you", "it is"]
 
 
 def cache_dir() -> Path:

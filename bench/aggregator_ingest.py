@@ -41,7 +41,7 @@ def _setup(d: Path, n: int, synchronous: str):
     from edge.portable.wire import INT8, Header
     from host.aggregator.app import Aggregator
     from host.aggregator.config import AggregatorConfig
-    from host.aggregator.testing import make_state
+    from host.aggregator.inprocess import make_state
     from host.wire_numpy import encode_update
 
     params = {"w": np.zeros((100, 100), np.float32)}

@@ -8,7 +8,7 @@ generator at several concurrencies. Reported: throughput at equal p99 (the
 p99 MLServer reaches at its saturating concurrency) and the p50 each adds over
 a direct ``session.run`` of the same input. The model is the shipped bundle's
 ONNX file when models/kws-dscnn-s exists, else the toy model of
-host/serve/toymodels.py (the row says which).
+bench/_toymodels.py (the row says which).
 
     $ nice -n 10 .venv/bin/python -m bench.serve_throughput      # or: edgelearn bench serve_throughput
 
@@ -59,7 +59,7 @@ def model_under_test(tmp: Path) -> dict:
                 "input": main.spec.inputs[0], "version": served.version, "label": f"shipped {served.model_id} v{served.version}"}
     from host.keys import generate_keypair
     from host.serve.loader import spec_from_onnx
-    from host.serve.toymodels import make_toy_bundle
+    from bench._toymodels import make_toy_bundle
     priv, pub = generate_keypair(tmp / "keys")
     b = make_toy_bundle(tmp / "toy", priv, version=1, cloud_half=False)
     spec = spec_from_onnx(str(b / "model.onnx"), "kws-toy", "1")

@@ -22,8 +22,7 @@ N_WORDS = 8000
 def main() -> None:
     from wordfreq import top_n_list
 
-    from bench._fewshot_data import NEAR_MISS, RUNS
-    from host.data.words import CUSTOM_PHRASES, FILLERS, SPEECH_COMMANDS
+    from host.data.words import CUSTOM_PHRASES, FILLERS, NEAR_MISS, RUNS, SPEECH_COMMANDS
 
     spoken = list(FILLERS) + list(SPEECH_COMMANDS) + list(CUSTOM_PHRASES) + RUNS
     spoken += [w for ws in NEAR_MISS.values() for w in ws]

@@ -1,14 +1,42 @@
-"""A real ``edgelearn aggregator serve`` process on loopback, for the kill and lock tests."""
+"""Aggregator test helpers: a real ``edgelearn aggregator serve`` process on loopback (the kill
+and lock tests), a settable clock, a snapshot of every table, a signed check-in. The in-process
+aggregator itself (state, transport) is production code: ``host.aggregator.inprocess``."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import http.client
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TABLES = ("meta", "devices", "rounds", "selections", "updates", "chunks", "models")
+
+
+class FakeClock:
+    """A settable clock for ``build_app(..., clock=)``: tests move time instead of sleeping."""
+
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def snapshot(store) -> dict:
+    """Every row of every table: compare before/after to prove a request changed nothing."""
+    return {t: store.all(f"SELECT * FROM {t} ORDER BY 1, 2") for t in TABLES}
+
+
+def signed_checkin(device_id: str, key: bytes, state: dict | None = None) -> tuple[bytes, dict]:
+    body = json.dumps({"device_id": device_id, "battery": 1.0, "charging": True, "network": "wifi",
+                       **(state or {})}).encode()
+    return body, {"X-Edgelearn-Device": device_id, "Content-Type": "application/json",
+                  "X-Edgelearn-Mac": hmac.new(key, body, hashlib.sha256).hexdigest()}
 
 
 def serve_cmd(state, port):

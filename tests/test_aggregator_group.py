@@ -13,7 +13,8 @@ import numpy as np
 from edge.portable.wire import INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
-from host.aggregator.testing import make_state, small_params, snapshot
+from aggregator_helpers import snapshot
+from host.aggregator.inprocess import make_state, small_params
 from host.wire_numpy import decode_update, encode_update
 
 N = 12

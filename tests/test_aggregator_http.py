@@ -18,7 +18,8 @@ from edge.portable.chunks import split_chunks
 from edge.portable.wire import DENSE_F32, INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
-from host.aggregator.testing import FakeClock, TestTransport, make_state, signed_checkin, small_params, snapshot
+from aggregator_helpers import FakeClock, signed_checkin, snapshot
+from host.aggregator.inprocess import InProcessTransport, make_state, small_params
 from host.wire_numpy import encode_update
 
 HYP = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -31,7 +32,7 @@ def agg(tmp_path):
     state, keys = make_state(tmp_path, AggregatorConfig(clients_per_round=3, overselect=1.3, round_timeout=60,
                                                         max_update_norm=50.0), n_devices=6)
     app = build_app(state, clock=clock, tick_interval=0)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         t.keys, t.clock, t.state = keys, clock, state
         t.agg = app.state.aggregator
         yield t
@@ -239,7 +240,7 @@ def test_chunks_resume_are_idempotent_and_a_round_closed_mid_upload_is_410(agg):
 def test_fedbuff_weights_by_staleness_and_rejects_too_stale(tmp_path):
     state, keys = make_state(tmp_path, AggregatorConfig(mode="async", buffer_size=2, max_staleness=1), n_devices=4)
     app = build_app(state, tick_interval=0)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         t.keys, t.agg = keys, app.state.aggregator
         old = {d: checkin(t, d)["task"] for d in ("dev0", "dev1", "dev2", "dev3")}
         v0 = t.agg.registry.current
@@ -270,7 +271,7 @@ def test_a_regressing_aggregate_is_rejected_and_the_version_stays(tmp_path):
     y = np.argmax(X @ p["classifier.w"] + p["classifier.b"], axis=1)  # the current head is perfect here
     state, keys = make_state(tmp_path, AggregatorConfig(clients_per_round=1), n_devices=1, params=p, heldout=(X, y))
     app = build_app(state, tick_interval=0)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         t.keys, t.agg = keys, app.state.aggregator
         v = t.agg.registry.current
         task = checkin(t, "dev0")["task"]

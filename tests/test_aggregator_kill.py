@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator_helpers import start
+from aggregator_helpers import signed_checkin, start
 from edge.portable.wire import INT8, Header
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.models import load_params
 from host.aggregator.store import Store
-from host.aggregator.testing import make_state, signed_checkin, small_params
+from host.aggregator.inprocess import make_state, small_params
 from host.wire_numpy import decode_update, encode_update
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from edge.portable.wire import INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
-from host.aggregator.testing import FakeClock, TestTransport, make_state, small_params, snapshot
+from aggregator_helpers import FakeClock, snapshot
+from host.aggregator.inprocess import InProcessTransport, make_state, small_params
 from host.wire_numpy import encode_update
 
 
@@ -25,7 +26,7 @@ def agg(tmp_path):
     state, keys = make_state(tmp_path, AggregatorConfig(clients_per_round=2, overselect=1.0, max_overselect=1.0,
                                                         checkin_max_skew=300), n_devices=3)
     app = build_app(state, clock=clock, tick_interval=0)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         t.keys, t.clock, t.agg = keys, clock, app.state.aggregator
         yield t
 

@@ -12,7 +12,8 @@ from edge.portable.wire import INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.policy import plan_selection
-from host.aggregator.testing import FakeClock, TestTransport, make_state, signed_checkin, small_params
+from aggregator_helpers import FakeClock, signed_checkin
+from host.aggregator.inprocess import InProcessTransport, make_state, small_params
 from host.wire_numpy import encode_update
 
 CFG = AggregatorConfig(clients_per_round=10, overselect=1.3, max_overselect=3.0)
@@ -69,7 +70,7 @@ def test_rounds_learn_from_dropouts_and_late_arrivals(tmp_path):
         seq[d] += 1
         return t.request("POST", "/v1/updates", _frame(d, keys[d], task, seq[d]), {"X-Edgelearn-Device": d})
 
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         rm = app.state.aggregator.rounds
         selected_per_round = []
         for rnd in range(3):
@@ -99,7 +100,7 @@ def test_rounds_learn_from_dropouts_and_late_arrivals(tmp_path):
         assert sorted(h["lat"].values())[-1] >= 65
     # the evidence survives a restart (stored with each round's close)
     app2 = build_app(state, clock=clock, tick_interval=0)
-    with TestTransport(app2):
+    with InProcessTransport(app2):
         assert app2.state.aggregator.rounds.selection_target() == want
 
 

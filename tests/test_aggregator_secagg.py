@@ -19,7 +19,8 @@ from edge.portable.wire import INT8, Header
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.models import load_params
-from host.aggregator.testing import FakeClock, TestTransport, make_state, small_params, snapshot
+from aggregator_helpers import FakeClock, snapshot
+from host.aggregator.inprocess import InProcessTransport, make_state, small_params
 from host.wire_numpy import encode_update
 
 AWAKE = {"battery": 1.0, "charging": True, "network": "wifi"}
@@ -58,7 +59,7 @@ def _selected(t, tmp_path, state, keys):
 def test_secure_round_publishes_fedavg_of_the_survivors(tmp_path):
     clock, state, keys, app = _fleet(tmp_path)
     deltas = _deltas(keys)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         clients, tasks = _selected(t, tmp_path, state, keys)
         assert all(tk["codec"] == "secagg" and tk["secagg"]["dim"] == 64 * 64 + 64 + 64 * 37 + 37 + 1
                    for tk in tasks.values())
@@ -95,7 +96,7 @@ def test_secure_round_publishes_fedavg_of_the_survivors(tmp_path):
 def test_too_few_survivors_fail_the_round_and_publish_nothing(tmp_path):
     clock, state, keys, app = _fleet(tmp_path)
     deltas = _deltas(keys)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         clients, tasks = _selected(t, tmp_path, state, keys)
         devs = sorted(keys)
         _drive(clients, tasks, deltas, devs, steps=2)
@@ -126,7 +127,7 @@ def test_secure_aggregation_refuses_robust_strategies():
 def test_malformed_secagg_messages_get_a_4xx_and_change_nothing(tmp_path_factory, msg):
     tmp = tmp_path_factory.mktemp("h")
     clock, state, keys, app = _fleet(tmp)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         rm = app.state.aggregator.rounds
         rm.checkin("dev0", AWAKE)
         before = snapshot(rm.store)
@@ -144,7 +145,7 @@ def test_malformed_secagg_messages_get_a_4xx_and_change_nothing(tmp_path_factory
 def test_secure_aggregation_with_user_level_dp_publishes_with_epsilon(tmp_path):
     clock, state, keys, app = _fleet(tmp_path, dp_clip=0.5, dp_noise=0.8)
     deltas = _deltas(keys)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         clients, tasks = _selected(t, tmp_path, state, keys)
         assert all(tk["clip_norm"] == 0.5 for tk in tasks.values())
         # the device clips (user level) before masking: the server never sees a delta to clip

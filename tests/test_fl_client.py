@@ -10,7 +10,7 @@ from edge.errors import BundleError
 from edge.fl import FLClient, FLError, TailTrainer, tail_logits
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
-from host.aggregator.testing import TestTransport, make_state, small_params
+from host.aggregator.inprocess import InProcessTransport, make_state, small_params
 
 OK = {"battery": 0.9, "charging": True, "network": "wifi"}
 
@@ -37,7 +37,7 @@ def test_fleet_learns_from_a_random_head_over_rounds(tmp_path):
                            eval_tolerance=1.0)
     state, keys = fleet(tmp_path, cfg, params=p, heldout=(Xh, yh))
     app = build_app(state, tick_interval=0)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         cs = [FLClient(t, f"dev{i}", keys[f"dev{i}"], tmp_path / f"c{i}", trusted_keys=state / "keys",
                        data=devs[i], seed=i) for i in range(6)]
         reg = app.state.aggregator.registry
@@ -58,7 +58,7 @@ def test_codecs_chunks_and_seq_survive_a_client_restart(tmp_path, codec):
     cfg = AggregatorConfig(clients_per_round=2, overselect=1.0, codec=codec, chunk_size=2000, topk_fraction=0.1)
     state, keys = fleet(tmp_path, cfg, n=2)
     app = build_app(state, tick_interval=0)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         c = FLClient(t, "dev0", keys["dev0"], tmp_path / "c0", trusted_keys=state / "keys", data=devs[0])
         out = c.run_once(OK)
         assert out["action"] == "uploaded" and out["status"] == "accepted"
@@ -79,7 +79,7 @@ def test_bias_only_sends_a_subset_frame(tmp_path):
     devs, _ = synthetic(1)
     state, keys = fleet(tmp_path, AggregatorConfig(clients_per_round=1), n=1)
     app = build_app(state, tick_interval=0)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         c = FLClient(t, "dev0", keys["dev0"], tmp_path / "c0", trusted_keys=state / "keys", data=devs[0],
                      trainer=TailTrainer("bias-only"))
         reg = app.state.aggregator.registry
@@ -101,7 +101,7 @@ def test_a_tampered_bundle_is_refused_and_nothing_changes(tmp_path):
     devs, _ = synthetic(1)
     state, keys = fleet(tmp_path, AggregatorConfig(clients_per_round=1), n=1)
     app = build_app(state, tick_interval=0)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         class Tamper:
             def request(self, m, p, body=b"", headers=None):
                 s, raw = t.request(m, p, body, headers)
@@ -121,7 +121,7 @@ def test_a_tampered_bundle_is_refused_and_nothing_changes(tmp_path):
 def test_server_refusals_surface_as_flerror_with_the_reason(tmp_path):
     devs, _ = synthetic(1)
     state, keys = fleet(tmp_path, AggregatorConfig(clients_per_round=1), n=1)
-    with TestTransport(build_app(state, tick_interval=0)) as t:
+    with InProcessTransport(build_app(state, tick_interval=0)) as t:
         c = FLClient(t, "dev0", b"w" * 32, tmp_path / "c0", trusted_keys=state / "keys", data=devs[0])
         with pytest.raises(FLError) as e:
             c.run_once(OK)
@@ -138,7 +138,7 @@ def test_a_round_verifies_the_bundle_once(tmp_path):
     """Training loads (and verifies) the round's bundle; encoding the frame reuses that head."""
     devs, _ = synthetic(1)
     state, keys = fleet(tmp_path, AggregatorConfig(clients_per_round=1), n=1)
-    with TestTransport(build_app(state, tick_interval=0)) as t:
+    with InProcessTransport(build_app(state, tick_interval=0)) as t:
         c = FLClient(t, "dev0", keys["dev0"], tmp_path / "c0", trusted_keys=state / "keys", data=devs[0])
         calls = []
         for name in ("current", "install"):

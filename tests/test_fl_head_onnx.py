@@ -39,7 +39,7 @@ def test_onnx_head_equals_device_tail(tmp_path, adapter, lora):
 def test_published_version_carries_the_onnx_head(tmp_path):
     from edge.bundle import load_bundle
     from host.aggregator.config import AggregatorConfig
-    from host.aggregator.testing import make_state
+    from host.aggregator.inprocess import make_state
 
     state, _ = make_state(tmp_path, AggregatorConfig(clients_per_round=3), n_devices=2)
     [vdir] = [d for d in (state / "bundles").iterdir() if d.is_dir()]
@@ -53,7 +53,7 @@ def test_serving_shim_answers_from_a_published_version(tmp_path):
     httpx = pytest.importorskip("httpx")
     from edge.bundle import load_bundle
     from host.aggregator.config import AggregatorConfig
-    from host.aggregator.testing import make_state, small_params
+    from host.aggregator.inprocess import make_state, small_params
     from host.serve.app import Server
     from host.serve.cli import BackgroundServer
     from host.serve.config import ServeConfig

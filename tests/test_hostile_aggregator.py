@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from edge.errors import EdgelearnError
 from host.aggregator.app import Aggregator, build_app
-from aggregator_helpers import serve_cmd, start
+from aggregator_helpers import FakeClock, serve_cmd, snapshot, start
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.rounds import Reject
-from host.aggregator.testing import FakeClock, TestTransport, make_state, snapshot
+from host.aggregator.inprocess import InProcessTransport, make_state
 
 ROOT = Path(__file__).resolve().parents[1]
 HYP = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -89,7 +89,7 @@ def agg(tmp_path_factory):
     clock = FakeClock(5000.0)
     state, keys = make_state(tmp_path_factory.mktemp("hostile"), AggregatorConfig(clients_per_round=2), n_devices=2)
     app = build_app(state, clock=clock, tick_interval=0)
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         t.key, t.store, t.next = keys[DEV], app.state.aggregator.store, [1.7e9]
         yield t
 
@@ -274,7 +274,7 @@ def test_every_file_the_aggregator_creates_has_its_documented_mode(tmp_path, uma
 import os; os.umask(0o022)
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.setup import init_state
-from host.aggregator.testing import small_params
+from host.aggregator.inprocess import small_params
 init_state({str(state)!r}, AggregatorConfig(clients_per_round=1), params=small_params())
 """], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -156,7 +156,7 @@ def live(tmp_path_factory):
     from host.serve.app import Server
     from host.serve.cli import BackgroundServer
     from host.serve.config import ServeConfig
-    from host.serve.toymodels import make_toy_bundle
+    from bench._toymodels import make_toy_bundle
 
     tmp = tmp_path_factory.mktemp("serve-hostile")
     priv, pub = generate_keypair(tmp / "keys")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edge.secagg import SecAggClient, SecAggError, decode_fixed, encode_fixed, shamir_join, shamir_split
-from host.aggregator.testing import small_params
+from host.aggregator.inprocess import small_params
 from host.fl.strategies import FedAvg, Median
 from host.privacy.dp import DPStrategy
 from host.privacy.secagg import SecAggSession, client_vector, fold_sum

@@ -21,7 +21,7 @@ from host.keys import generate_keypair
 from host.serve.app import Server
 from host.serve.cli import BackgroundServer
 from host.serve.config import ServeConfig
-from host.serve.toymodels import make_toy_bundle
+from bench._toymodels import make_toy_bundle
 
 MODEL = "kws-toy"
 X = np.random.default_rng(0).standard_normal((1, 49, 10, 1)).astype(np.float32)

@@ -15,7 +15,7 @@ from host.keys import generate_keypair
 from host.serve.loader import check_bundle_path, load_bundle_models
 from host.serve.health import check_output, known_input, to_probabilities
 from host.serve.protocol import ModelSpec, TensorSpec
-from host.serve.toymodels import make_toy_bundle
+from bench._toymodels import make_toy_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "models" / "kws-dscnn-s"

@@ -17,7 +17,7 @@ from host.keys import generate_keypair  # noqa: E402
 from host.serve.app import Server  # noqa: E402
 from host.serve.cli import BackgroundServer  # noqa: E402
 from host.serve.config import ServeConfig  # noqa: E402
-from host.serve.toymodels import LABELS, make_toy_bundle  # noqa: E402
+from bench._toymodels import LABELS, make_toy_bundle  # noqa: E402
 
 MODEL = "kws-toy"
 

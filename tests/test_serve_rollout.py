@@ -15,7 +15,7 @@ from host.keys import generate_keypair
 from host.serve.app import Server
 from host.serve.cli import BackgroundServer
 from host.serve.config import ServeConfig
-from host.serve.toymodels import make_toy_bundle
+from bench._toymodels import make_toy_bundle
 
 MODEL = "kws-toy"
 # Row mean 1.0 > 0.5: the broken model answers NaN for this input (see toymodels).

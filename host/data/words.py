@@ -41,6 +41,25 @@ CUSTOM_PHRASES = [
     "dolphin", "magnet",
 ]
 
+# Near misses of each custom keyword (the few-shot bench's hardest negatives) and everyday short
+# phrases (the runs its negative stream is made of): evaluation words, like CUSTOM_PHRASES. They
+# live here, not in bench/, because the phone model's vocabulary (host/data/phone_words.txt,
+# scripts/phone_words.py) must leave every one of them out and host never reads bench.
+NEAR_MISS = {
+    "hey edge": ["hey", "edge", "hedge", "hey ed", "hey eddie"], "banana": ["bandana", "nana", "ban a car"],
+    "jupiter": ["jupe", "super", "jubilee"], "computer": ["commuter", "compute", "come pewter"],
+    "open sesame": ["open", "sesame seed", "open the same"], "pineapple": ["pine", "apple", "pine needle"],
+    "blueberry": ["blue", "berry", "blue ferry"], "good night": ["good", "good knight", "goodnight moon"],
+    "hey robot": ["robot", "hey rob", "hey bob"], "lantern": ["lanterns", "land turn", "lantana"],
+    "velvet": ["velvet rope", "vel", "helmet"], "volcano": ["vulcan", "volcanic", "balcony"],
+    "cinnamon": ["cinema", "synonym", "cinnamon roll"], "octopus": ["octopi", "octave", "platypus"],
+    "thunder": ["under", "thunderbolt", "hunter"], "umbrella": ["umbra", "bella", "umbrage"],
+    "popcorn": ["pop", "corn", "pop gun"], "saturday": ["saturn", "sunday", "satur"],
+    "dolphin": ["dolphins", "doll fin", "golfing"], "magnet": ["magnets", "mag net", "magnify"],
+}
+RUNS = ["the", "and then", "I think", "over there", "a little", "right now", "you know", "maybe later",
+        "not yet", "come here", "thank you", "it is"]
+
 
 def label12(word: str) -> str:
     """Map a model label (one of LABELS) onto the 12-class task."""

@@ -44,7 +44,7 @@ def run_lockstep(cfg: LockstepConfig, out_dir, data=None, progress: bool = True)
     from edge.fl import FLClient
     from host.aggregator.app import build_app, status_of
     from host.aggregator.config import AggregatorConfig
-    from host.aggregator.testing import TestTransport, make_state, small_params
+    from host.aggregator.inprocess import InProcessTransport, make_state, small_params
     from host.fleet.data import extract_head, load_embeddings, partition_noniid
 
     if cfg.clients_per_round > cfg.devices:
@@ -69,7 +69,7 @@ def run_lockstep(cfg: LockstepConfig, out_dir, data=None, progress: bool = True)
     pick = np.random.default_rng([cfg.seed, 1])
     rounds, frame_bytes = [], []
     awake = {"battery": 1.0, "charging": True, "network": "wifi", "temperature": 25.0}
-    with TestTransport(app) as t:
+    with InProcessTransport(app) as t:
         clients = [FLClient(t, dev, key, out / "devices" / dev, trusted_keys=state / "keys",
                             data=(data.X[parts[i]], data.y[parts[i]]), seed=cfg.seed * 1000 + i)
                    for i, (dev, key) in enumerate(keys.items())]

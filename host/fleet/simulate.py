@@ -86,7 +86,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
     from edge.fl import FLClient, FLError
     from host.aggregator.app import build_app, status_of
     from host.aggregator.config import AggregatorConfig
-    from host.aggregator.testing import make_state, small_params
+    from host.aggregator.inprocess import make_state, small_params
     from host.fleet.data import extract_head, load_embeddings, partition_noniid
 
     out = Path(out_dir)

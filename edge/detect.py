@@ -17,7 +17,7 @@ unchanged and the verifier runs only when the first stage fires.
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
 
-    >>> det = Detector(KeywordModel(bundle), custom=load_state(state_dir, bundle).custom())
+    >>> det = Detector(KeywordModel(bundle), custom=DeviceState.open(state_dir, bundle).custom())  # edge.enroll
     >>> for chunk in chunks_of_pcm:
     ...     for ev in det.push(chunk):
     ...         print(ev)      # {"keyword": "yes", "time_s": 3.42, "score": 0.93}

@@ -266,9 +266,3 @@ def annotate(g: Graph, layer: Layer) -> None:
         # Vela's int8 softmax runs a max-pool and a reduce-sum over the logits (1 MAC each).
         layer.macs = 2 * ofm
     # Element-wise ops and memory ops count 0 MACs, as in Vela.
-
-
-def trainable_tail(g: Graph, n_layers: int = 2) -> list[Layer]:
-    """The last ``n_layers`` layers with weights: the embedding and classifier head by default."""
-    weighted = [l for l in g.layers if l.op in CONV_OPS and l.weight_bytes]
-    return weighted[-n_layers:]

@@ -102,6 +102,16 @@ class Detector:
                     events.append(ev)
         return events
 
+    def continue_from(self, old: "Detector") -> list[dict]:
+        """Take over ``old``'s audio (the front end's stream, the last 49 frames, the clock and the
+        refractory period) so detection goes on with this detector's model and keywords without
+        dropping or repeating audio; ``old``'s open candidate is decided first, by ``old``, and
+        returned as its events. Smoothing starts afresh (the scores of two models are not averaged)."""
+        events = old.flush()
+        self.stream, self.frames, self.n_frames = old.stream, old.frames, old.n_frames
+        self.quiet_until = old.quiet_until
+        return events
+
     def flush(self) -> list[dict]:
         """End of stream: emit a candidate still waiting for its peak window to close."""
         ev = self._emit() if self.candidate is not None else None

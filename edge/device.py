@@ -98,6 +98,23 @@ def verifier_status(keywords: list[dict], bundle) -> dict:
     return {n: None if v is None else {"version": v, "current": v == current} for n, v in versions.items()}
 
 
+# what enrolled keywords and adapted tails are learned with (partition names and files of the bundle)
+ENROLMENT_FILES = ("encoder", "encoder-onnx", "encoder-fp32", "phones", "negatives.npy")
+ADAPT_FILES = ("backbone", "tail-prefix", "tail.npz")
+
+
+def _basis(bundle, names) -> dict:
+    """{name: sha256} of the bundle's partitions and files named in ``names`` that it has."""
+    files = bundle.manifest.get("files", {})
+    by_part = {p.get("name"): p.get("file") for p in bundle.manifest.get("partitions", [])}
+    out = {}
+    for n in names:
+        f = by_part.get(n, n)
+        if f in files:
+            out[n] = files[f].get("sha256")
+    return out
+
+
 def check_distill(distill: float) -> float:
     if not 0.0 <= distill <= 1.0:
         raise EdgelearnError(f"--distill {distill} is outside 0..1", fix="pass a weight between 0 and 1")
@@ -192,6 +209,15 @@ class Device:
         iterator runs."""
         if mic == (source is not None):
             raise EdgelearnError("detect needs one audio source", fix="pass a WAV file, samples or chunks, or mic=True")
+        det, store = self.detector(keywords=keywords, threshold=threshold, sensitivity=sensitivity, stride=stride,
+                                   confirm=confirm, replay=replay)
+        return _events(det, source, mic, store)
+
+    def detector(self, *, keywords=None, threshold=None, sensitivity: float | None = None, stride: int = 4,
+                 confirm: float = 0.9, replay: bool = True):
+        """(``edge.detect.Detector``, the tail replay store it feeds or None) for the state's keywords,
+        active model and operating points (the options are ``detect``'s): what ``detect`` streams
+        through, and what the agent swaps when the model changes (``Detector.continue_from``)."""
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
                                  fix="pass threshold=T, or sensitivity=FA_PER_HOUR after `calibrate`")
@@ -216,7 +242,44 @@ class Device:
         det = Detector(km, custom=state.custom(dim=embedding_dim(km)), keywords=keywords,
                        threshold=THRESHOLD if threshold is None else threshold, stride=stride, head=head,
                        on_event=feed)
-        return _events(det, source, mic, store)
+        return det, store
+
+    def carry_to(self, new) -> dict:
+        """Bind this state's enrolled keywords and adapted contexts to bundle ``new`` (a newer version
+        of the same model), when what each was learned with is unchanged in it: the enrolment's
+        encoder, phone model and negative bank (``ENROLMENT_FILES``), the adapted tail's backbone and
+        base tail (``ADAPT_FILES``), compared by the manifests' sha256. Nothing is written unless
+        both carry; otherwise an EdgelearnError says what changed (the device keeps no enrolment
+        clips to re-derive templates from, so the keywords would have to be enrolled again).
+        Returns {"keywords": n, "contexts": n}."""
+        import json
+
+        from edge.adapt.store import AdaptStore
+        from edge.enroll import DeviceState
+
+        old = self.bundle
+        if new.model_id != old.model_id:
+            raise EdgelearnError(f"bundle {new.model_id} is another model than {old.model_id}",
+                                 fix="enrol the keywords again in a fresh state directory")
+        state = self.enrolled()
+        store = AdaptStore(self.state_dir, old)
+        changed = []
+        for names, used in ((ENROLMENT_FILES, bool(state.keywords)), (ADAPT_FILES, bool(store.meta["contexts"]))):
+            a, b = _basis(old, names), _basis(new, names)
+            changed += [n for n in a if used and a[n] != b.get(n)]
+        if changed:
+            raise EdgelearnError(f"{new.model_id} v{new.version} changes {', '.join(sorted(set(changed)))}, which this "
+                                 "device's keywords or adapted tail were learned with",
+                                 fix="stay on the running version, or enrol and adapt again for the new one")
+        if state.keywords:
+            DeviceState(self.state_dir, new.model_id, new.version, state.keywords, new).save()
+        if store.meta_path.exists():
+            from edge.atomic import atomic_write
+
+            meta = {**store.meta, "model": [new.model_id, new.version]}
+            atomic_write(store.meta_path, json.dumps(meta, indent=1).encode())
+        self._bundle = new
+        return {"keywords": len(state.keywords), "contexts": len(store.meta["contexts"])}
 
     # -- enroll ----------------------------------------------------------------------------------
     def enroll(self, name: str, clips, *, replace: bool = False) -> dict:
@@ -353,9 +416,15 @@ class Device:
                 replay[name] = {"count": rb.count, "capacity": rb.capacity, "bytes": rb.nbytes,
                                 "classes": {labels[k] if k < len(labels) else k: n
                                             for k, n in sorted(rb.class_counts().items())}}
-        return {"bundle": f"{bundle.model_id} v{bundle.version}", "keywords": state.names(),
-                "verifier": verifier_status(state.keywords, bundle), "adapt": adapt.meta, "replay": replay,
-                "last_schedule": last}
+        from edge.agent import read_status
+
+        out = {"bundle": f"{bundle.model_id} v{bundle.version}", "keywords": state.names(),
+               "verifier": verifier_status(state.keywords, bundle), "adapt": adapt.meta, "replay": replay,
+               "last_schedule": last}
+        agent = read_status(self.state_dir)  # what `device run` did last (edge/agent.py)
+        if agent is not None:
+            out["agent"] = agent
+        return out
 
 
 def _replay_feeder(bundle, state_dir, km, backend, confirm):

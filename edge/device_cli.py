@@ -29,7 +29,9 @@ def add_arguments(p) -> None:
                       ("adapt", "adapt the tail on local labelled clips (scheduler-gated)"),
                       ("calibrate", "set base-keyword thresholds by false accepts per hour on audio "
                                     "that says none of them"),
-                      ("status", "show the state directory")):
+                      ("status", "show the state directory"),
+                      ("run", "the device agent: detect all day, adapt when the scheduler allows, "
+                              "join a federation (edge/agent.py)")):
         s = sub.add_parser(name, help=hlp)
         s.add_argument("--bundle", type=Path, default=None, help="bundle dir or .zip (default: shipped)")
         s.add_argument("--pubkey", type=Path, default=None, help="trusted public key file or directory")
@@ -82,6 +84,36 @@ def add_arguments(p) -> None:
             s.add_argument("--force", action="store_true", help="train now, ignoring the scheduler")
             s.add_argument("--rollback", action="store_true", help="restore the context's previous version")
             s.add_argument("--use", default=None, help="switch the active context ('base' for none)")
+        elif name == "run":
+            src = s.add_mutually_exclusive_group(required=True)
+            src.add_argument("--mic", action="store_true", help="the default ALSA device (arecord)")
+            src.add_argument("--wav", type=Path, help="a 16 kHz mono 16-bit WAV, streamed")
+            src.add_argument("--stdin", action="store_true", help="raw 16 kHz mono s16le PCM on stdin")
+            src.add_argument("--print-unit", action="store_true",
+                             help="print a systemd unit that runs the agent on the microphone, and exit")
+            level = s.add_mutually_exclusive_group()
+            level.add_argument("--threshold", type=float, default=None, help="base keyword threshold (default 0.7)")
+            level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
+                               help="per-keyword thresholds from `device calibrate`")
+            s.add_argument("--keywords", default=None, help="comma-separated base keywords, or 'all'")
+            s.add_argument("--confirm", type=float, default=0.9,
+                           help="base-keyword detections at or above this score feed the replay buffer")
+            s.add_argument("--on-detect", default=None, metavar="COMMAND",
+                           help="shell command run for each detection (the event as JSON on stdin and in "
+                                "$EDGELEARN_EVENT; $EDGELEARN_KEYWORD, $EDGELEARN_SCORE, $EDGELEARN_TIME_S)")
+            s.add_argument("--data", type=Path, default=None,
+                           help="labelled clips DIR/<label>/*.wav: local adaptation, federated examples, "
+                                "the health check of new versions")
+            s.add_argument("--strategy", default="bias-only", help="what local adaptation trains")
+            s.add_argument("--adapt-every", type=float, default=3600.0, metavar="S",
+                           help="seconds between asking the scheduler for an adaptation run")
+            s.add_argument("--aggregator", default=None, metavar="URL", help="join this federation")
+            s.add_argument("--device-id", default=None)
+            s.add_argument("--device-key", type=Path, default=None, help="the key file `aggregator provision` wrote")
+            s.add_argument("--checkin-every", type=float, default=600.0, metavar="S",
+                           help="seconds between check-ins with the aggregator")
+            s.add_argument("--network", default="wifi", help="what the check-in reports (wifi, ethernet, cellular)")
+            s.add_argument("--sysfs-root", type=Path, default=Path("/"))
 
 
 def _device(args) -> Device:
@@ -91,13 +123,37 @@ def _device(args) -> Device:
 
 def run(args) -> int:
     return {"detect": _detect, "enroll": _enroll, "adapt": _adapt, "status": _status,
-            "calibrate": _calibrate}[args.action](args)
+            "calibrate": _calibrate, "run": _run}[args.action](args)
+
+
+def _keywords(arg):
+    if not arg:
+        return None
+    return "all" if arg == "all" else [w.strip() for w in arg.split(",") if w.strip()]
+
+
+def _run(args) -> int:
+    import signal
+
+    from edge.agent import Agent, AgentConfig, service_unit
+
+    cfg = AgentConfig(source="mic" if args.mic or args.print_unit else "stdin" if args.stdin else str(args.wav),
+                      on_detect=args.on_detect, keywords=_keywords(args.keywords), threshold=args.threshold,
+                      sensitivity=args.sensitivity, confirm=args.confirm, data=args.data, strategy=args.strategy,
+                      adapt_every_s=args.adapt_every, aggregator=args.aggregator, device_id=args.device_id,
+                      device_key=args.device_key, checkin_every_s=args.checkin_every, network=args.network)
+    if args.print_unit:
+        print(service_unit(args.state, cfg), end="")
+        return 0
+    agent = Agent(args.state, cfg, args.bundle, trusted_keys=args.pubkey, backend=args.backend,
+                  sysfs_root=args.sysfs_root)
+    signal.signal(signal.SIGTERM, agent.stop)
+    agent.run()
+    return 0
 
 
 def _detect(args) -> int:
-    kws = None
-    if args.keywords:
-        kws = "all" if args.keywords == "all" else [w.strip() for w in args.keywords.split(",") if w.strip()]
+    kws = _keywords(args.keywords)
     events = _device(args).detect(None if args.mic else args.wav, mic=args.mic, keywords=kws,
                                   threshold=args.threshold if args.sensitivity is None else None,
                                   sensitivity=args.sensitivity, stride=args.stride, confirm=args.confirm,

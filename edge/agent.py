@@ -1,0 +1,524 @@
+"""The device agent: one long-running program (``edgelearn device run``) that closes the loop on a Pi.
+
+It streams audio (the microphone through ``arecord``, a WAV file, or raw 16 kHz mono s16le PCM on
+stdin) through the device's detector and, between 0.1 s chunks, keeps the rest of the loop going:
+
+- every detection is one JSON line on stdout and, with ``on_detect``, starts a command (the event
+  as JSON on its stdin and in ``EDGELEARN_EVENT``; never waited for, so it cannot stall detection);
+- confirmed base-keyword detections feed the tail replay buffer (``Device.detect``'s replay);
+- with labelled clips (``data``: ``DIR/<label>/*.wav``), it adapts the conv tail when the
+  scheduler allows, in a child process (``edgelearn device adapt`` without ``--force``: the
+  scheduler decides, pauses and resumes it; ``nice`` 10), so training never holds the detector's
+  interpreter or its GIL. While a run is in progress detection does not write the replay buffer
+  (the run commits it); when a run commits, detection switches to the adapted model;
+- with an aggregator, it checks in on its schedule in a background thread (``edge.fl.FLClient``:
+  HMAC-signed check-in; when selected it trains the federated head on its own examples, the
+  embedding replay buffer plus its labelled clips, and uploads one compressed, authenticated
+  update), and installs each new signed version the aggregator announces (verified and smoke
+  checked by ``edge.store.BundleStore``). Before detection moves to a new version it runs the
+  deep health check (``health_check``: finite posteriors on known inputs, and on the labelled
+  clips no worse than the running version); a version that fails is rolled back.
+
+Every switch hands the audio the detector holds to a detector of the new model
+(``Detector.continue_from``), so nothing is dropped and no event is reported twice. What the agent did (version, rounds joined, bytes uploaded, last
+adaptation, last check-in, detections) is ``agent.json`` in the state directory, written
+atomically; ``edgelearn device status`` shows it. A kill -9 at any moment leaves every file old or
+new (each is written by ``edge.atomic``; adaptation commits in one step, ``Device.recover``
+finishes it on restart), and a federated update is never sent twice (the client's sequence number
+is stored before an upload).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge.atomic import atomic_write
+from edge.device import CHUNK, Device
+from edge.errors import EdgelearnError
+
+AGENT_FILE = "agent.json"
+FL_DIR = "fl"
+SAMPLE_RATE = 16000
+HEALTH_TOLERANCE = 0.05  # a new version may name at most this fraction fewer labelled clips right
+
+UNIT = """[Unit]
+Description=edgelearn device agent (keyword detection, on-device adaptation, federated rounds)
+After=network-online.target sound.target
+Wants=network-online.target
+
+[Service]
+ExecStart={exe} device run --state {state} --mic{extra}
+Restart=on-failure
+RestartSec=5
+Nice=0
+# logs go to the journal: `journalctl -u edgelearn-agent`
+StandardOutput=journal
+StandardError=journal
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+@dataclass
+class AgentConfig:
+    """What ``edgelearn device run`` was asked to do (one field per option)."""
+    source: object = "mic"         # "mic", "stdin", a WAV path, or (Python) an iterable of int16 chunks
+    on_detect: str | None = None   # a shell command run for every detection
+    keywords: object = None        # base keywords to report (None: the bundle's commands; "all")
+    threshold: object = None
+    sensitivity: float | None = None
+    confirm: float = 0.9
+    data: Path | None = None       # labelled clips DIR/<label>/*.wav: adaptation, federated examples, health check
+    strategy: str = "bias-only"
+    adapt_every_s: float = 3600.0  # how often to ask the scheduler for an adaptation run
+    aggregator: str | None = None  # http://host:port
+    device_id: str | None = None
+    device_key: Path | None = None
+    checkin_every_s: float = 600.0
+    status_every_s: float = 10.0
+    network: str = "wifi"
+    extra_env: dict = field(default_factory=dict)
+
+
+def read_status(state_dir) -> dict | None:
+    """The agent's ``agent.json`` (None if the agent never ran here, or the file is unreadable)."""
+    p = Path(state_dir) / AGENT_FILE
+    try:
+        data = json.loads(p.read_bytes()[: 1 << 20])
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def service_unit(state_dir, cfg: AgentConfig, exe: str | None = None) -> str:
+    """A systemd unit that runs the agent from the microphone and restarts it on failure."""
+    extra = ""
+    if cfg.data:
+        extra += f" --data {Path(cfg.data).resolve()}"
+    if cfg.aggregator:
+        extra += f" --aggregator {cfg.aggregator} --device-id {cfg.device_id} --device-key {Path(cfg.device_key).resolve()}"
+    if exe is None:
+        import shutil
+
+        exe = shutil.which("edgelearn") or f"{sys.executable} -m edge.cli"
+    return UNIT.format(exe=exe, state=Path(state_dir).resolve(), extra=extra)
+
+
+def _chunks_of(source):
+    """int16 chunks of CHUNK samples from ``"mic"``, ``"stdin"``, a WAV path, or (from Python) any
+    iterable of int16 chunks; closed at the end."""
+    import numpy as np
+
+    if not isinstance(source, (str, os.PathLike)):
+        for chunk in source:
+            yield np.asarray(chunk, np.int16)
+        return
+    if source == "stdin":
+        f = sys.stdin.buffer
+        rest = b""
+        while True:
+            b = f.read(2 * CHUNK)
+            if not b:
+                break
+            b = rest + b
+            n = len(b) // 2 * 2
+            rest = b[n:]
+            if n:
+                yield np.frombuffer(b[:n], "<i2")
+        return
+    if source == "mic":
+        import shutil
+
+        if shutil.which("arecord") is None:
+            raise EdgelearnError("--mic needs `arecord` (ALSA utils), which is not installed",
+                                 fix="apt install alsa-utils, or pass --wav FILE or --stdin")
+        proc = subprocess.Popen(["arecord", "-q", "-f", "S16_LE", "-r", str(SAMPLE_RATE), "-c", "1", "-t", "raw"],
+                                stdout=subprocess.PIPE)
+        try:
+            while b := proc.stdout.read(2 * CHUNK):
+                yield np.frombuffer(b[: len(b) // 2 * 2], "<i2")
+        finally:
+            proc.terminate()
+        return
+    from edge.audio import open_wav
+
+    with open_wav(source, min_samples=1) as wav:
+        yield from wav.chunks(CHUNK)
+
+
+def health_check(bundle, clips=None, baseline: float | None = None, backend: str = "auto") -> dict:
+    """The deep check a new version passes before detection uses it: the keyword model loads, gives
+    finite posteriors that sum to 1 on silence, noise and (when given) the device's labelled clips
+    ``(windows, labels)``, and names at least ``baseline - HEALTH_TOLERANCE`` of those clips right.
+    Returns {"ok", "accuracy", "reason"}."""
+    import numpy as np
+
+    from edge.kws import KeywordModel
+
+    try:
+        km = KeywordModel(bundle, backend=backend)
+        probe = np.stack([np.zeros(SAMPLE_RATE, np.int16),
+                          np.random.default_rng(0).integers(-3000, 3000, SAMPLE_RATE).astype(np.int16)])
+        windows = probe if clips is None else np.concatenate([probe, clips[0]])
+        _, probs = km.infer(km.features(windows))
+    except Exception as e:  # noqa: BLE001 - whatever breaks a model is a failed check, reported in one line
+        return {"ok": False, "accuracy": None, "reason": f"the model does not run ({e.__class__.__name__}: {e})"}
+    if probs.shape != (len(windows), len(km.labels)) or not np.all(np.isfinite(probs)) \
+            or not np.allclose(probs.sum(axis=1), 1.0, atol=0.1):  # int8 softmax: 1/256 a class
+        return {"ok": False, "accuracy": None, "reason": "posteriors are not finite probabilities over the labels"}
+    if clips is None:
+        return {"ok": True, "accuracy": None, "reason": "smoke inputs only (no labelled clips)"}
+    acc = float(np.mean(np.argmax(probs[2:], axis=1) == clips[1]))
+    if baseline is not None and acc < baseline - HEALTH_TOLERANCE:
+        return {"ok": False, "accuracy": acc,
+                "reason": f"names {acc:.0%} of the labelled clips right, the running version {baseline:.0%}"}
+    return {"ok": True, "accuracy": acc, "reason": "labelled clips"}
+
+
+class Agent:
+    """The loop of ``edgelearn device run`` over one state directory; ``run()`` returns when the
+    audio ends (a WAV or stdin) or on SIGTERM/SIGINT (``stop()``)."""
+
+    def __init__(self, state_dir, cfg: AgentConfig, bundle=None, *, trusted_keys=None, backend: str = "auto",
+                 sysfs_root="/", out=None, clock=time.monotonic):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.cfg, self.backend, self.sysfs_root = cfg, backend, Path(sysfs_root)
+        self.trusted_keys, self.base_bundle = trusted_keys, bundle
+        self.out = out or sys.stdout
+        self.clock = clock
+        self._stop = threading.Event()
+        self._restart = False
+        self.child = None          # the adaptation run in progress (subprocess.Popen)
+        self.fl = None             # edge.fl.FLClient
+        self._fl_thread = None
+        self._fl_results: queue.Queue = queue.Queue()
+        self._hooks: list = []
+        prev = read_status(self.state_dir) or {}
+        self.status = {"pid": os.getpid(), "started": time.time(), "audio_s": 0.0,
+                       "detections": int(prev.get("detections", 0)),
+                       "rounds_joined": int(prev.get("rounds_joined", 0)),
+                       "bytes_uploaded": int(prev.get("bytes_uploaded", 0)),
+                       "rollbacks": int(prev.get("rollbacks", 0)),
+                       "last_adapt": prev.get("last_adapt"), "last_checkin": prev.get("last_checkin"),
+                       "last_health": prev.get("last_health"), "version": None, "state": "starting",
+                       "rejected": [int(v) for v in prev.get("rejected", []) if isinstance(v, int)]}
+        self._check_config()
+        self.device = self._open_device()
+        self._clips = None
+        self._next_adapt = self.clock()
+        self._next_checkin = self.clock()
+        self._next_status = self.clock()
+
+    # -- setup -----------------------------------------------------------------------------------
+    def _check_config(self) -> None:
+        c = self.cfg
+        if c.aggregator and not (c.device_id and c.device_key):
+            raise EdgelearnError("--aggregator needs --device-id and --device-key",
+                                 fix="pass the id and the key file `edgelearn aggregator provision` wrote")
+        if c.data is not None and not Path(c.data).is_dir():
+            raise EdgelearnError(f"--data {c.data} is not a directory", fix="pass DIR with DIR/<label>/*.wav")
+        if c.on_detect is not None and not c.on_detect.strip():
+            raise EdgelearnError("--on-detect is empty", fix="pass a shell command, e.g. 'logger -t kws'")
+
+    def _fl_store(self):
+        from edge.store import BundleStore
+
+        return BundleStore(self.state_dir / FL_DIR / "store", self.trusted_keys or self._default_keys())
+
+    def _default_keys(self):
+        from edge.kws import default_trusted_keys
+
+        return default_trusted_keys()
+
+    def _open_device(self) -> Device:
+        """The device on the newest installed federated version, else the given or shipped bundle."""
+        bundle = self.base_bundle
+        if self.cfg.aggregator:
+            store = self._fl_store()
+            cur = store.pointer()["current"]
+            if cur is not None and store.current().version not in self.status.get("rejected", []):
+                bundle = store.current()
+        dev = Device(self.state_dir, bundle, backend=self.backend, trusted_keys=self.trusted_keys,
+                     sysfs_root=self.sysfs_root)
+        self.status["version"] = f"{dev.bundle.model_id} v{dev.bundle.version}"
+        return dev
+
+    def labelled_clips(self):
+        """(windows, labels) of the labelled clips in ``data``, or None."""
+        if self.cfg.data is None:
+            return None
+        if self._clips is None:
+            from edge.device import _load_data
+
+            try:
+                self._clips = _load_data(self.device.keyword_model(), self.cfg.data)
+            except EdgelearnError:
+                return None
+        return self._clips
+
+    # -- the loop --------------------------------------------------------------------------------
+    def stop(self, *_):
+        self._stop.set()
+
+    def _detector(self):
+        return self.device.detector(keywords=self.cfg.keywords, threshold=self.cfg.threshold,
+                                    sensitivity=self.cfg.sensitivity, confirm=self.cfg.confirm,
+                                    replay=self.child is None)
+
+    def run(self) -> dict:
+        source = _chunks_of(self.cfg.source)
+        samples = 0
+        self.status["state"] = "running"
+        self._write_status()
+        det, replay = self._detector()
+        try:
+            for chunk in source:
+                for ev in det.push(chunk):
+                    self._emit(ev)
+                samples += len(chunk)
+                self.status["audio_s"] = samples / SAMPLE_RATE
+                self._tick()
+                if self._stop.is_set():
+                    break
+                if self._restart:  # a new model (adapted, or a new version) or replay on/off
+                    self._restart = False
+                    if replay is not None:
+                        replay.flush()
+                    new, replay = self._detector()
+                    for ev in new.continue_from(det):
+                        self._emit(ev)
+                    det = new
+            for ev in det.flush():
+                self._emit(ev)
+        finally:
+            if replay is not None:
+                replay.flush()
+            source.close()
+            self._finish()
+        return self.status
+
+    def _emit(self, ev: dict) -> None:
+        self.status["detections"] += 1
+        line = json.dumps(ev)
+        print(line, file=self.out, flush=True)
+        if self.cfg.on_detect:
+            env = {**os.environ, **self.cfg.extra_env, "EDGELEARN_EVENT": line,
+                   "EDGELEARN_KEYWORD": str(ev["keyword"]), "EDGELEARN_SCORE": str(ev["score"]),
+                   "EDGELEARN_TIME_S": str(ev["time_s"])}
+            try:
+                p = subprocess.Popen(self.cfg.on_detect, shell=True, stdin=subprocess.PIPE, env=env,
+                                     stdout=subprocess.DEVNULL)
+                p.stdin.write(line.encode() + b"\n")
+                p.stdin.close()
+                self._hooks.append(p)
+            except OSError as e:
+                print(json.dumps({"warning": f"--on-detect could not start: {e}"}), file=sys.stderr, flush=True)
+        self._hooks = [p for p in self._hooks if p.poll() is None]  # reap finished hooks
+
+    # -- between chunks --------------------------------------------------------------------------
+    def _tick(self) -> None:
+        now = self.clock()
+        self._poll_adapt(now)
+        self._poll_federation(now)
+        if now >= self._next_status:
+            self._next_status = now + self.cfg.status_every_s
+            self._write_status()
+
+    def _adapt_cmd(self) -> list[str]:
+        cmd = [sys.executable, "-m", "edge.cli", "device", "adapt", "--state", str(self.state_dir),
+               "--data", str(self.cfg.data), "--strategy", self.cfg.strategy, "--backend", self.backend,
+               "--sysfs-root", str(self.sysfs_root)]
+        root = getattr(self.device.bundle, "root", None)
+        if root is not None and Path(root).is_dir():
+            cmd += ["--bundle", str(root)]
+        if self.trusted_keys is not None:
+            cmd += ["--pubkey", str(self.trusted_keys)]
+        return cmd
+
+    def _poll_adapt(self, now: float) -> None:
+        if self.child is not None:
+            rc = self.child.poll()
+            if rc is None:
+                return
+            out, err = self.child.communicate()
+            self.child = None
+            try:
+                res = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+            except ValueError:
+                res = {}
+            if rc != 0:
+                res = {"status": "failed", "reason": (err.strip().splitlines() or ["exit %d" % rc])[-1]}
+            self.status["last_adapt"] = {"time": time.time(), **{k: res.get(k) for k in
+                                                                 ("status", "reason", "version", "steps", "strategy")}}
+            self._write_status()
+            self._restart = True  # the adapted model (when the run committed), and replay back on
+            return
+        if self.cfg.data is None or now < self._next_adapt:
+            return
+        self._next_adapt = now + self.cfg.adapt_every_s
+        self._restart = True  # detection stops writing the replay buffer while the run owns it
+        self.child = subprocess.Popen(self._adapt_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=lambda: os.nice(10))
+        self.status["state"] = "adapting"
+
+    def _poll_federation(self, now: float) -> None:
+        if not self.cfg.aggregator:
+            return
+        while True:
+            try:
+                kind, res = self._fl_results.get_nowait()
+            except queue.Empty:
+                break
+            self._after_round(kind, res)
+        busy = self._fl_thread is not None and self._fl_thread.is_alive()
+        if busy or now < self._next_checkin:
+            return
+        self._next_checkin = now + self.cfg.checkin_every_s
+        self._fl_thread = threading.Thread(target=self._round, name="edgelearn-fl", daemon=True)
+        self._fl_thread.start()
+
+    def _fl_client(self):
+        if self.fl is None:
+            from edge.fl import FLClient
+            from edge.keys import load_hmac_key
+
+            self.fl = FLClient(self.cfg.aggregator, self.cfg.device_id, load_hmac_key(self.cfg.device_key),
+                               self.state_dir / FL_DIR, trusted_keys=self.trusted_keys or self._default_keys(),
+                               data=self._fl_examples)
+        return self.fl
+
+    def _fl_examples(self):
+        """The device's own examples for a federated round: embeddings of its labelled clips and the
+        embedding replay buffer (what enrolment and confirmed detections put there)."""
+        import numpy as np
+
+        from edge.replay import EMBEDDING_REPLAY, load_replay, slot_arrays
+
+        xs, ys = [], []
+        clips = self.labelled_clips()
+        if clips is not None:
+            km = self.device.keyword_model()
+            emb, _ = km.infer(km.features(clips[0]))
+            xs.append(np.asarray(emb, np.float32))
+            ys.append(np.asarray(clips[1], np.int64))
+        rb = load_replay(self.state_dir / EMBEDDING_REPLAY)
+        if rb is not None and rb.count:
+            slots = [s for s in range(rb.capacity) if rb.label_at(s) >= 0]
+            rx, ry = slot_arrays(rb, slots)
+            xs.append(rx)
+            ys.append(ry)
+        if not xs:
+            return np.zeros((0, 64), np.float32), np.zeros(0, np.int64)
+        return np.concatenate(xs), np.concatenate(ys)
+
+    def _checkin_status(self) -> dict:
+        from edge.scheduler import read_sysfs
+
+        r, _ = read_sysfs(self.sysfs_root, time.time())
+        st = {"network": self.cfg.network}
+        if r.battery_pct is not None:
+            st["battery"] = r.battery_pct / 100.0
+        elif r.has_battery is False:
+            st["battery"] = 1.0
+        if r.charging is not None or r.on_mains is not None:
+            st["charging"] = bool(r.charging or r.on_mains)
+        if r.temp_c is not None:
+            st["temperature"] = float(r.temp_c)
+        return st
+
+    def _round(self) -> None:
+        """One check-in (background thread): train and upload when selected; posts what happened."""
+        try:
+            c = self._fl_client()
+            before = c.bytes_up
+            ans = c.run_once(self._checkin_status())
+            self._fl_results.put(("ok", {"answer": ans, "bytes": c.bytes_up - before,
+                                         "version": c.current_version()}))
+        except EdgelearnError as e:
+            self._fl_results.put(("error", {"error": str(e)}))
+        except OSError as e:
+            self._fl_results.put(("error", {"error": f"aggregator unreachable ({e.__class__.__name__}: {e})"}))
+
+    def _after_round(self, kind: str, res: dict) -> None:
+        now = time.time()
+        if kind == "error":
+            self.status["last_checkin"] = {"time": now, "error": res["error"]}
+            self._write_status()
+            return
+        ans = res["answer"]
+        action = ans.get("action")
+        self.status["last_checkin"] = {"time": now, "action": action, "round_id": ans.get("round_id"),
+                                       "version": res["version"]}
+        if action in ("uploaded", "secure"):
+            self.status["rounds_joined"] += 1
+            self.status["bytes_uploaded"] += int(res["bytes"])
+        installed = res["version"]
+        running = self.device.bundle.version
+        if installed is not None and installed != running:
+            self._switch_version(installed)
+        self._write_status()
+
+    def _switch_version(self, version: int) -> None:
+        """A newly installed federated version: deep health check, then detection uses it; rolled
+        back when it fails (the running version stays)."""
+        store = self._fl_store()
+        new = store.current()
+        clips = self.labelled_clips()
+        base = health_check(self.device.bundle, clips, backend=self.backend)["accuracy"] if clips is not None else None
+        h = health_check(new, clips, baseline=base, backend=self.backend)
+        if h["ok"]:
+            try:  # the enrolled keywords and adapted tail move with it, or the version is not used
+                self.device.carry_to(new)
+            except EdgelearnError as e:
+                h = {"ok": False, "accuracy": h["accuracy"], "reason": str(e)}
+        self.status["last_health"] = {"time": time.time(), "version": version, **h}
+        if not h["ok"]:
+            try:
+                store.rollback()
+            except EdgelearnError:  # the first federated version: the running (shipped) bundle stays
+                pass
+            self.status["rollbacks"] += 1
+            self.status["rejected"] = sorted(set(self.status.get("rejected", [])) | {int(version)})
+            print(json.dumps({"warning": f"version {version} failed its health check ({h['reason']}); rolled back"}),
+                  file=sys.stderr, flush=True)
+            return
+        self.device = Device(self.state_dir, new, backend=self.backend, trusted_keys=self.trusted_keys,
+                             sysfs_root=self.sysfs_root)
+        self._clips = None
+        self.status["version"] = f"{new.model_id} v{new.version}"
+        self._restart = True
+
+    # -- the way out -----------------------------------------------------------------------------
+    def _write_status(self) -> None:
+        st = {**self.status, "updated": time.time(), "adapting": self.child is not None}
+        atomic_write(self.state_dir / AGENT_FILE, json.dumps(st, indent=1).encode())
+
+    def _finish(self) -> None:
+        if self.child is not None:  # an interrupted run resumes (or is undone) on the next start
+            self.child.terminate()
+            try:
+                self.child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+            self.child = None
+        if self._fl_thread is not None:
+            self._fl_thread.join(timeout=30)
+            while not self._fl_results.empty():
+                self._after_round(*self._fl_results.get_nowait())
+        for p in self._hooks:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.status["state"] = "stopped"
+        self._write_status()

@@ -1,0 +1,265 @@
+"""The device agent (``edgelearn device run``, edge/agent.py): detections as JSON lines and hooks,
+restarts that drop nothing and repeat nothing, adaptation in the background, a real aggregator on
+loopback (a round joined, the new version pulled, health-checked and used; a broken one rolled
+back), and a kill -9 mid-run that leaves the state usable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from devstate_helpers import make_data, make_keyword_clips, make_sysfs
+
+from edge.agent import Agent, AgentConfig, health_check, read_status
+from edge.audio import read_wav
+from edge.device import CHUNK, Device
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "edge.cli"]
+
+
+def stream(tmp: Path, copies: int = 1, seed: int = 5) -> np.ndarray:
+    """Noise with the enrolled chirp keyword said three times, ``copies`` times over."""
+    clips = make_keyword_clips(tmp / "kwclips")
+    rng = np.random.default_rng(seed)
+    kw = read_wav(clips[0])
+    noise = lambda n: rng.standard_normal(n) * 100  # noqa: E731
+    one = np.concatenate([noise(16000), kw, noise(40000), kw, noise(30000), kw, noise(16000)])
+    return np.tile(one, copies).astype(np.int16)
+
+
+@pytest.fixture
+def enrolled(tmp_path):
+    """A state with the chirp keyword enrolled, and the stream that says it."""
+    clips = make_keyword_clips(tmp_path / "kwclips")
+    Device(tmp_path / "st").enroll("hey edge", clips)
+    return tmp_path / "st", stream(tmp_path, copies=2)
+
+
+def chunked(pcm):
+    return [pcm[i:i + CHUNK] for i in range(0, len(pcm), CHUNK)]
+
+
+def reference(state, pcm):
+    return list(Device(state).detect(pcm, replay=False))
+
+
+def test_stdin_run_prints_each_detection_and_runs_the_hook(enrolled, tmp_path):
+    state, pcm = enrolled
+    want = reference(state, pcm)
+    assert len(want) >= 2
+    hooks = tmp_path / "hooks.txt"
+    r = subprocess.run(CLI + ["device", "run", "--state", str(state), "--stdin", "--on-detect",
+                              f"cat >> {hooks}; echo \"$EDGELEARN_KEYWORD\" >> {hooks}.kw"],
+                       input=pcm.tobytes(), capture_output=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()
+    got = [json.loads(line) for line in r.stdout.decode().splitlines()]
+    assert got == want
+    assert [json.loads(line) for line in hooks.read_text().splitlines()] == want  # the hooks are waited for at exit
+    assert (tmp_path / "hooks.txt.kw").read_text().split("\n")[:-1] == [e["keyword"] for e in want]
+    st = read_status(state)
+    assert st["state"] == "stopped" and st["detections"] == len(want)
+    assert st["audio_s"] == pytest.approx(len(pcm) / 16000, abs=0.1)
+    assert Device(state).status()["agent"]["detections"] == len(want)  # `device status` shows it
+
+
+def test_a_restart_on_every_chunk_drops_nothing_and_repeats_nothing(enrolled, monkeypatch):
+    """The detector restarts on the last second of audio whenever the model changes: with a
+    restart every few chunks the events are those of one uninterrupted detector."""
+    state, pcm = enrolled
+    want = reference(state, pcm)
+    for every in (1, 7):
+        out = []
+        agent = Agent(state, AgentConfig(source=chunked(pcm)))
+        agent._emit = lambda ev: out.append(ev)  # noqa: B023
+        n = {"i": 0}
+
+        def tick(agent=agent, n=n, every=every):
+            n["i"] += 1
+            agent._restart = n["i"] % every == 0
+
+        monkeypatch.setattr(agent, "_tick", tick)
+        agent.run()
+        assert [e["keyword"] for e in out] == [e["keyword"] for e in want], every
+        assert [e["time_s"] for e in out] == pytest.approx([e["time_s"] for e in want], abs=0.021), every
+
+
+def test_adapts_in_the_background_without_stopping_detection(enrolled, tmp_path):
+    state, pcm = enrolled
+    data, sysfs = make_data(tmp_path / "data"), make_sysfs(tmp_path / "sys")
+    cfg = AgentConfig(source=None, data=data, adapt_every_s=10 ** 6, status_every_s=0)
+    out, seen = [], {"adapting": False}
+
+    def slow_audio():  # audio keeps coming until the run has finished (bounded: 10 minutes)
+        t0 = time.monotonic()
+        i = 0
+        while time.monotonic() - t0 < 600:
+            yield pcm[i % len(pcm): i % len(pcm) + CHUNK]
+            i += CHUNK
+            seen["adapting"] |= agent.child is not None
+            if agent.status["last_adapt"] is not None and i > len(pcm):
+                return
+            time.sleep(0.002)
+
+    cfg.source = slow_audio()
+    agent = Agent(state, cfg, sysfs_root=sysfs)
+    agent._emit = out.append
+    agent.run()
+    assert seen["adapting"]
+    last = read_status(state)["last_adapt"]
+    assert last["status"] == "done" and last["version"] == 1, last
+    assert Device(state).status()["adapt"]["active"] == "default"
+    assert out, "detection kept reporting while and after the run"
+
+
+def test_print_unit_and_bad_options_are_one_sentence(tmp_path):
+    r = subprocess.run(CLI + ["device", "run", "--state", str(tmp_path / "st"), "--print-unit"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0
+    assert "Restart=on-failure" in r.stdout and f"--state {(tmp_path / 'st').resolve()} --mic" in r.stdout
+    r = subprocess.run(CLI + ["device", "run", "--state", str(tmp_path / "st"), "--stdin",
+                              "--aggregator", "http://127.0.0.1:9"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120, input="")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "--device-id" in r.stderr
+    r = subprocess.run(CLI + ["device", "run", "--state", str(tmp_path / "st"), "--stdin", "--data",
+                              str(tmp_path / "nope")], capture_output=True, text=True, cwd=ROOT, timeout=120, input="")
+    assert r.returncode == 2 and "is not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_kill_9_while_adapting_leaves_a_usable_state(enrolled, tmp_path):
+    state, pcm = enrolled
+    data, sysfs = make_data(tmp_path / "data"), make_sysfs(tmp_path / "sys")
+    p = subprocess.Popen(CLI + ["device", "run", "--state", str(state), "--stdin", "--data", str(data),
+                                "--adapt-every", "0", "--sysfs-root", str(sysfs)],
+                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                         start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 300:  # feed audio until the adaptation child is running
+            p.stdin.write(pcm[:CHUNK].tobytes())
+            p.stdin.flush()
+            st = read_status(state)
+            if st and st.get("adapting"):
+                break
+            time.sleep(0.01)
+        assert read_status(state)["adapting"]
+        time.sleep(0.5)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)  # the agent and its training child, at once
+        p.wait()
+    st = Device(state).status()  # every file old or new: the state reads
+    assert st["keywords"] == ["hey edge"]
+    res = Device(state).adapt(data, force=True)  # and the next run finishes what the crash left
+    assert res["status"] == "done"
+    assert reference(state, pcm), "the enrolled keyword is still heard"
+
+
+# -- against a real aggregator on loopback ------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def aggregator(tmp_path):
+    from aggregator_helpers import start
+
+    from host.aggregator.config import AggregatorConfig
+    from host.aggregator.inprocess import make_state
+    from host.aggregator.setup import write_device_key
+
+    cfg = AggregatorConfig(clients_per_round=1, overselect=1.0, eval_tolerance=1.0, round_timeout=60)
+    agg, keys = make_state(tmp_path, cfg, n_devices=1, prefix="pi-")
+    key_file = write_device_key(tmp_path / "devkeys", "pi-0", keys["pi-0"])
+    trusted = tmp_path / "trusted"  # what /etc/edgelearn/keys holds on a Pi: the release and the fleet's key
+    trusted.mkdir()
+    for pub in [ROOT / "models" / "keys" / "release.pub", *(agg / "keys").glob("*.pub")]:
+        shutil.copy(pub, trusted / pub.name)
+    port = free_port()
+    proc = start(agg, port)
+    try:
+        yield {"url": f"http://127.0.0.1:{port}", "state": agg, "key": key_file, "trusted": trusted}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_joins_a_round_then_pulls_checks_and_uses_the_new_version(enrolled, tmp_path, aggregator):
+    state, pcm = enrolled
+    data = make_data(tmp_path / "data")
+    trusted = aggregator["trusted"]
+    cfg = AgentConfig(source=None, data=data, aggregator=aggregator["url"], device_id="pi-0",
+                      device_key=aggregator["key"], checkin_every_s=0.05, status_every_s=0)
+    versions = []
+
+    def audio():
+        t0, i = time.monotonic(), 0
+        while time.monotonic() - t0 < 300:
+            yield pcm[i % len(pcm): i % len(pcm) + CHUNK]
+            i += CHUNK
+            versions.append(agent.device.bundle.version)
+            if agent.status["rounds_joined"] >= 1 and versions[-1] > versions[0]:
+                return
+            time.sleep(0.005)
+
+    cfg.source = audio()
+    agent = Agent(state, cfg, trusted_keys=trusted)
+    agent._emit = lambda ev: None
+    agent.run()
+    st = read_status(state)
+    assert st["rounds_joined"] >= 1 and st["bytes_uploaded"] > 0, st
+    assert versions[-1] > versions[0]  # the federation published a new version and detection runs it
+    now = agent.device.bundle.version
+    assert st["version"].endswith(f" v{now}") and now >= versions[-1] and st["last_health"]["ok"]
+    assert Device(state, agent.device.bundle).status()["keywords"] == ["hey edge"]  # carried to the new version
+    # a restart starts on the installed version, not the shipped one
+    again = Agent(state, AgentConfig(source=[], aggregator=aggregator["url"], device_id="pi-0",
+                                     device_key=aggregator["key"]), trusted_keys=trusted)
+    assert again.device.bundle.version == now
+
+
+def test_a_version_that_fails_the_health_check_is_rolled_back(enrolled, tmp_path, aggregator):
+    """A signed version whose keyword model is another network (the backbone file in the encoder's
+    place) does not run on known inputs: rolled back, and the running version stays."""
+    import hashlib
+
+    from host.bundle import sign_bundle
+
+    state, _ = enrolled
+    data = make_data(tmp_path / "data")
+    trusted = aggregator["trusted"]
+    agent = Agent(state, AgentConfig(source=[], data=data, aggregator=aggregator["url"], device_id="pi-0",
+                                     device_key=aggregator["key"]), trusted_keys=trusted)
+    store = agent._fl_store()
+    good = ROOT / "models" / "kws-dscnn-s"
+    for version, broken in ((5, False), (6, True)):
+        b = tmp_path / f"v{version}"
+        shutil.copytree(good, b)
+        (b / "manifest.sig").unlink()
+        m = json.loads((b / "manifest.json").read_text())
+        m["version"] = version
+        if broken:
+            shutil.copy(b / "backbone_int8.tflite", b / "encoder_int8.tflite")
+            raw = (b / "encoder_int8.tflite").read_bytes()
+            m["files"]["encoder_int8.tflite"] = {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+        (b / "manifest.json").write_text(json.dumps(m))
+        sign_bundle(b, next((aggregator["state"] / "keys").glob("*.key")))
+        store.install(b)
+        agent._switch_version(version)
+        assert agent.status["last_health"]["ok"] != broken, agent.status["last_health"]
+    assert agent.device.bundle.version == 5  # the broken one never ran
+    assert store.current().version == 5
+    assert agent.status["rollbacks"] == 1 and not agent.status["last_health"]["ok"]
+    assert "does not run" in agent.status["last_health"]["reason"]
+    assert health_check(store.current())["ok"]

@@ -41,7 +41,7 @@ class Detector:
         """``km``: a KeywordModel; ``custom``: CustomKeywords or None; ``keywords``: base labels
         to report (default: the bundle's 12-class command words, else every word label);
         ``threshold``: one for every base keyword, or {keyword: threshold} (``edge.operating``);
-        ``head``: an adapted embedding head (``edge.adapt.Tail``) that replaces the bundle's base
+        ``head``: an adapted embedding head (``edge.adapt.EmbeddingHead``) that replaces the bundle's base
         posteriors (an adapted conv tail comes as ``km``: ``edge.adapt.TailModel``);
         ``on_event(event, window)``: called with each event and the normalised (49, 10)
         window of its peak, e.g. to feed confirmed detections to the replay buffer."""

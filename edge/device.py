@@ -46,7 +46,7 @@ def open_bundle(bundle=None, trusted_keys=None):
 def detection_models(bundle, state_dir, backend: str = "auto"):
     """(model, head) detection runs in ``state_dir``: the bundle's encoder when no adapted context is
     active; backbone + the active context's conv tail (``edge.adapt.TailModel``) for a conv-tail
-    context; the encoder + the adapted embedding head (``edge.adapt.Tail``) for an embedding-head one
+    context; the encoder + the adapted embedding head (``edge.adapt.EmbeddingHead``) for an embedding-head one
     (``edge.adapt.delta.delta_kind`` tells them apart: it replaces a test of the key prefixes
     ``proj.``/``classifier.``, which agrees on every delta ``device adapt`` writes; a head delta of
     adapter factors alone, ``adapter.a``/``adapter.b``, was taken for a conv tail, which ignored
@@ -58,9 +58,9 @@ def detection_models(bundle, state_dir, backend: str = "auto"):
     delta = AdaptStore(state_dir, bundle).load()
     kind = delta_kind(delta)
     if kind == EMBEDDING_HEAD:
-        from edge.adapt import Tail, classifier_from_bundle
+        from edge.adapt import EmbeddingHead, classifier_from_bundle
 
-        return KeywordModel(bundle, backend=backend), Tail(classifier_from_bundle(bundle), delta)
+        return KeywordModel(bundle, backend=backend), EmbeddingHead(classifier_from_bundle(bundle), delta)
     if kind == CONV_TAIL:
         from edge.adapt import TailModel
 

@@ -1,11 +1,11 @@
-"""Tail trainers: exact gradients, LoRA merge, replay, byte accounting, store/rollback, pause/resume."""
+"""EmbeddingHead trainers: exact gradients, LoRA merge, replay, byte accounting, store/rollback, pause/resume."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edge.adapt import Tail, Trainer, choose_sparse, mix_replay
+from edge.adapt import EmbeddingHead, Trainer, choose_sparse, mix_replay
 from edge.adapt.run import train
 from edge.adapt.store import AdaptStore
 from edge.errors import EdgelearnError
@@ -38,7 +38,7 @@ def loss(tail, x, y):
 @pytest.mark.parametrize("strategy", ["bias-only", "residual-adapter", "lora", "full"])
 def test_gradients_match_finite_differences(strategy):
     x, y = data()
-    tail = Tail({k: v.astype(np.float64) for k, v in base().items()})
+    tail = EmbeddingHead({k: v.astype(np.float64) for k, v in base().items()})
     tr = Trainer(tail, strategy, "sgd", lr=0.0)
     rng = np.random.default_rng(5)
     for n in tr.names:  # move off the zero init so every path has a gradient
@@ -63,7 +63,7 @@ def test_gradients_match_finite_differences(strategy):
 def test_training_reduces_loss_and_starts_from_base(strategy, optimizer):
     x, y = data()
     b = base()
-    tail = Tail(b)
+    tail = EmbeddingHead(b)
     start = tail.probs(x)
     tr = Trainer(tail, strategy, optimizer)
     np.testing.assert_allclose(tail.probs(x), start, atol=1e-6)  # zero-init adapters: no change yet
@@ -74,11 +74,11 @@ def test_training_reduces_loss_and_starts_from_base(strategy, optimizer):
 
 def test_lora_merged_equals_unmerged():
     x, y = data()
-    tail = Tail(base())
+    tail = EmbeddingHead(base())
     tr = Trainer(tail, "lora", "adam", rank=3)
     for _ in range(30):
         tr.step(x, y)
-    merged = Tail(base(), tail.merged())
+    merged = EmbeddingHead(base(), tail.merged())
     assert not any(".lora_" in k for k in merged.delta)
     np.testing.assert_allclose(merged.probs(x), tail.probs(x), atol=1e-5)
 
@@ -87,7 +87,7 @@ def test_byte_accounting_is_exact_and_ordered():
     x, y = data(n=32)
     got = {}
     for s in ("bias-only", "residual-adapter", "lora", "full"):
-        tr = Trainer(Tail(base()), s, "adam")
+        tr = Trainer(EmbeddingHead(base()), s, "adam")
         tr.step(x, y)
         got[s] = tr.last_bytes
         n_params = sum(tr.tail.delta[k].size for k in tr.names)
@@ -100,7 +100,7 @@ def test_byte_accounting_is_exact_and_ordered():
 
 def test_sparse_respects_memory_budget():
     x, y = data()
-    tail = Tail(base())
+    tail = EmbeddingHead(base())
     chosen = choose_sparse(tail, x, y, memory_budget=4 * 2 * (DIM * C + C + DIM), optimizer="sgd")
     assert "proj.w" not in chosen and chosen
     tr = Trainer(tail, "sparse", "sgd", sparse_tensors=chosen)
@@ -143,7 +143,7 @@ def test_store_contexts_and_rollback(tmp_path):
 
 def test_pause_and_resume_equal_an_uninterrupted_run(tmp_path):
     x, y = data()
-    ref = Trainer(Tail(base()), "lora", "adam")
+    ref = Trainer(EmbeddingHead(base()), "lora", "adam")
     r = train(ref, x, y, AdaptStore(tmp_path / "a", FakeBundle), "ctx", steps=40, batch=8, checkpoint_every=7)
     assert r["status"] == "done"
     calls = {"n": 0}
@@ -156,7 +156,7 @@ def test_pause_and_resume_equal_an_uninterrupted_run(tmp_path):
     res = {"status": "paused"}
     rounds = 0
     while res["status"] == "paused":
-        tr = Trainer(Tail(base()), "lora", "adam")  # a fresh process each time
+        tr = Trainer(EmbeddingHead(base()), "lora", "adam")  # a fresh process each time
         res = train(tr, x, y, store, "ctx", steps=40, batch=8, should_continue=flaky, checkpoint_every=7)
         rounds += 1
     assert rounds > 2
@@ -183,7 +183,7 @@ def test_soft_targets_are_exact_gradients_and_one_hot_targets_equal_labels():
         up[i, j] += 1e-6
         down[i, j] -= 1e-6
         assert g[i, j] == pytest.approx((_xent(up, y, soft) - _xent(down, y, soft)) / 2e-6, rel=1e-5)
-    tr = Trainer(Tail(base()), "full", "sgd")
+    tr = Trainer(EmbeddingHead(base()), "full", "sgd")
     with pytest.raises(EdgelearnError, match="soft targets have shape"):
         tr.step(*data(4), targets=np.ones((4, C + 1)))
 
@@ -195,7 +195,7 @@ def test_distillation_on_replay_keeps_the_old_models_outputs(tmp_path):
     x, _ = data(64, seed=2)
     y = np.zeros(64, np.int64)                      # the local context says "class 0" to everything
     xr, _ = data(60, seed=9)
-    ref = Tail(base())
+    ref = EmbeddingHead(base())
     p0 = ref.probs(xr)
     yr = p0.argmax(1)
     rb = ReplayBuffer(DIM, 8192)
@@ -203,7 +203,7 @@ def test_distillation_on_replay_keeps_the_old_models_outputs(tmp_path):
         rb.add(list(v), int(lab))
 
     def drift(name, teacher, replay):
-        tail = Tail(base())
+        tail = EmbeddingHead(base())
         tr = Trainer(tail, "full", "adam", lr=0.01)
         r = train(tr, x, y, AdaptStore(tmp_path / name, FakeBundle), "ctx",
                   steps=60, batch=8, replay=replay, replay_n=8, teacher=teacher, distill=1.0)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edge.errors import BundleError
-from edge.fl import FLClient, FLError, TailTrainer, tail_logits
+from edge.fl import FLClient, FLError, FederatedHeadTrainer, head_logits
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.inprocess import InProcessTransport, make_state, small_params
@@ -81,7 +81,7 @@ def test_bias_only_sends_a_subset_frame(tmp_path):
     app = build_app(state, tick_interval=0)
     with InProcessTransport(app) as t:
         c = FLClient(t, "dev0", keys["dev0"], tmp_path / "c0", trusted_keys=state / "keys", data=devs[0],
-                     trainer=TailTrainer("bias-only"))
+                     trainer=FederatedHeadTrainer("bias-only"))
         reg = app.state.aggregator.registry
         before = reg.params()
         task = c.checkin(OK)["task"]
@@ -131,7 +131,7 @@ def test_server_refusals_surface_as_flerror_with_the_reason(tmp_path):
 def test_tail_logits_match_the_plain_head_at_identity_projection():
     p = small_params()
     X = np.abs(np.random.default_rng(0).standard_normal((5, 64))).astype(np.float32)
-    np.testing.assert_allclose(tail_logits(p, X), X @ p["classifier.w"] + p["classifier.b"], rtol=1e-5)
+    np.testing.assert_allclose(head_logits(p, X), X @ p["classifier.w"] + p["classifier.b"], rtol=1e-5)
 
 
 def test_a_round_verifies_the_bundle_once(tmp_path):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edge.fl import tail_logits
+from edge.fl import head_logits
 from host.aggregator.head_onnx import write_head_onnx
 
 ort = pytest.importorskip("onnxruntime")
@@ -33,7 +33,7 @@ def test_onnx_head_equals_device_tail(tmp_path, adapter, lora):
     x = np.random.default_rng(2).standard_normal((9, 64)).astype(np.float32)
     sess = ort.InferenceSession(str(tmp_path / "head.onnx"), providers=["CPUExecutionProvider"])
     got = sess.run(["logits"], {"embedding": x})[0]
-    np.testing.assert_allclose(got, tail_logits(p, x), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, head_logits(p, x), rtol=1e-4, atol=1e-4)
 
 
 def test_published_version_carries_the_onnx_head(tmp_path):
@@ -70,4 +70,4 @@ def test_serving_shim_answers_from_a_published_version(tmp_path):
         r = httpx.post(f"{url}/v2/split/{b.model_id}", json=body, timeout=60)
     assert r.status_code == 200, r.text
     out = {o["name"]: o["data"] for o in r.json()["outputs"]}
-    assert out["label"] == [b.labels[i] for i in tail_logits(p, x).argmax(1)]
+    assert out["label"] == [b.labels[i] for i in head_logits(p, x).argmax(1)]

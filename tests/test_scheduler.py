@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.adapt import Tail, Trainer
+from edge.adapt import EmbeddingHead, Trainer
 from edge.adapt.run import train
 from edge.adapt.store import AdaptStore
 from edge.portable.schedule import SchedulePolicy
@@ -120,7 +120,7 @@ def test_training_pauses_when_it_gets_hot_and_resumes_intact(tmp_path):
     store = AdaptStore(tmp_path / "st", FakeBundle)
     statuses = []
     for _ in range(20):
-        tr = Trainer(Tail(base), "full", "adam")
+        tr = Trainer(EmbeddingHead(base), "full", "adam")
         res = train(tr, x, y, store, "ctx", steps=12, batch=8, should_continue=tick, checkpoint_every=100)
         statuses.append((res["status"], res["steps_done"]))
         if res["status"] == "done":
@@ -128,7 +128,7 @@ def test_training_pauses_when_it_gets_hot_and_resumes_intact(tmp_path):
     assert statuses[0] == ("paused", 4)  # four good readings, then 71.5 C
     assert statuses[-1] == ("done", 12)
     ref_store = AdaptStore(tmp_path / "ref", FakeBundle)
-    train(Trainer(Tail(base), "full", "adam"), x, y, ref_store, "ctx", steps=12, batch=8)
+    train(Trainer(EmbeddingHead(base), "full", "adam"), x, y, ref_store, "ctx", steps=12, batch=8)
     for k, v in ref_store.load("ctx").items():
         np.testing.assert_allclose(store.load("ctx")[k], v, atol=1e-6)
     log = [json.loads(line)["action"] for line in sch.log_path.read_text().splitlines()]

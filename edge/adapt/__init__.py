@@ -1,14 +1,18 @@
 """On-device adaptation: the conv tail on the int8 backbone, and the embedding head.
 
+Two things, two names: the *conv tail* is the end of the network (dw4, pw4, pool, classifier:
+``tail.npz``) that ``device adapt`` trains; the *embedding head* is a projection + classifier on
+the 64-d embedding (``head.npz`` in a federated bundle; ``edge.fl`` trains it in a round).
+
 - ``conv`` / ``convtrain``: the network's real tail (float dw4 -> pw4 -> pool ->
   classifier from the bundle's ``tail.npz``) on the frozen int8 backbone, and its
   trainers (bias-only, adapter, LoRA, sparse, full; SGD/Adam; exact bytes). This is
   what ``edgelearn device adapt`` trains. ``fcache``: int8 backbone outputs cached;
   ``prefix``: the part of the tail no trained tensor changes, computed once per example;
   ``convreplay``: tail-input replay mixed into batches, prepared once per run.
-- ``tail``: the embedding-level head (identity-initialised projection + the bundle's classifier on the
+- ``head``: the embedding head (``EmbeddingHead``: identity-initialised projection + the bundle's classifier on the
   64-d embedding), forward/backward, LoRA merge, classifier recovery from a bundle.
-- ``trainer``: bias-only, residual adapter, LoRA, sparse (contribution analysis under
+- ``trainer``: the embedding head's trainer: bias-only, residual adapter, LoRA, sparse (contribution analysis under
   a memory budget) and full updates with SGD or Adam, exact per-step byte accounting,
   replay mixing.
 - ``strategies``: the strategy and optimiser names, once (trainers, partitioner, aggregator).
@@ -20,7 +24,7 @@
     >>> tr.step(backbone_int8_features, labels)
 """
 
-from edge.adapt.tail import Tail, classifier_from_bundle  # noqa: F401
+from edge.adapt.head import EmbeddingHead, classifier_from_bundle  # noqa: F401
 from edge.adapt.trainer import STRATEGIES, Trainer, choose_sparse, mix_replay  # noqa: F401
 from edge.adapt.conv import Backbone, ConvTail, TailModel, load_tail  # noqa: F401
 from edge.adapt.convtrain import ConvTrainer  # noqa: F401

@@ -6,7 +6,7 @@ Strategies (what trains; everything else, and the int8 backbone, is frozen):
 * ``residual-adapter`` (Houlsby et al. 2019): ``adapter.a`` (dim x r), ``adapter.b``
   (r x dim, zero-initialised so training starts from the base model).
 * ``lora`` (Hu et al. 2021): ``lora_a`` (cin x r, small random), ``lora_b`` (r x cout,
-  zero) beside both weights; ``Tail.merged()`` folds them in.
+  zero) beside both weights; ``EmbeddingHead.merged()`` folds them in.
 * ``sparse`` (MCUNetV3, Lin et al. 2022): the tensors with the largest contribution
   per byte (squared gradient norm on the adaptation data / bytes it costs to train,
   weights and their optimiser state) picked greedily under ``memory_budget`` bytes.
@@ -18,7 +18,7 @@ trainable parameters, gradients, optimiser state and the activations kept for
 backward (each array's ``nbytes``); ``bench/adapt_memory`` compares it with
 tracemalloc and with ``host.partition.training``'s prediction.
 
-    >>> tr = Trainer(Tail(base), "lora", optimizer="adam", rank=4)
+    >>> tr = Trainer(EmbeddingHead(base), "lora", optimizer="adam", rank=4)
     >>> for x, y in batches: tr.step(x, y)
     >>> delta = tr.tail.merged()
 """
@@ -28,14 +28,14 @@ from __future__ import annotations
 import numpy as np
 
 from edge.adapt.strategies import OPTIMIZERS, STRATEGIES  # noqa: F401 (re-exported)
-from edge.adapt.tail import Tail
+from edge.adapt.head import EmbeddingHead
 from edge.errors import EdgelearnError
 from edge.replay import sample_slots, slot_arrays
 
 CANDIDATES = ("proj.w", "proj.b", "classifier.w", "classifier.b")
 
 
-def init_delta(tail: Tail, strategy: str, rank: int, rng) -> dict:
+def init_delta(tail: EmbeddingHead, strategy: str, rank: int, rng) -> dict:
     d, c = tail.dim, tail.n_classes
     if strategy == "residual-adapter":
         return {"adapter.a": (rng.standard_normal((d, rank)) / np.sqrt(d)).astype(np.float32),
@@ -48,14 +48,14 @@ def init_delta(tail: Tail, strategy: str, rank: int, rng) -> dict:
     return {}
 
 
-def contribution(tail: Tail, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+def contribution(tail: EmbeddingHead, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
     """Squared gradient norm per candidate tensor on (x, y): its first-order loss reduction per unit step."""
     logits, cache = tail.forward(x, keep=True)
     g = tail.backward(cache, _dlogits(logits, y), set(CANDIDATES))
     return {k: float((v.astype(np.float64) ** 2).sum()) for k, v in g.items()}
 
 
-def choose_sparse(tail: Tail, x, y, memory_budget: int, optimizer: str) -> list[str]:
+def choose_sparse(tail: EmbeddingHead, x, y, memory_budget: int, optimizer: str) -> list[str]:
     per_float = 4 * (2 + (2 if optimizer == "adam" else 0))  # param, grad, moments
     contrib = contribution(tail, x, y)
     cost = {k: tail.p(k).size * per_float for k in CANDIDATES}
@@ -123,7 +123,7 @@ class Resumable:
 
 
 class Trainer(Resumable):
-    def __init__(self, tail: Tail, strategy: str, optimizer: str = "sgd", lr: float | None = None,
+    def __init__(self, tail: EmbeddingHead, strategy: str, optimizer: str = "sgd", lr: float | None = None,
                  rank: int = 4, sparse_tensors: list[str] | None = None, seed: int = 0,
                  weight_decay_to_base: float = 0.0):
         if strategy not in STRATEGIES:

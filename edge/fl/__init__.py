@@ -13,5 +13,5 @@
 """
 
 from edge.fl.client import CODECS, FLClient  # noqa: F401
-from edge.fl.model import HEAD_FILE, TailTrainer, load_head, tail_logits  # noqa: F401
+from edge.fl.model import HEAD_FILE, FederatedHeadTrainer, load_head, head_logits  # noqa: F401
 from edge.fl.transport import FLError, HttpTransport, call  # noqa: F401

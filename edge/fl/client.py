@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.atomic import atomic_write, npz_bytes
-from edge.fl.model import TailTrainer, load_head, tail_logits
+from edge.fl.model import FederatedHeadTrainer, load_head, head_logits
 from edge.fl.transport import FLError, HttpTransport, call
 from edge.portable import wire
 from edge.portable.chunks import iter_chunks
@@ -53,7 +53,7 @@ class FLClient:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.store = BundleStore(self.dir / "store", trusted_keys)
         self.data = data
-        self.trainer = trainer or TailTrainer()
+        self.trainer = trainer or FederatedHeadTrainer()
         self.rng = np.random.default_rng(seed)
         self.topk = TopKEncoder(fraction=0.05)
         self._load_state()
@@ -125,7 +125,7 @@ class FLClient:
     @staticmethod
     def _smoke(bundle):
         head = load_head(bundle)
-        z = tail_logits(head, np.zeros((1, head["classifier.w"].shape[0]), np.float32))
+        z = head_logits(head, np.zeros((1, head["classifier.w"].shape[0]), np.float32))
         if z.shape != (1, len(bundle.labels)) or not np.all(np.isfinite(z)):
             raise ValueError(f"head gives logits of shape {z.shape}, expected (1, {len(bundle.labels)})")
 

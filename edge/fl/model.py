@@ -2,7 +2,7 @@
 embedding, as the bundle's ``head.npz`` carries it; its logits, its local training, reading it.
 
     head = load_head(bundle)                                    # {"proj.w": ..., "classifier.b": ...}
-    new = TailTrainer("bias-only").train(head, X, y, task, rng)  # the tensors it changed
+    new = FederatedHeadTrainer("bias-only").train(head, X, y, task, rng)  # the tensors it changed
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from edge.errors import EdgelearnError
 HEAD_FILE = "head.npz"
 
 
-def tail_logits(params: dict, X: np.ndarray) -> np.ndarray:
-    """Logits of the federated tail (``edge.adapt.Tail`` parameters: proj.*, classifier.*) on embeddings X."""
-    from edge.adapt.tail import Tail
+def head_logits(params: dict, X: np.ndarray) -> np.ndarray:
+    """Logits of the federated tail (``edge.adapt.EmbeddingHead`` parameters: proj.*, classifier.*) on embeddings X."""
+    from edge.adapt.head import EmbeddingHead
 
-    return Tail(params).forward(np.asarray(X, np.float32))[0]
+    return EmbeddingHead(params).forward(np.asarray(X, np.float32))[0]
 
 
-class TailTrainer:
+class FederatedHeadTrainer:
     """Local training with ``edge.adapt.Trainer``; FedProx's proximal term is its decay-to-base.
 
     ``strategy`` (bias-only, lora, sparse, full, residual-adapter when the federated
@@ -33,11 +33,11 @@ class TailTrainer:
         self.strategy, self.optimizer = strategy, optimizer
 
     def train(self, params: dict, X, y, config: dict, rng) -> dict:
-        from edge.adapt import Tail, Trainer
+        from edge.adapt import EmbeddingHead, Trainer
 
         X = np.asarray(X, np.float32)
         y = np.asarray(y, np.int64)
-        tail = Tail({k: v.copy() for k, v in params.items()})
+        tail = EmbeddingHead({k: v.copy() for k, v in params.items()})
         tr = Trainer(tail, config.get("adapt_strategy", self.strategy), optimizer=self.optimizer,
                      lr=float(config.get("learning_rate", 0.1)), rank=int(config.get("rank", 4)),
                      seed=int(rng.integers(1 << 31)), sparse_tensors=config.get("sparse_tensors"),

@@ -3,7 +3,7 @@
 A published version carries ``head.onnx`` (partition ``fl-head``, placement
 ``cloud``): embedding (N, 64) -> proj -> relu -> [residual adapter] ->
 classifier -> logits, with any LoRA factors merged into the weights (the
-effective weights are read off ``edge.adapt.Tail`` itself, so whatever the
+effective weights are read off ``edge.adapt.EmbeddingHead`` itself, so whatever the
 device computes is what the cloud serves). A device sends the embedding of a
 clip it is unsure about to ``/v2/split/<model>`` with ``partition: fl-head``.
 
@@ -21,9 +21,9 @@ PARTITION = "fl-head"
 
 def effective_layers(params: dict) -> dict:
     """Dense weights of the tail with LoRA merged: {proj.w, proj.b, classifier.w, classifier.b, [adapter.a, adapter.b]}."""
-    from edge.adapt.tail import Tail
+    from edge.adapt.head import EmbeddingHead
 
-    t = Tail({k: np.asarray(v, np.float64) for k, v in params.items()})
+    t = EmbeddingHead({k: np.asarray(v, np.float64) for k, v in params.items()})
     out = {}
     for layer in ("proj", "classifier"):
         d = t.p(f"{layer}.w").shape[0]

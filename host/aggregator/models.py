@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.errors import EdgelearnError
-from edge.fl.model import HEAD_FILE, tail_logits
+from edge.fl.model import HEAD_FILE, head_logits
 from edge.atomic import atomic_path, atomic_write, npz_bytes
 
 HEAD_ONNX = "head.onnx"
@@ -77,7 +77,7 @@ class ModelRegistry:
         if self.heldout is None:
             return None
         X, y = self.heldout
-        return float(np.mean(np.argmax(tail_logits(params, X), axis=1) == y))
+        return float(np.mean(np.argmax(head_logits(params, X), axis=1) == y))
 
     def check(self, new: dict, tolerance: float) -> tuple[bool, float | None, float | None]:
         """(publish?, new accuracy, current accuracy) on the held-out set; always True without one."""

@@ -15,12 +15,12 @@ squares on its own outputs: centred log-softmax is linear in the embedding,
 so 512 random inputs pin ``W2``, ``b2`` down to float rounding (no TensorFlow,
 no flatbuffer parsing on the device).
 
-Base parameters and adapted parameters are separate dicts: ``Tail(base, delta)``
+Base parameters and adapted parameters are separate dicts: ``EmbeddingHead(base, delta)``
 uses ``delta[name]`` where present (a replaced tensor, or LoRA/adapter factors)
 and the base otherwise, so contexts are swapped by swapping ``delta``.
 
     >>> base = classifier_from_bundle(bundle)
-    >>> tail = Tail(base, {})
+    >>> tail = EmbeddingHead(base, {})
     >>> probs = tail.probs(embeddings)
 """
 
@@ -60,7 +60,7 @@ def classifier_from_bundle(bundle, samples: int = 512, seed: int = 0) -> dict[st
             "classifier.w": sol[:-1].astype(np.float32), "classifier.b": sol[-1].astype(np.float32)}
 
 
-class Tail:
+class EmbeddingHead:
     """Forward/backward of the tail for one strategy; ``delta`` overrides ``base``."""
 
     def __init__(self, base: dict, delta: dict | None = None, lora_scale: float = 1.0):

@@ -156,20 +156,23 @@ def _chunks_of(source):
 
 
 def health_check(bundle, clips=None, baseline: float | None = None, backend: str = "auto") -> dict:
-    """The deep check a new version passes before detection uses it: the keyword model loads, gives
+    """The deep check a new version passes before detection uses it: its keyword model (with a
+    federated version's head, as detection scores) loads, gives
     finite posteriors that sum to 1 on silence, noise and (when given) the device's labelled clips
     ``(windows, labels)``, and names at least ``baseline - HEALTH_TOLERANCE`` of those clips right.
     Returns {"ok", "accuracy", "reason"}."""
     import numpy as np
 
-    from edge.kws import KeywordModel
+    from edge.device import base_models
 
     try:
-        km = KeywordModel(bundle, backend=backend)
+        km, head = base_models(bundle, backend)  # what detection scores with (a federated head included)
         probe = np.stack([np.zeros(SAMPLE_RATE, np.int16),
                           np.random.default_rng(0).integers(-3000, 3000, SAMPLE_RATE).astype(np.int16)])
         windows = probe if clips is None else np.concatenate([probe, clips[0]])
-        _, probs = km.infer(km.features(windows))
+        emb, probs = km.infer(km.features(windows))
+        if head is not None:
+            probs = head.probs(emb)
     except Exception as e:  # noqa: BLE001 - whatever breaks a model is a failed check, reported in one line
         return {"ok": False, "accuracy": None, "reason": f"the model does not run ({e.__class__.__name__}: {e})"}
     if probs.shape != (len(windows), len(km.labels)) or not np.all(np.isfinite(probs)) \

@@ -58,14 +58,45 @@ def detection_models(bundle, state_dir, backend: str = "auto"):
     delta = AdaptStore(state_dir, bundle).load()
     kind = delta_kind(delta)
     if kind == EMBEDDING_HEAD:
-        from edge.adapt import EmbeddingHead, classifier_from_bundle
+        from edge.adapt import EmbeddingHead
 
-        return KeywordModel(bundle, backend=backend), EmbeddingHead(classifier_from_bundle(bundle), delta)
+        return KeywordModel(bundle, backend=backend), EmbeddingHead(head_params(bundle), delta)
     if kind == CONV_TAIL:
         from edge.adapt import TailModel
 
         return TailModel(bundle, delta, backend=backend), None
-    return KeywordModel(bundle, backend=backend), None
+    return base_models(bundle, backend)
+
+
+def is_federated(bundle) -> bool:
+    """Whether ``bundle`` is a version a federation published: it carries the trained embedding head
+    (``head.npz``, manifest ``trainable.strategy == "federated-head"``)."""
+    return (bundle.manifest.get("trainable") or {}).get("strategy") == "federated-head"
+
+
+def head_params(bundle) -> dict:
+    """The embedding head a bundle scores with: a federated version's trained ``head.npz``, else the
+    bundle's own classifier recovered on the embedding (``edge.adapt.classifier_from_bundle``)."""
+    if is_federated(bundle):
+        from edge.fl.model import load_head
+
+        return load_head(bundle)
+    from edge.adapt import classifier_from_bundle
+
+    return classifier_from_bundle(bundle)
+
+
+def base_models(bundle, backend: str = "auto"):
+    """(model, head) of a bundle with nothing adapted: its encoder's own posteriors, or for a federated
+    version the encoder's embedding through the head the federation trained (what the rounds improve)."""
+    from edge.kws import KeywordModel
+
+    km = KeywordModel(bundle, backend=backend)
+    if is_federated(bundle):
+        from edge.adapt import EmbeddingHead
+
+        return km, EmbeddingHead(head_params(bundle))
+    return km, None
 
 
 def calibrated_for(bundle, state_dir) -> dict:

@@ -223,6 +223,10 @@ def test_joins_a_round_then_pulls_checks_and_uses_the_new_version(enrolled, tmp_
     now = agent.device.bundle.version
     assert st["version"].endswith(f" v{now}") and now >= versions[-1] and st["last_health"]["ok"]
     assert Device(state, agent.device.bundle).status()["keywords"] == ["hey edge"]  # carried to the new version
+    from edge.fl import load_head
+
+    km, head = agent.device.models()  # detection scores with the head the federation trained
+    assert head is not None and set(head.base) >= set(load_head(agent.device.bundle))
     # a restart starts on the installed version, not the shipped one
     again = Agent(state, AgentConfig(source=[], aggregator=aggregator["url"], device_id="pi-0",
                                      device_key=aggregator["key"]), trusted_keys=trusted)

@@ -29,7 +29,9 @@ import hashlib
 
 import numpy as np
 
+from edge.adapt.sampling import Batches
 from edge.adapt.trainer import mix_replay
+from edge.errors import EdgelearnError
 
 
 def data_digest(x, y) -> str:
@@ -46,7 +48,8 @@ def _fits(state: dict, ck: dict) -> bool:
 def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, replay=None,
           replay_n: int = 16, should_continue=lambda: True, checkpoint_every: int = 50,
           seed: int = 0, teacher=None, distill: float = 0.5, charge_seq: int | None = None,
-          stage=None) -> dict:
+          stage=None, balance: bool = False, negatives=(), negative_share: float | None = None,
+          negative_distill: float = 0.0) -> dict:
     """Run ``steps`` steps (or resume them); see the module docstring.
 
     With ``teacher`` (``x -> probs`` of the model before adapting, e.g. the bundle's tail), the
@@ -61,10 +64,25 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
     ``stage``: a callable giving ``{path relative to the state directory: bytes}`` to commit with
     the new version (the replay buffer with this run's examples); ``charge_seq``: see the module
     docstring.
+
+    ``balance``, ``negatives`` (label ids, e.g. ``_unknown_`` and ``_silence_``), ``negative_share``:
+    how each batch draws the local examples (``edge.adapt.sampling.Batches``); ``negative_distill``
+    (with ``teacher``): the local examples labelled ``negatives`` get the targets
+    ``(1 - w) * label + w * teacher(x)``, so the tail keeps the base model's view of the place's
+    own audio as well as its label.
     """
     info = {"context": context, "strategy": trainer.strategy, "optimizer": trainer.optimizer,
             "steps": steps, "n": int(len(x)), "distill": float(distill) if teacher is not None else 0.0,
             "tensors": list(trainer.names), "base": store.current(context), "data": data_digest(x, y)}
+    batches = Batches(y, batch, seed=seed, balance=balance, negatives=negatives, negative_share=negative_share)
+    negative_distill = float(negative_distill) if teacher is not None and negatives else 0.0
+    if not 0.0 <= negative_distill <= 1.0:
+        raise EdgelearnError(f"negative distillation weight {negative_distill} is outside 0..1",
+                             fix="pass a weight between 0 and 1")
+    if not batches.plain:
+        info["sampling"] = batches.describe()
+    if negative_distill > 0:
+        info["negative_distill"] = negative_distill
     done, charged, losses, first = 0, 0, [], None  # first: the run's first loss (kept across a pause)
     ck, ck_info = store.load_checkpoint()
     if ck is not None and {k: ck_info.get(k) for k in info} == info and _fits(trainer.state(), ck):
@@ -74,8 +92,15 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
             trainer.load_state({k: v for k, v in ck.items() if k != "cursor"})
             done, charged = ck_done, ck_charged
             first = ck_info.get("loss_first") if isinstance(ck_info.get("loss_first"), float) else None
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(x))
+    local_soft = None  # the teacher's posteriors on the local negatives (rows of x; others unused)
+    if negative_distill > 0:
+        neg = np.nonzero(np.isin(np.asarray(y), list(negatives)))[0]
+        if len(neg):
+            local_soft = np.zeros((len(x), trainer.tail.n_classes), np.float32)
+            for a in range(0, len(neg), 256):
+                local_soft[neg[a:a + 256]] = teacher(np.asarray(x[neg[a:a + 256]]))
+            is_neg = np.zeros(len(x), bool)
+            is_neg[neg] = True
     pool, conv = None, hasattr(trainer, "replay_pool")
     if conv:  # the conv tail: its frozen prefix and the teacher's posteriors are computed once per run
         pool = trainer.replay_pool(replay, np.shape(x)[1:], teacher if distill > 0 else None)
@@ -86,7 +111,7 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
             store.save_checkpoint(trainer.state(), {**info, "done": done, "charged": done if charge else charged,
                                                     "charge": charge, "loss_first": first})
             return {"status": "paused", "steps_done": done, "loss": losses[-1] if losses else None}
-        idx = order[(done * batch + np.arange(batch)) % len(x)]
+        idx = batches(done)
         soft = None
         if pool is not None:
             bx, by, soft = pool.mix(x[idx], y[idx], replay_n)
@@ -97,10 +122,15 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
             if teacher is not None and distill > 0 and len(by) > len(idx):
                 soft = teacher(bx[len(idx):])
         targets = None
-        if soft is not None:
+        if soft is not None or local_soft is not None:
             targets = np.eye(trainer.tail.n_classes, dtype=np.float32)[by]
+        if soft is not None:
             r = slice(len(idx), None)
             targets[r] = (1.0 - distill) * targets[r] + distill * soft
+        if local_soft is not None:
+            rows = np.nonzero(is_neg[idx])[0]
+            w = negative_distill
+            targets[rows] = (1.0 - w) * targets[rows] + w * local_soft[idx[rows]]
         losses.append(trainer.step(bx, by, targets=targets))
         first = losses[-1] if first is None else first
         done += 1

@@ -10,6 +10,15 @@ from __future__ import annotations
 
 import json
 
+from host.aggregator.config import CODECS, AggregatorConfig
+from host.config_args import add_config_arguments, config_from_args
+from host.fl.strategies import STRATEGIES
+
+# the AggregatorConfig fields `aggregator init` offers as options (the rest keep their defaults)
+INIT_FIELDS = ("mode", "strategy", "clients_per_round", "overselect", "max_overselect", "round_timeout",
+               "buffer_size", "codec", "dp_clip", "dp_noise", "secure_aggregation", "checkin_max_skew")
+CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS}
+
 
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="action", required=True)
@@ -20,21 +29,11 @@ def add_arguments(p) -> None:
     i.add_argument("--heldout", help="npz with X (N, D) embeddings and y labels for the publication check")
     i.add_argument("--heldout-corpus", action="store_true",
                    help="use embeddings of the corpus test voices as the held-out set")
-    i.add_argument("--mode", choices=["sync", "async"], default="sync")
-    i.add_argument("--strategy", default="fedavg", choices=["fedavg", "fedavgm", "fedprox", "trimmed_mean", "median"])
-    i.add_argument("--clients-per-round", type=int, default=10)
-    i.add_argument("--overselect", type=float, default=1.3, help="select at least this many times the quorum")
-    i.add_argument("--max-overselect", type=float, default=3.0,
-                   help="... and at most this many, as observed drop-outs and latency demand")
-    i.add_argument("--round-timeout", type=float, default=120.0)
-    i.add_argument("--buffer-size", type=int, default=10)
-    i.add_argument("--codec", choices=["dense_f32", "int8", "topk_int8"], default="int8")
-    i.add_argument("--dp-clip", type=float, default=0.0)
-    i.add_argument("--dp-noise", type=float, default=0.0)
-    i.add_argument("--secure-aggregation", action="store_true",
-                   help="pairwise-masked sums only (Linux clients; sync mode; not with trimmed_mean/median)")
-    i.add_argument("--checkin-max-skew", type=float, default=0.0,
-                   help="refuse check-ins dated further than this many seconds from the aggregator clock")
+    add_config_arguments(i, AggregatorConfig, INIT_FIELDS, choices=CHOICES, help={
+        "overselect": "select at least this many times the quorum",
+        "max_overselect": "... and at most this many, as observed drop-outs and latency demand",
+        "secure_aggregation": "pairwise-masked sums only (Linux clients; sync mode; not with trimmed_mean/median)",
+        "checkin_max_skew": "refuse check-ins dated further than this many seconds from the aggregator clock"})
     v = sub.add_parser("provision", help="register a device and write its HMAC key file")
     v.add_argument("--state", required=True)
     v.add_argument("--device", required=True)
@@ -55,16 +54,10 @@ def run(args) -> int:
 
 
 def init(args) -> int:
-    from host.aggregator.config import AggregatorConfig
     from host.aggregator.setup import init_state
 
     heldout = _heldout(args)
-    cfg = AggregatorConfig(mode=args.mode, strategy=args.strategy, clients_per_round=args.clients_per_round,
-                           overselect=args.overselect, max_overselect=args.max_overselect,
-                           round_timeout=args.round_timeout, secure_aggregation=args.secure_aggregation,
-                           checkin_max_skew=args.checkin_max_skew,
-                           buffer_size=args.buffer_size, codec=args.codec, dp_clip=args.dp_clip,
-                           dp_noise=args.dp_noise)
+    cfg = config_from_args(AggregatorConfig, args, INIT_FIELDS)
     v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout)
     print(f"aggregator state in {args.state}: model version {v} published")
     return 0

@@ -15,6 +15,9 @@ from edge.errors import EdgelearnError
 from edge.atomic import atomic_write
 
 
+CODECS = ("dense_f32", "int8", "topk_int8")  # the update codecs a round may ask for (docs/wire-format.md)
+
+
 @dataclass
 class AggregatorConfig:
     mode: str = "sync"                 # "sync" rounds or "async" (FedBuff)
@@ -75,7 +78,7 @@ class AggregatorConfig:
         if self.overselect < 1 or self.max_overselect < self.overselect:
             problems.append(f"overselect={self.overselect}, max_overselect={self.max_overselect}: "
                             "need 1 <= overselect <= max_overselect")
-        if self.codec not in ("dense_f32", "int8", "topk_int8"):
+        if self.codec not in CODECS:
             problems.append(f"codec={self.codec!r}")
         if self.adapt_strategy not in ("", *ADAPT_STRATEGIES):
             problems.append(f"adapt_strategy={self.adapt_strategy!r}")

@@ -16,6 +16,15 @@ import socket
 import threading
 import time
 
+from host.config_args import add_config_arguments, config_from_args
+from host.serve.config import ServeConfig
+
+# the ServeConfig fields `edgelearn serve` offers as options (seconds shown as ms or s), in --help order
+SERVE_FIELDS = ("replicas", "max_batch_size", "max_queue_delay", "max_queue", "max_queue_wait",
+                "max_inflight_per_replica", "tenant_rate", "tenant_burst", "max_body_bytes", "breaker_slow_call",
+                "breaker_open", "fault_injection")
+UNITS = {"max_queue_delay": "ms", "max_queue_wait": "ms", "breaker_slow_call": "ms", "breaker_open": "s"}
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--bundle", required=True, help="bundle directory or .zip to serve")
@@ -25,37 +34,23 @@ def add_arguments(parser) -> None:
     parser.add_argument("--allow-unsigned", action="store_true", help="serve an unsigned bundle (local experiments)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--replicas", type=int, default=2, help="worker processes per model version")
-    parser.add_argument("--max-batch-size", type=int, default=32)
-    parser.add_argument("--max-queue-delay-ms", type=float, default=0.0)
-    parser.add_argument("--max-queue", type=int, default=128, help="queued requests per version before 503")
-    parser.add_argument("--max-queue-wait-ms", type=float, default=0.0,
-                        help="503 at arrival when the predicted wait for a replica exceeds this (0 = off)")
-    parser.add_argument("--max-inflight-per-replica", type=int, default=2,
-                        help="batches sent to a replica before it counts as busy (1 = lowest queueing latency)")
-    parser.add_argument("--tenant-rate", type=float, default=1000.0, help="requests/s per tenant (X-Tenant)")
-    parser.add_argument("--tenant-burst", type=float, default=2000.0)
-    parser.add_argument("--max-body-bytes", type=int, default=4 << 20)
-    parser.add_argument("--breaker-slow-call-ms", type=float, default=250.0,
-                        help="a replica call slower than this counts as a failure for its circuit breaker")
-    parser.add_argument("--breaker-open-s", type=float, default=2.0, help="seconds a breaker stays open before probing")
+    add_config_arguments(parser, ServeConfig, SERVE_FIELDS[:-1], units=UNITS, help={
+        "replicas": "worker processes per model version",
+        "max_queue": "queued requests per version before 503",
+        "max_queue_wait": "503 at arrival when the predicted wait for a replica exceeds this (0 = off)",
+        "max_inflight_per_replica": "batches sent to a replica before it counts as busy (1 = lowest queueing latency)",
+        "tenant_rate": "requests/s per tenant (X-Tenant)",
+        "breaker_slow_call": "a replica call slower than this counts as a failure for its circuit breaker",
+        "breaker_open": "seconds a breaker stays open before probing"})
     parser.add_argument("--rollout-dir", default=None,
                         help="directory from which POST /v2/repository/models/M/load may take new bundles")
-    parser.add_argument("--fault-injection", action="store_true",
-                        help="enable POST /v2/debug/.../fault (benchmarks only; never in production)")
+    add_config_arguments(parser, ServeConfig, SERVE_FIELDS[-1:], help={
+        "fault_injection": "enable POST /v2/debug/.../fault (benchmarks only; never in production)"})
 
 
 def build(args):
     from host.serve.app import Server
-    from host.serve.config import ServeConfig
-
-    cfg = ServeConfig(replicas=args.replicas, max_batch_size=args.max_batch_size,
-                      max_queue_delay=args.max_queue_delay_ms / 1000.0, max_queue=args.max_queue,
-                      max_queue_wait=args.max_queue_wait_ms / 1000.0,
-                      max_inflight_per_replica=args.max_inflight_per_replica,
-                      tenant_rate=args.tenant_rate, tenant_burst=args.tenant_burst,
-                      max_body_bytes=args.max_body_bytes, fault_injection=args.fault_injection,
-                      breaker_slow_call=args.breaker_slow_call_ms / 1000.0, breaker_open=args.breaker_open_s)
+    cfg = config_from_args(ServeConfig, args, SERVE_FIELDS, units=UNITS)
     return Server(cfg, trusted_keys=args.pubkey, allow_unsigned=args.allow_unsigned, rollout_dir=args.rollout_dir)
 
 

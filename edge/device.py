@@ -245,10 +245,12 @@ class Device:
         return _events(det, source, mic, store)
 
     def detector(self, *, keywords=None, threshold=None, sensitivity: float | None = None, stride: int = 4,
-                 confirm: float = 0.9, replay: bool = True):
+                 confirm: float = 0.9, replay: bool = True, enrolled=None):
         """(``edge.detect.Detector``, the tail replay store it feeds or None) for the state's keywords,
         active model and operating points (the options are ``detect``'s): what ``detect`` streams
-        through, and what the agent swaps when the model changes (``Detector.continue_from``)."""
+        through, and what the agent swaps when the model changes (``Detector.continue_from``).
+        ``enrolled``: names of the enrolled keywords to detect (None: every one; the Wyoming
+        server's ``detect`` names, edge/wyoming.py)."""
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
                                  fix="pass threshold=T, or sensitivity=FA_PER_HOUR after `calibrate`")
@@ -256,6 +258,11 @@ class Device:
 
         bundle = self.bundle
         state = self.enrolled()
+        if enrolled is not None:
+            from edge.enroll import DeviceState
+
+            state = DeviceState(state.root, state.model_id, state.version,
+                                [k for k in state.keywords if k["name"] in set(enrolled)], bundle)
         self.recover()
         km, head = self.models()
         if keywords == "all":

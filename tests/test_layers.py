@@ -31,7 +31,10 @@ MICROPYTHON = {
     "socket", "ssl", "struct", "sys", "time", "uctypes", "zlib", "deflate", "framebuf",
     "machine", "network", "esp", "esp32", "bluetooth", "vfs", "ulab",
 }
-EDGE_THIRD_PARTY = {"numpy", "cryptography", "ai_edge_litert", "tflite_runtime", "onnxruntime", "tflite_micro"}
+EDGE_THIRD_PARTY = {"numpy", "cryptography", "ai_edge_litert", "tflite_runtime", "onnxruntime", "tflite_micro",
+                    # the Wyoming protocol (edge/wyoming.py, `edgelearn wyoming`): pure Python, the
+                    # optional `wyoming` extra; the server runs on the device
+                    "wyoming"}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:

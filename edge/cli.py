@@ -4,7 +4,11 @@ Each subcommand lives in its own module, named in ``COMMANDS`` and imported
 only when that subcommand runs, so ``edgelearn device detect`` on a Raspberry
 Pi never imports TensorFlow and a missing optional package is one clear line.
 
-A command module provides ``add_arguments(parser)`` and ``run(args) -> int``.
+A command module provides ``add_arguments(parser)`` and ``run(args) -> int`` and nothing else
+(argument parsing and printing; the work is library code, callable the same from Python). One
+module per command, one place per layer (docs/design.md): ``edge/commands/NAME.py`` for the
+device-side commands (they run on a Pi with only the plain install, so they import nothing from
+``host/``), ``host/commands/NAME.py`` for the host-side ones.
 
     $ edgelearn bundle verify models/kws-dscnn-s
 """
@@ -19,21 +23,21 @@ from edge.errors import EdgelearnError
 
 # name -> (module, one-line help). Add new commands here.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("host.demo", "end-to-end demo on the shipped model"),
-    "data": ("host.data.cli", "build the synthetic keyword corpus or check your own"),
-    "train": ("host.train", "train the DS-CNN keyword encoder (needs the host extra)"),
-    "quantize": ("host.quantize", "int8 TFLite and ONNX from a trained model"),
-    "bundle": ("host.bundle", "sign, verify and inspect model bundles"),
-    "model": ("host.recipe", "rebuild the shipped model from scratch (data, train, quantize, bundle)"),
-    "spot": ("edge.spot", "classify WAV clips with a bundle"),
-    "bench": ("host.benchcmd", "run benchmarks and print their JSON results"),
-    "serve": ("host.serve.cli", "serve a bundle over the Open Inference Protocol (needs the serve extra)"),
-    "partition": ("host.partition.cli", "plan a model for a target and write a target-specific signed bundle"),
-    "device": ("edge.device_cli", "on-device keyword detection, enrolment, adaptation and status"),
-    "report": ("host.partition.report", "per-layer memory, MACs, placement and training plan of a model or bundle"),
-    "aggregator": ("host.aggregator.cli", "federated aggregator service: init, provision devices, serve, status"),
-    "fleet": ("host.fleet.cli", "simulate a fleet of devices federating over loopback HTTP, with plots"),
-    "flash": ("host.flash", "deploy the MicroPython firmware and an MCU bundle to a board (or the pty rig)"),
+    "demo": ("host.commands.demo", "end-to-end demo on the shipped model"),
+    "data": ("host.commands.data", "build the synthetic keyword corpus or check your own"),
+    "train": ("host.commands.train", "train the DS-CNN keyword encoder (needs the host extra)"),
+    "quantize": ("host.commands.quantize", "int8 TFLite and ONNX from a trained model"),
+    "bundle": ("host.commands.bundle", "sign, verify and inspect model bundles"),
+    "model": ("host.commands.model", "rebuild the shipped model from scratch (data, train, quantize, bundle)"),
+    "spot": ("edge.commands.spot", "classify WAV clips with a bundle"),
+    "bench": ("host.commands.bench", "run benchmarks and print their JSON results"),
+    "serve": ("host.commands.serve", "serve a bundle over the Open Inference Protocol (needs the serve extra)"),
+    "partition": ("host.commands.partition", "plan a model for a target and write a target-specific signed bundle"),
+    "device": ("edge.commands.device", "on-device keyword detection, enrolment, adaptation and status"),
+    "report": ("host.commands.report", "per-layer memory, MACs, placement and training plan of a model or bundle"),
+    "aggregator": ("host.commands.aggregator", "federated aggregator service: init, provision devices, serve, status"),
+    "fleet": ("host.commands.fleet", "simulate a fleet of devices federating over loopback HTTP, with plots"),
+    "flash": ("host.commands.flash", "deploy the MicroPython firmware and an MCU bundle to a board (or the pty rig)"),
     "wyoming": ("edge.wyoming_cli", "serve the device's keywords as Wyoming wake words (Home Assistant)"),
 }
 

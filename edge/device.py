@@ -1,6 +1,6 @@
 """One device: a state directory and a bundle, and everything ``edgelearn device`` does with them.
 
-``Device`` owns the device's operations; ``edge.device_cli`` parses arguments, makes one call and
+``Device`` owns the device's operations; ``edge.commands.device`` parses arguments, makes one call and
 prints what it returns. Nothing here parses arguments or prints: bad input is an ``EdgelearnError``
 that says what to do.
 

@@ -1,4 +1,5 @@
-"""Build, sign, authenticate and package model bundles; the ``edgelearn bundle`` command.
+"""Build, sign, authenticate and package model bundles; ``edgelearn bundle``
+(``host/commands/bundle.py``) runs them.
 
     >>> from host.bundle import build_bundle
     >>> build_bundle("out/kws", {"encoder_int8.tflite": Path("enc.tflite")},
@@ -6,10 +7,6 @@
     ...               "partitions": [{"name": "encoder", "file": "encoder_int8.tflite", "format": "tflite",
     ...                               "placement": "cpu", "precision": "int8"}]},
     ...              private_key_path="keys/release.key")
-
-    $ edgelearn bundle keygen --out keys
-    $ edgelearn bundle verify out/kws --pubkey keys/edgelearn.pub
-    $ edgelearn bundle inspect out/kws --json
 """
 
 from __future__ import annotations
@@ -203,73 +200,3 @@ def _sig_key_id(path: Path):
                 return f.read(4096).decode().split()[1]
     except (OSError, KeyError, IndexError, UnicodeDecodeError):
         return None
-
-
-def add_arguments(parser) -> None:
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    p = sub.add_parser("keygen", help="write a new Ed25519 key pair (or --device: an HMAC device key)")
-    p.add_argument("--out", required=True, help="directory for NAME.key (mode 0600) and NAME.pub")
-    p.add_argument("--name", default=None, help="file stem (default: edgelearn, or device with --device)")
-    p.add_argument("--device", action="store_true", help="make a provisioned MCU device key NAME.hmac instead")
-    p = sub.add_parser("sign", help="sign a bundle directory's manifest")
-    p.add_argument("bundle")
-    p.add_argument("--key", help="Ed25519 private key file")
-    p.add_argument("--device-key", help="also (or only) write manifest.mac with this HMAC device key")
-    p.add_argument("--refresh", action="store_true", help="recompute the file table from the directory first")
-    p = sub.add_parser("verify", help="verify signature, digests, sizes and names")
-    p.add_argument("bundle")
-    p.add_argument("--pubkey", help="trusted public key file or directory of .pub files")
-    p.add_argument("--device-key", help="authenticate with manifest.mac and this device key instead")
-    p.add_argument("--allow-unsigned", action="store_true", help="accept an unsigned bundle (with a warning)")
-    p = sub.add_parser("inspect", help="print the manifest summary")
-    p.add_argument("bundle")
-    p.add_argument("--pubkey", help="also verify the signature with this key")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p = sub.add_parser("zip", help="package a verified bundle directory as one .zip")
-    p.add_argument("bundle")
-    p.add_argument("--out", required=True, help="the .zip to write")
-
-
-def run(args) -> int:
-    if args.action == "keygen":
-        if args.device:
-            print(f"wrote {hk.generate_device_key(args.out, name=args.name or 'device')} (mode 0600)")
-        else:
-            priv, pub = hk.generate_keypair(args.out, name=args.name or "edgelearn")
-            print(f"wrote {priv} (private, mode 0600: keep it off devices and out of git)\nwrote {pub} (give this to devices)")
-    elif args.action == "sign":
-        if not args.key and not args.device_key:
-            raise BundleError("nothing to sign with", fix="pass --key PRIVATE_KEY and/or --device-key DEVICE_KEY")
-        if args.key:
-            print(f"signed {args.bundle} with key {sign_bundle(args.bundle, args.key, refresh=args.refresh)}")
-        if args.device_key:
-            print(f"wrote {eb.MAC} for device key {add_device_mac(args.bundle, args.device_key)}")
-    elif args.action == "verify":
-        if not (args.pubkey or args.device_key or args.allow_unsigned):
-            raise BundleError("no key to verify with", fix="pass --pubkey KEY.pub (or --device-key for the MCU scheme)")
-        key = Path(args.device_key) if args.device_key else None
-        b = eb.load_bundle(args.bundle, trusted_keys=args.pubkey, device_key=key, allow_unsigned=args.allow_unsigned)
-        print(f"OK {b.model_id} v{b.version}: {len(b.manifest['files'])} files verified, "
-              f"{b.authenticated_by} key {b.key_id}")
-    elif args.action == "inspect":
-        s = summary(args.bundle, args.pubkey)
-        if args.json:
-            print(json.dumps(s, indent=2, sort_keys=True))
-        else:
-            _print_summary(s)
-    elif args.action == "zip":
-        print(f"wrote {zip_bundle(args.bundle, args.out)}")
-    return 0
-
-
-def _print_summary(s: dict) -> None:
-    sig = s["signature"]
-    state = "verified" if sig["verified"] else "NOT verified (pass --pubkey)"
-    print(f"model    {s['model_id']}  version {s['version']}  created {s['created_utc']}")
-    print(f"labels   {', '.join(s['labels'])}")
-    print(f"target   {s['target'] if not isinstance(s['target'], dict) else s['target'].get('name', s['target'])}")
-    print(f"signed   key {sig['key_id'] or '(unsigned)'}  {state if sig['key_id'] else ''}")
-    print(f"{'partition':<16}{'file':<28}{'format':<10}{'placement':<11}{'precision':<11}{'bytes':>10}")
-    for p in s["partitions"]:
-        print(f"{p['name']:<16}{p['file']:<28}{p['format']:<10}{p['placement']:<11}{str(p['precision'] or '-'):<11}{p['bytes']:>10}")
-    print(f"total    {s['files']} files, {s['total_bytes']} bytes")

@@ -1,4 +1,5 @@
-"""``edgelearn flash``: deploy the firmware and an MCU bundle to a board over its raw REPL.
+"""Deploy the firmware and an MCU bundle to a board over its raw REPL (``flash``);
+``edgelearn flash`` (``host/commands/flash.py``) runs it.
 
 Compiles ``edge/portable`` and ``firmware`` to .mpy, copies them with the
 bundle's MicroPython blob, its graph and a ``bundle.json`` (into
@@ -12,17 +13,14 @@ frozen in a ROMFS image, as an ESP32 firmware image would carry them (so the
 firmware fits the 100 KB heap, docs/firmware.md), and the deploy copies only
 what a board keeps in its filesystem: the bundle, the config and the key.
 
-    $ edgelearn flash --port /dev/ttyUSB0 --bundle models/kws-mcu-tcnn --device-key keys/esp32-07.key
-    $ edgelearn flash --port pty --fs build/pty-board
+    >>> with PtyRig(fs_dir=Path("build/pty-board")) as rig:      # host.board.rigs
+    ...     flash(rig.transport(), Path("models/kws-mcu-tcnn"), "esp32-01", None)
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
-
-from host.board.fs import DEFAULT_BUNDLE
 
 CHECK = """
 from firmware.board import make_board
@@ -37,14 +35,6 @@ gc.collect()
 """
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--port", required=True, help="serial port (/dev/ttyUSB0, COM3) or 'pty' for the unix-port rig")
-    p.add_argument("--bundle", type=Path, default=DEFAULT_BUNDLE, help="bundle with an mpy-blob partition")
-    p.add_argument("--device-id", default="esp32-01")
-    p.add_argument("--device-key", type=Path, help="provisioned device key file (edgelearn-hmac-key <hex>)")
-    p.add_argument("--fs", type=Path, help="with --port pty: the directory that is the board's filesystem")
-
-
 def flash(transport, bundle: Path, device_id: str, key: bytes | None, progress=None) -> list[str]:
     """Deploy to an open ``host.board.transport.BoardTransport``; returns the board's check output lines."""
     from host.board.fs import board_files
@@ -56,32 +46,3 @@ def flash(transport, bundle: Path, device_id: str, key: bytes | None, progress=N
         transport.deploy(files, progress=progress)
         out = transport.exec(CHECK, timeout=120)
     return out.strip().splitlines()
-
-
-def run(args) -> int:
-    from edge.bundle import load_hmac_key
-    from host.board.rigs import open_rig
-
-    key = load_hmac_key(args.device_key) if args.device_key else None
-    if args.port == "pty":
-        from host.board.rigs import PtyRig
-        if args.fs is None:
-            sys.stderr.write("flash: --port pty needs --fs DIR (the board's filesystem)\n")
-            return 2
-        args.fs.mkdir(parents=True, exist_ok=True)
-        rig = PtyRig(fs_dir=args.fs)
-    else:
-        rig = open_rig(args.port if args.port.startswith("serial:") else "serial:" + args.port)
-    with rig:
-        t = rig.transport()
-        try:
-            lines = flash(t, args.bundle, args.device_id, key,
-                          progress=lambda i, n, name: sys.stderr.write(f"\rflash: {i}/{n} {name:40s}"))
-        finally:
-            t.close()
-    sys.stderr.write("\n")
-    for line in lines:
-        print(line)
-    if key is None:
-        print("note: no --device-key given; the board cannot sign updates until one is provisioned")
-    return 0 if any(line.startswith("MODEL") for line in lines) else 1

@@ -1,14 +1,15 @@
-"""``edgelearn quantize``: full-integer int8 TFLite and int8 ONNX (QDQ) from a trained model.
+"""Full-integer int8 TFLite and int8 ONNX (QDQ) from a trained model (``quantize``);
+``edgelearn quantize`` (``host/commands/quantize.py``) runs it.
 
 TFLite: the TFLite converter with a representative dataset from the training
 split, per-channel weights, int8 input and outputs. ONNX: tf2onnx export, ONNX
 Runtime ``quant_pre_process`` then ``quantize_static`` (QDQ, per-channel, int8
 activations and weights) calibrated on the same clips. Each int8 model is
-scored beside fp32 on the same clips; if one loses more than ``--max-drop``
+scored beside fp32 on the same clips; if one loses more than ``max_drop``
 points, the layers with the largest quantisation error (per-layer outputs
 compared against fp32) are kept in float, one at a time, until it does not.
 
-    $ edgelearn quantize --model build/kws --out build/kws
+    >>> quantize("build/kws", "build/kws")["metrics"]
 """
 
 from __future__ import annotations
@@ -20,18 +21,6 @@ from pathlib import Path
 import numpy as np
 
 CALIBRATION_CLIPS = 600
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--model", required=True, type=Path, help="directory written by `edgelearn train`")
-    p.add_argument("--out", type=Path, help="output directory (default: the model directory)")
-    p.add_argument("--max-drop", type=float, default=1.0, help="allowed int8 loss, accuracy points")
-
-
-def run(args) -> int:
-    res = quantize(args.model, args.out or args.model, max_drop=args.max_drop)
-    print(json.dumps(res["metrics"], indent=1))
-    return 0
 
 
 def calibration_features(corpus, scale, n=CALIBRATION_CLIPS, seed=1) -> np.ndarray:

@@ -1,10 +1,11 @@
-"""``edgelearn model``: rebuild the shipped bundle from nothing but Debian's synthesizers.
+"""Rebuild the shipped bundle from nothing but Debian's synthesizers (``rebuild``); ``edgelearn
+model`` (``host/commands/model.py``) runs it.
 
 Corpus -> train -> int8 TFLite + ONNX -> the verifier's phone model (``host/phones.py``) ->
-negative bank -> model card -> signed bundle. Intermediate products go to ``--work`` (default ``build/kws``);
-``--reuse`` skips steps whose outputs are already there.
+negative bank -> model card -> signed bundle. Intermediate products go to ``work`` (default ``build/kws``);
+``reuse`` skips steps whose outputs are already there.
 
-    $ edgelearn model --out models/kws-dscnn-s --key ~/.config/edgelearn/release.key
+    >>> rebuild(Path("models/kws-dscnn-s"), key=Path("~/.config/edgelearn/release.key").expanduser())
 """
 
 from __future__ import annotations
@@ -21,18 +22,6 @@ from host.tail_export import PREFIX_FILE, PREFIX_LAYER
 MODEL_ID = "kws-dscnn-s"
 DEFAULT_KEY = Path.home() / ".config" / "edgelearn" / "release.key"
 NEGATIVES = 1600
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--out", type=Path, default=Path("models") / MODEL_ID)
-    p.add_argument("--work", type=Path, default=Path("build") / "kws")
-    p.add_argument("--key", type=Path, default=DEFAULT_KEY,
-                   help="Ed25519 private key to sign with (created if missing)")
-    p.add_argument("--pubkey-out", type=Path, default=Path("models") / "keys",
-                   help="where the matching public key is written")
-    p.add_argument("--version", type=int, default=1, help="bundle version (monotonic)")
-    p.add_argument("--epochs", type=int, default=60)
-    p.add_argument("--reuse", action="store_true", help="reuse training/quantisation outputs in --work")
 
 
 def ensure_key(key: Path, pub_dir: Path) -> Path:
@@ -134,7 +123,12 @@ def build_manifest(work: Path, version: int, scale, train_m: dict, quant_m: dict
     }
 
 
-def run(args) -> int:
+def rebuild(out: Path, work: Path = Path("build") / "kws", key: Path = DEFAULT_KEY,
+            pubkey_out: Path = Path("models") / "keys", version: int = 1, epochs: int = 60,
+            reuse: bool = False) -> Path:
+    """Rebuild the shipped bundle into ``out`` (intermediate products in ``work``; ``reuse``: skip
+    steps whose outputs are already there), signed with ``key`` (created if missing, its public
+    half written to ``pubkey_out``); returns the key it signed with."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from host import model_card
     from host.bundle import build_bundle
@@ -142,13 +136,12 @@ def run(args) -> int:
     from host.quantize import quantize
     from host.train import train
 
-    work = args.work
     corpus = build_corpus()
-    if not (args.reuse and (work / "model.keras").exists()):
-        train(work, epochs=args.epochs, corpus=corpus)
-    if not (args.reuse and (work / "quant_metrics.json").exists()):
+    if not (reuse and (work / "model.keras").exists()):
+        train(work, epochs=epochs, corpus=corpus)
+    if not (reuse and (work / "quant_metrics.json").exists()):
         quantize(work, work, corpus=corpus)
-    if not (args.reuse and (work / "tail.npz").exists() and (work / PREFIX_FILE).exists()):
+    if not (reuse and (work / "tail.npz").exists() and (work / PREFIX_FILE).exists()):
         from tensorflow import keras
 
         from host.quantize import calibration_features
@@ -156,12 +149,12 @@ def run(args) -> int:
 
         scale0 = json.loads((work / "frontend.json").read_text())["scale"]
         model, calib = keras.models.load_model(work / "model.keras"), calibration_features(corpus, scale0)
-        if args.reuse and (work / "tail.npz").exists():
+        if reuse and (work / "tail.npz").exists():
             export_prefix(model, calib, work)  # a build from before the tail prefix: add it alone
         else:
             export_tail(model, calib, work)
     scale = json.loads((work / "frontend.json").read_text())["scale"]
-    if not (args.reuse and (work / "phones_int8.tflite").exists()):
+    if not (reuse and (work / "phones_int8.tflite").exists()):
         from host.data.corpus import default_cache_dir
         from host.phones import train_phones
 
@@ -176,12 +169,11 @@ def run(args) -> int:
     emb_i = [i for i, t in enumerate(enc.outputs) if t.shape[-1] == 64][0]
     np.save(work / "negatives.npy",
             negative_bank(lambda f: enc.run(f[..., None])[emb_i], corpus, scale))
-    manifest = build_manifest(work, args.version, scale, train_m, quant_m, cross)
+    manifest = build_manifest(work, version, scale, train_m, quant_m, cross)
     (work / "MODEL_CARD.md").write_text(model_card.render(manifest, train_m, quant_m, cross))
-    key = ensure_key(args.key, args.pubkey_out)
+    key = ensure_key(key, pubkey_out)
     files = {n: work / n for n in ("encoder_int8.tflite", "encoder_int8.onnx", "encoder_fp32.tflite",
                                    "backbone_int8.tflite", PREFIX_FILE, "phones_int8.tflite", "tail.npz",
                                    "negatives.npy", "MODEL_CARD.md")}
-    build_bundle(args.out, files, manifest, key)
-    print(f"model: wrote {args.out} (version {args.version}), signed with {key}")
-    return 0
+    build_bundle(out, files, manifest, key)
+    return key

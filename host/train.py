@@ -1,4 +1,5 @@
-"""``edgelearn train``: train the DS-CNN keyword encoder on the synthetic corpus.
+"""Train the DS-CNN keyword encoder on the synthetic corpus (``train``); ``edgelearn train``
+(``host/commands/train.py``) runs it.
 
 Augmentation is drawn fresh every epoch (:mod:`host.augment`) in a background
 thread while Keras trains the previous epoch. The checkpoint with the best
@@ -6,8 +7,7 @@ validation accuracy is kept. Writes ``OUT/model.keras``, ``OUT/frontend.json``
 (the per-coefficient feature scale), ``OUT/metrics.json`` and a training-curve
 PNG.
 
-    $ edgelearn train --out build/kws --epochs 40
-    $ edgelearn train --out build/no-festival --synths espeak     # leave Festival out
+    >>> train("build/kws", epochs=40)["metrics"]
 """
 
 from __future__ import annotations
@@ -20,27 +20,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--out", required=True, type=Path, help="output directory")
-    p.add_argument("--epochs", type=int, default=40)
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--synths", default="espeak,festival",
-                   help="synthesizers to train on (comma list); the rest are only evaluated")
-    p.add_argument("--max-minutes", type=float, default=28.0,
-                   help="stop after this much training time (keeps the best epoch so far)")
-    p.add_argument("--threads", type=int, default=2)
-
-
-def run(args) -> int:
-    result = train(out=args.out, epochs=args.epochs, batch=args.batch, lr=args.lr,
-                   seed=args.seed, synths=tuple(args.synths.split(",")),
-                   max_minutes=args.max_minutes, threads=args.threads)
-    print(json.dumps(result["metrics"], indent=1))
-    return 0
 
 
 def feature_scale(clips: np.ndarray) -> list[float]:

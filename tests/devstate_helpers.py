@@ -52,7 +52,7 @@ def make_sysfs(root: Path) -> Path:
 
 
 def parse(argv) -> argparse.Namespace:
-    from edge import device_cli
+    from edge.commands import device as device_cli
 
     p = argparse.ArgumentParser(prog="edgelearn device")
     device_cli.add_arguments(p)
@@ -61,7 +61,7 @@ def parse(argv) -> argparse.Namespace:
 
 def run_device(argv) -> str:
     """Run ``edgelearn device ARGV`` in this process; returns its stdout, raises what it raises."""
-    from edge import device_cli
+    from edge.commands import device as device_cli
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

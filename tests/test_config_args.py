@@ -45,11 +45,10 @@ def test_an_unknown_field_is_a_programming_error():
 
 @pytest.mark.parametrize("command", ["aggregator", "fleet", "serve"])
 def test_each_cli_without_options_builds_the_default_config(command):
-    from host.aggregator import cli as agg
     from host.aggregator.config import AggregatorConfig
-    from host.fleet import cli as fleet
+    from host.commands import aggregator as agg
+    from host.commands import fleet, serve
     from host.fleet.simulate import SimConfig
-    from host.serve import cli as serve
     from host.serve.config import ServeConfig
 
     p = argparse.ArgumentParser()

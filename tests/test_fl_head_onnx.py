@@ -55,7 +55,7 @@ def test_serving_shim_answers_from_a_published_version(tmp_path):
     from host.aggregator.config import AggregatorConfig
     from host.aggregator.inprocess import make_state, small_params
     from host.serve.app import Server
-    from host.serve.cli import BackgroundServer
+    from host.serve.background import BackgroundServer
     from host.serve.config import ServeConfig
 
     p = small_params(3)

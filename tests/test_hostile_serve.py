@@ -154,7 +154,7 @@ def test_finite_in_range_values_still_decode_exactly(dt, data, binary):
 def live(tmp_path_factory):
     from host.keys import generate_keypair
     from host.serve.app import Server
-    from host.serve.cli import BackgroundServer
+    from host.serve.background import BackgroundServer
     from host.serve.config import ServeConfig
     from bench._toymodels import make_toy_bundle
 
@@ -227,7 +227,7 @@ def test_the_shipped_model_no_longer_labels_infinity(tmp_path):
     """The report: +Inf features to the shipped model were answered 200 with a plausible label."""
     from edge.kws import default_trusted_keys
     from host.serve.app import Server
-    from host.serve.cli import BackgroundServer
+    from host.serve.background import BackgroundServer
     from host.serve.config import ServeConfig
 
     with BackgroundServer(Server(ServeConfig(replicas=1), trusted_keys=default_trusted_keys()), bundle=SHIPPED) as url:

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from host.keys import generate_keypair
 from host.serve.app import Server
-from host.serve.cli import BackgroundServer
+from host.serve.background import BackgroundServer
 from host.serve.config import ServeConfig
 from bench._toymodels import make_toy_bundle
 

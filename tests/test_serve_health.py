@@ -96,7 +96,7 @@ def test_shipped_bundle_is_served_and_matches_onnxruntime(tmp_path):
     httpclient = pytest.importorskip("tritonclient.http")
     from edge.kws import default_trusted_keys
     from host.serve.app import Server
-    from host.serve.cli import BackgroundServer
+    from host.serve.background import BackgroundServer
     from host.serve.config import ServeConfig
 
     served = load_bundle_models(SHIPPED, default_trusted_keys(), work_dir=tmp_path)

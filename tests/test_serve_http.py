@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from host.keys import generate_keypair  # noqa: E402
 from host.serve.app import Server  # noqa: E402
-from host.serve.cli import BackgroundServer  # noqa: E402
+from host.serve.background import BackgroundServer  # noqa: E402
 from host.serve.config import ServeConfig  # noqa: E402
 from bench._toymodels import LABELS, make_toy_bundle  # noqa: E402
 

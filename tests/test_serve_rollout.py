@@ -13,7 +13,7 @@ import pytest
 
 from host.keys import generate_keypair
 from host.serve.app import Server
-from host.serve.cli import BackgroundServer
+from host.serve.background import BackgroundServer
 from host.serve.config import ServeConfig
 from bench._toymodels import make_toy_bundle
 

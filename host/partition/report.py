@@ -1,29 +1,16 @@
-"""``edgelearn report MODEL_OR_BUNDLE [--target NAME] [--json]``: per-layer table,
-totals, verdict, and a PNG chart of memory per layer.
-
-    $ edgelearn report models/kws-dscnn-s --target esp32
-    $ edgelearn report enc.tflite --target ethos-u55 --json > plan.json
+"""A partition plan as a per-layer table with totals and verdict (``format_table``), a PNG chart
+of memory per layer (``draw_chart``), and the model file inside a bundle (``resolve_model``);
+``edgelearn report`` (``host/commands/report.py``) prints them.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from edge.errors import EdgelearnError
-
-
-def add_arguments(p) -> None:
-    p.add_argument("model", type=Path, help=".tflite / .onnx model or a bundle (directory or .zip)")
-    p.add_argument("--target", default="esp32", help="profile name or path to your own profile .toml")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--chart", type=Path, help="where to write the PNG chart (default: next to the model)")
-    p.add_argument("--strategy", help="training strategy to budget for (default: the target's tier)")
-    p.add_argument("--objective", choices=("latency", "energy"), default="latency",
-                   help="what the device/cloud split minimises (Linux and phone targets)")
 
 
 def resolve_model(path: Path, tmp: Path | None = None) -> Path:
@@ -98,29 +85,3 @@ def format_table(plan) -> str:
         lines.append(f"split: {where}, uplink {s.tx_bytes:,} B, {s.latency_ms:.2f} ms, {s.energy_mj:.3f} mJ")
     lines.append(plan.verdict)
     return "\n".join(lines)
-
-
-def run(args) -> int:
-    from host.partition.graph import load_graph
-    from host.partition.plan import plan_partition
-    from host.partition.profiles import load_profile
-
-    profile = load_profile(args.target)
-    with tempfile.TemporaryDirectory() as tmp:
-        model = resolve_model(args.model, Path(tmp))
-        plan = plan_partition(load_graph(model), profile, objective=args.objective, strategy=args.strategy)
-    chart = args.chart or args.model.with_name(f"{args.model.stem}.{profile.name}.memory.png")
-    try:
-        draw_chart(plan, chart)
-    except OSError as e:
-        print(f"edgelearn report: could not write the chart to {chart} ({e})", file=sys.stderr)
-        chart = None
-    if args.json:
-        out = plan.as_json()
-        out["chart"] = str(chart) if chart else None
-        print(json.dumps(out, indent=1))
-    else:
-        print(format_table(plan))
-        if chart:
-            print(f"chart: {chart}")
-    return 0 if plan.fits else 1

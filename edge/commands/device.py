@@ -16,10 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from edge.device import Device, calibrated_for, check_distill, detection_models
-
-# the names bench/kws_base.py imports
-_models, _calibrated_for = detection_models, calibrated_for
+from edge.device import Device, check_distill
 
 
 def add_arguments(p) -> None:

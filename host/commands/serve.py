@@ -3,18 +3,11 @@
     $ edgelearn serve --bundle models/kws-dscnn-s --pubkey keys/edgelearn.pub --port 8000
     $ curl localhost:8000/v2/models/kws-dscnn-s
 
-``BackgroundServer`` runs the same thing on a thread with an ephemeral loopback
-port, for tests and benchmarks:
-
-    >>> with BackgroundServer(server, bundle="b") as url:
-    ...     httpx.get(url + "/v2/health/ready")
+The server is ``host.serve.app.Server``; ``host.serve.background.BackgroundServer`` runs it on a
+thread with an ephemeral loopback port, for the demo, tests and benchmarks.
 """
 
 from __future__ import annotations
-
-import socket
-import threading
-import time
 
 from host.config_args import add_config_arguments, config_from_args
 from host.serve.config import ServeConfig
@@ -68,34 +61,3 @@ def run(args) -> int:
     uvicorn.run(server.app(bundle=args.bundle), host=args.host, port=args.port, log_level="warning",
                 access_log=False)
     return 0
-
-
-class BackgroundServer:
-    """uvicorn on a daemon thread, bound to 127.0.0.1 on a free port."""
-
-    def __init__(self, server, bundle=None, host: str = "127.0.0.1"):
-        import uvicorn
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
-        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.server = server
-        config = uvicorn.Config(server.app(bundle=bundle), log_level="warning", access_log=False,
-                                lifespan="on")
-        self.uv = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.uv.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while not self.uv.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the serving shim did not start (see the log above)")
-            time.sleep(0.02)
-        return self.url
-
-    def __exit__(self, *exc) -> None:
-        self.uv.should_exit = True
-        self.thread.join(60)
-        self.sock.close()

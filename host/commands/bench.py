@@ -31,7 +31,7 @@ def checkout() -> Path | None:
     env = os.environ.get("EDGELEARN_SOURCE")
     if env:
         return Path(env).resolve() if _is_checkout(Path(env)) else None
-    here = Path(__file__).resolve().parents[1]      # an editable install: the checkout itself
+    here = Path(__file__).resolve().parents[2]      # an editable install: the checkout itself
     cwd = Path.cwd().resolve()
     for cand in (here, cwd, *cwd.parents):
         if _is_checkout(cand):

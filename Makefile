@@ -23,7 +23,7 @@ wheel-check: setup
 model: setup
 	$(PY) -m edge.cli model --out models/kws-dscnn-s
 
-bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python
+bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python .venv-wyoming-oww/bin/python
 	$(PY) -m edge.cli bench
 
 # MLServer pins starlette < 0.47 and breaks with uvloop >= 0.22, so the
@@ -31,6 +31,12 @@ bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python
 .venv-mlserver/bin/mlserver:
 	python3 -m venv .venv-mlserver
 	.venv-mlserver/bin/pip install -q mlserver==1.7.1 onnxruntime 'uvloop<0.22'
+
+# bench/wyoming_latency's reference, Home Assistant's openWakeWord server (it pins its own wyoming
+# and tflite-runtime), in its own virtualenv too.
+.venv-wyoming-oww/bin/python:
+	python3 -m venv .venv-wyoming-oww
+	.venv-wyoming-oww/bin/pip install -q wyoming-openwakeword==1.8.2
 
 # The keyword-spotting peers (PocketSphinx keyphrase spotting, ...) live in their own virtualenv
 # too, never in edgelearn's dependencies: bench/peers/README.md.

@@ -38,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "aggregator": ("host.commands.aggregator", "federated aggregator service: init, provision devices, serve, status"),
     "fleet": ("host.commands.fleet", "simulate a fleet of devices federating over loopback HTTP, with plots"),
     "flash": ("host.commands.flash", "deploy the MicroPython firmware and an MCU bundle to a board (or the pty rig)"),
-    "wyoming": ("edge.wyoming_cli", "serve the device's keywords as Wyoming wake words (Home Assistant)"),
+    "wyoming": ("edge.commands.wyoming", "serve the device's keywords as Wyoming wake words (Home Assistant)"),
 }
 
 # Every module a command may find missing, and what provides it: an extra of edgelearn, the

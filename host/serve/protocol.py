@@ -178,6 +178,20 @@ def _cast(flat: np.ndarray, dt: str, name: str) -> np.ndarray:
     return flat.astype(target)
 
 
+def _exact_ints(data, flat: np.ndarray, dt: str, name: str) -> np.ndarray:
+    """Integer literals numpy read as doubles (it does when int64 cannot hold them all, e.g. 0 and
+    2^63 for a UINT64 tensor): taken exactly as ``dt`` when every one fits; ``flat`` otherwise."""
+    values = np.asarray(data, dtype=object).ravel()
+    if not all(type(v) is int for v in values):
+        return flat  # fractions or booleans among them: _cast decides
+    info = np.iinfo(DTYPES[dt])
+    for i, v in enumerate(values):
+        if not info.min <= v <= info.max:
+            raise ProtocolError(400, f"input '{name}' element {i} is {v}, which is not a {dt} (integers from "
+                                     f"{info.min} to {info.max}); send {dt} values", reason="out_of_range")
+    return np.array(values.tolist(), dtype=DTYPES[dt])
+
+
 def _big_ints(values: np.ndarray, dt: str, name: str) -> np.ndarray:
     """Integers too large for numpy (object array): out of range for every integer type; floats else."""
     if DTYPES[dt].kind in "iub":
@@ -261,6 +275,8 @@ def _decode_input(item, spec_by_name: dict[str, TensorSpec], model: str, rest: b
                              for s in np.asarray(item["data"], dtype=object).ravel()], dtype=object)
         else:
             flat = np.asarray(item["data"]).ravel()  # nested lists are allowed by the protocol
+            if flat.dtype.kind == "f" and DTYPES[dt].kind in "iu":
+                flat = _exact_ints(item["data"], flat, dt, name)
             if flat.dtype == object and flat.size and all(type(v) is int for v in flat):
                 flat = _big_ints(flat, dt, name)
             if flat.dtype == object or (flat.size and flat.dtype.kind not in "biuf"):

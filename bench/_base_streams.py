@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 
 from host.data import noise as N
@@ -62,6 +65,28 @@ def adapt_clips(voice: str, unknown: int = 0, silence: int = 0, seed: int = 2) -
         noise = N.coloured_noise(rng, colour, (1, S.SR))[0] * float(rng.uniform(30, 300))
         out.append(Clip(voice, "_silence_", noise.astype(np.int16)))
     return out
+
+
+def word_half(word: str) -> int:
+    """0 or 1 from the word alone: the two halves of the phone model's word list never share a word."""
+    return hashlib.sha1(("word:" + word).encode()).digest()[0] % 2
+
+
+def other_speech(voice: str, n: int = 300, seed: int = 7, half: int | None = None) -> np.ndarray:
+    """~n word pairs by ``voice`` itself that say no command (the phone model's word list), with
+    0.3-1.2 s pauses over the microphone floor: the adapted speaker talking about other things.
+    ``half``: words of one half of the list only (``word_half``): half 1 is what a device heard
+    before adapting (ambient), half 0 what it is scored on, so no word is in both."""
+    rng = np.random.default_rng(seed)
+    words = [w for w in (Path(S.__file__).parent / "phone_words.txt").read_text().split()
+             if w not in COMMANDS10 and (half is None or word_half(w) == half)]
+    jobs = [(f"{rng.choice(words)} {rng.choice(words)}", float(rng.uniform(0.85, 1.2)),
+             float(rng.uniform(0.9, 1.1))) for _ in range(n)]
+    parts = []
+    for p in S.render(S.Voice("flite", voice), jobs):
+        parts += [p, np.zeros(int(rng.uniform(0.3, 1.2) * S.SR), np.int16)]
+    out = np.concatenate(parts).astype(np.float32) + with_floor(rng, sum(len(p) for p in parts))
+    return np.clip(out, -32768, 32767).astype(np.int16)
 
 
 def babble_pool() -> list[np.ndarray]:

@@ -88,25 +88,7 @@ def _load(name):
 
 
 def self_negatives(voice: str, n: int = 300, seed: int = 7, half: int | None = None):
-    """~n word pairs of negative speech by ``voice`` itself (no command). ``half``: only the words
-    of one half of the list (``word_half``): half 1 is the voice's training ambient, half 0 the
-    evaluation stream, so no word is in both."""
-    from host.data import synth as S
-
-    rng = np.random.default_rng(seed)
-    words = [w for w in (Path(S.__file__).parent / "phone_words.txt").read_text().split()
-             if w not in COMMANDS10 and (half is None or word_half(w) == half)]
-    jobs = [(f"{rng.choice(words)} {rng.choice(words)}", float(rng.uniform(0.85, 1.2)),
-             float(rng.uniform(0.9, 1.1))) for _ in range(n)]
-    parts = []
-    for p in S.render(S.Voice("flite", voice), jobs):
-        parts += [p, np.zeros(int(rng.uniform(0.3, 1.2) * S.SR), np.int16)]
-    out = np.concatenate(parts).astype(np.float32) + B.with_floor(rng, sum(len(p) for p in parts))
-    return np.clip(out, -32768, 32767).astype(np.int16)
-
-
-def word_half(w: str) -> int:
-    return hashlib.sha1(("word:" + w).encode()).digest()[0] % 2
+    return B.other_speech(voice, n=n, seed=seed, half=half)
 
 
 def other_unknowns(n_per_voice: int = 20):
@@ -382,6 +364,13 @@ def adapt(ev, voice, recipe: dict, ambient_x=None):
         rest = [j for j, i in enumerate(keep) if words[i] not in COMMANDS10]
         x = np.concatenate([xa, x[rest]])
         y = np.concatenate([ya, y[rest]])
+    if recipe.get("neg_aug") and noise_pool:
+        from edge.adapt.ambient import augment as _aug
+
+        pool = np.concatenate(noise_pool)
+        copies = _aug(pool, 2, np.random.default_rng(3), noise=None,
+                      snr_db=tuple(recipe.get("aug_snr", (5.0, 30.0))))[1::2]
+        negs.append(ev.feats(copies))
     if ambient_x is not None and recipe.get("ambient"):
         n = recipe.get("ambient_n")
         xa = ambient_x if not n else ambient_x[np.random.default_rng(0).permutation(len(ambient_x))[:n]]
@@ -488,8 +477,24 @@ def run_recipe(ev, recipe: dict, voices=B.VOICES) -> dict:
     return {"recipe": recipe, "mean": mean, "per_voice": per}
 
 
+_A = {"strategy": "full", "ambient": True, "silence": True, "balance": True, "neg_share": 0.75, "steps": 1000,
+      "optimizer": "adam"}
 SWEEPS = {
     "base": [{"steps": 0}, {"strategy": "full"}, {"strategy": "bias-only", "self_unknown": True, "silence": True}],
+    "adam2": [
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "neg_aug": True},
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "others": True},
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "aug_snr": [15, 40]},
+        {**_A, "aug": 8, "aug_noise": "white", "self_ambient": True, "neg_share": 0.85, "steps": 1500},
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "neg_distill": 0.5},
+    ],
+    "adam1": [
+        {**_A, "self_ambient": True},
+        {**_A, "aug": 16, "aug_noise": "white"},
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True},
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "steps": 2000},
+        {**_A, "self_ambient": True, "neg_share": 0.9},
+    ],
     "steps1": [
         {"strategy": "full", "ambient": True, "silence": True, "balance": True, "neg_share": 0.75, "steps": 1000},
         {"strategy": "full", "ambient": True, "silence": True, "balance": True, "neg_share": 0.75, "steps": 3000},

@@ -212,3 +212,47 @@ def test_adapting_with_negatives_keeps_other_speech_unknown():
     assert p_without < 0.5 < base  # the known failure: the tail forgets _unknown_
     assert p_with > 0.8 and p_with > base
     assert (with_neg.probs(pos).argmax(axis=1) == ypos).all()  # and it learnt the voice
+
+
+def test_training_windows_augment_word_clips_and_label_ambient_unknown():
+    from edge.adapt.recipe import negative_ids, train_options, training_windows
+
+    labels = ["yes", "no", "_silence_", "_unknown_"]
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((5, 16000)) * 1000).astype(np.int16)
+    y = np.array([0, 0, 1, 2, 3])
+    amb = (rng.standard_normal((7, 16000)) * 500).astype(np.int16)
+    xw, yy = training_windows(w, y, labels, ambient=amb, augment=4)
+    assert xw.shape == (3 * 4 + 2 + 7, 16000) and xw.dtype == np.int16
+    np.testing.assert_array_equal(yy, [0] * 8 + [1] * 4 + [2, 3] + [3] * 7)
+    np.testing.assert_array_equal(xw[0], w[0])   # each word clip itself first, then its copies
+    np.testing.assert_array_equal(xw[12], w[3])  # negatives once, unchanged
+    np.testing.assert_array_equal(xw[14:], amb)
+    np.testing.assert_array_equal(xw, training_windows(w, y, labels, ambient=amb, augment=4)[0])  # cacheable
+    assert len(training_windows(w, y, labels)[0]) == 5
+    assert negative_ids(labels) == (3, 2)
+    assert train_options(labels)["negatives"] == (3, 2) and train_options(labels)["negative_share"] == 0.75
+    with pytest.raises(EdgelearnError, match="no _unknown_"):
+        training_windows(w, y, ["yes", "no", "_silence_", "x"], ambient=amb)
+
+
+def test_adapt_state_commits_a_version_with_its_replay_and_refuses_unknown_options(tmp_path):
+    from edge.adapt.recipe import adapt_state
+    from edge.adapt.store import AdaptStore
+    from edge.bundle import load_bundle
+    from edge.kws import DEFAULT_BUNDLE, default_trusted_keys
+    from edge.portable.replay import ReplayBuffer
+
+    bundle = load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys())
+    labels = list(bundle.labels)
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((4, 16000)) * 2000).astype(np.int16)
+    y = np.array([labels.index(k) for k in ("yes", "yes", "stop", "stop")])
+    amb = (rng.standard_normal((6, 16000)) * 300).astype(np.int16)
+    res = adapt_state(tmp_path / "st", bundle, w, y, ambient=amb, steps=4, augment=2)
+    assert res["status"] == "done" and res["version"] == 1 and res["n"] == 4 * 2 + 6
+    assert "dw4_w" in res["tensors"] and AdaptStore(tmp_path / "st", bundle).current("default") == 1
+    rb = ReplayBuffer.from_bytes((tmp_path / "st" / "replay_tail.bin").read_bytes())
+    assert rb.class_counts()[labels.index("_unknown_")] > 0
+    with pytest.raises(EdgelearnError, match="unknown recipe options"):
+        adapt_state(tmp_path / "st", bundle, w, y, stpes=4)

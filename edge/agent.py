@@ -206,15 +206,23 @@ class Agent:
         self._fl_thread = None
         self._fl_results: queue.Queue = queue.Queue()
         self._hooks: list = []
-        prev = read_status(self.state_dir) or {}
+        prev = read_status(self.state_dir) or {}  # counters carried over; anything unreadable starts afresh
+
+        def count(key):
+            v = prev.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+        def record(key):
+            v = prev.get(key)
+            return v if isinstance(v, dict) else None
+
+        rejected = prev.get("rejected")
         self.status = {"pid": os.getpid(), "started": time.time(), "audio_s": 0.0,
-                       "detections": int(prev.get("detections", 0)),
-                       "rounds_joined": int(prev.get("rounds_joined", 0)),
-                       "bytes_uploaded": int(prev.get("bytes_uploaded", 0)),
-                       "rollbacks": int(prev.get("rollbacks", 0)),
-                       "last_adapt": prev.get("last_adapt"), "last_checkin": prev.get("last_checkin"),
-                       "last_health": prev.get("last_health"), "version": None, "state": "starting",
-                       "rejected": [int(v) for v in prev.get("rejected", []) if isinstance(v, int)]}
+                       "detections": count("detections"), "rounds_joined": count("rounds_joined"),
+                       "bytes_uploaded": count("bytes_uploaded"), "rollbacks": count("rollbacks"),
+                       "last_adapt": record("last_adapt"), "last_checkin": record("last_checkin"),
+                       "last_health": record("last_health"), "version": None, "state": "starting",
+                       "rejected": [v for v in rejected if isinstance(v, int)] if isinstance(rejected, list) else []}
         self._check_config()
         self.device = self._open_device()
         self._clips = None

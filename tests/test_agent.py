@@ -267,3 +267,15 @@ def test_a_version_that_fails_the_health_check_is_rolled_back(enrolled, tmp_path
     assert agent.status["rollbacks"] == 1 and not agent.status["last_health"]["ok"]
     assert "does not run" in agent.status["last_health"]["reason"]
     assert health_check(store.current())["ok"]
+
+
+@pytest.mark.parametrize("garbage", [b"not json", b"[1, 2]", b'{"detections": "many", "rejected": 7, "last_adapt": 3}'])
+def test_a_damaged_agent_json_starts_afresh(enrolled, garbage):
+    state, pcm = enrolled
+    (state / "agent.json").write_bytes(garbage)
+    out = []
+    agent = Agent(state, AgentConfig(source=chunked(pcm)))
+    agent._emit = out.append
+    agent.run()
+    st = read_status(state)
+    assert st["state"] == "stopped" and st["rejected"] == [] and st["last_adapt"] is None

@@ -95,13 +95,21 @@ def atomic_file(path, mode: int | None = MODE):
     path = Path(path)
     _fault("begin", path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
-    try:
+    with _renamed_over(tmp, path):
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             if mode != MODE:
                 os.fchmod(f.fileno(), _final_mode(mode))
             os.fsync(f.fileno())
+
+
+@contextmanager
+def _renamed_over(tmp, path: Path):
+    """When the block ends, the (fsynced) temp ``tmp`` replaces ``path`` and the directory is synced;
+    when it raises, ``tmp`` is removed and ``path`` is untouched."""
+    try:
+        yield
         _fault("tmp", path)
         os.replace(tmp, path)
     except BaseException:
@@ -126,7 +134,7 @@ def atomic_path(path, mode: int | None = MODE):
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.",
                                suffix=f".tmp{path.suffix}")
     os.close(fd)
-    try:
+    with _renamed_over(tmp, path):
         yield Path(tmp)
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -135,13 +143,6 @@ def atomic_path(path, mode: int | None = MODE):
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fault("tmp", path)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    _fault("done", path)
 
 
 def npz_bytes(arrays: dict) -> bytes:

@@ -51,10 +51,12 @@ from bench import _base_streams as B
 from bench import _realspeech as R
 from bench.common import row, write_results
 from edge.detect import Detector, detect_pcm
+from edge.adapt.recipe import SPEAKER
 from edge.operating import calibrate, stream_scores
 from host.data.words import COMMANDS10
 
 TARGET_FA_H = 0.5
+SPEAKER_THRESHOLDS = (0.7, 0.9)  # first-stage thresholds of the two-stage rows; 0.7 chosen on development data
 CALIBRATED_FA_H = 2.0  # what an adapted device calibrates for on 16 minutes (one event is 3.6 FA/h)
 PEER_SWEEP = (1e-20, 1e-5, 1.0, 1e5, 1e10, 1e20, 1e30, 1e40)  # larger: stricter
 PEER_DEFAULT = 1.0  # PocketSphinx's own -kws_threshold default
@@ -163,22 +165,112 @@ def adapt_voice(bundle_dir, voice, strategy, others: bool) -> Path:
     return root / "state"
 
 
+def adapt_speaker(bundle, voice, ambient_wavs):
+    """A fresh state adapted with the speaker recipe (``edge.adapt.recipe``: ``device adapt --recipe
+    speaker --ambient WAV...``) from the same 3 clips per command of ``voice`` plus 10 s of room noise,
+    with the ambient windows of ``ambient_wavs`` (audio the device heard that says no command) as
+    ``_unknown_``."""
+    from edge.adapt.ambient import ambient_windows
+    from edge.adapt.recipe import adapt_state
+    from edge.features import fit_to_window
+
+    clips = B.adapt_clips(voice, silence=10)
+    windows = np.stack([fit_to_window(c.pcm) for c in clips])
+    y = np.array([list(bundle.labels).index(c.word) for c in clips])
+    state = Path(tempfile.mkdtemp(prefix=f"{voice}_speaker_", dir=TMP)) / "state"
+    t0 = time.process_time()
+    res = adapt_state(state, bundle, windows, y, ambient=ambient_windows(ambient_wavs))
+    res["cpu_s"] = time.process_time() - t0
+    return state, res
+
+
+def negative_fa(km, thresholds, pcm) -> dict:
+    """Events on a stream that says no command at all (every event is a false accept)."""
+    evs = detect_pcm(Detector(km, threshold=thresholds), pcm)
+    hours = len(pcm) / 16000 / 3600
+    return {"fa": len(evs), "hours": hours, "fa_per_hour": len(evs) / hours,
+            "keywords": sorted({e["keyword"] for e in evs})}
+
+
+def speaker_rows(bundle, km, streams, test, syn, keyword_free) -> tuple[list[dict], dict]:
+    """The speaker recipe per voice, before and after: the adapted tail alone at 0.7, and with the
+    commands' second stage (``edge.adapt.verified``) at 0.7 (the recipe's operating point, chosen on
+    development data) and 0.9; false accepts on the Allison test half, on the voice's own other
+    speech and on synthetic sentences (none of them heard while adapting)."""
+    from edge.adapt.store import AdaptStore
+    from edge.adapt.verified import load_verified
+    from host.data.synth import pcm_to_wav_bytes
+
+    rows, report = [], {}
+    room = _wav(R.concat(keyword_free)[0])
+    for v in B.VOICES:
+        own = Path(TMP) / f"{v}_own_speech.wav"
+        own.write_bytes(pcm_to_wav_bytes(B.other_speech(v, n=200, seed=8, half=1)))  # heard before adapting
+        said = B.other_speech(v, n=300, seed=7, half=0)  # scored: other words than the ambient's
+        state, res = adapt_speaker(bundle, v, [room, str(own)])
+        tm = state_model(bundle, state)
+        assert AdaptStore(state, bundle).load()
+        before = B.score_positives(detect_pcm(Detector(km), streams[(v, None)][0]), *streams[(v, None)][1:])
+        before_own = negative_fa(km, 0.7, said)
+        dets = {"first stage only, at 0.7": lambda: Detector(tm, threshold=0.7)}
+        for thr in SPEAKER_THRESHOLDS:
+            dets[f"two-stage, at {thr:g}"] = lambda thr=thr: Detector(
+                tm, keywords=[], custom=load_verified(state, bundle, threshold=thr))
+        report[v] = {"adapt": {k: res[k] for k in ("status", "steps_done", "n", "cpu_s", "loss_first", "loss",
+                                                    "verified")},
+                     "before": {"clean": before, "own_speech": before_own}}
+        for label, make in dets.items():
+            after = {snr: B.score_positives(detect_pcm(make(), streams[(v, snr)][0]), *streams[(v, snr)][1:])
+                     for snr in B.SNRS}
+            fa, own_fa, syn_fa = real_fa_with(make, test), negative_fa_with(make, said), negative_fa_with(make, syn)
+            report[v][label] = {"positives": after, "real_test": fa, "own_speech": own_fa, "synthetic": syn_fa}
+            rows.append(row(f"adapted to {v} (speaker recipe: {SPEAKER['strategy']}, {SPEAKER['optimizer']}, "
+                            f"{res['steps_done']} steps; 3 clips per command x {SPEAKER['augment']} augmented + 10 s "
+                            f"of room noise; ambient as _unknown_: the development half's keyword-free prompts + "
+                            f"4 min of the voice's other words), {label}, clean",
+                            "streaming command recall (class-balanced)", round(after[None]["balanced"], 4),
+                            "fraction", "before adapting (0.7)", round(before["balanced"], 4), ratio=None,
+                            at_20db=round(after[20]["balanced"], 4), at_10db=round(after[10]["balanced"], 4),
+                            real_fa_per_hour=round(fa["fa_per_hour"], 2), real_fa_examples=fa["examples"],
+                            in_sentence=f"{fa['in_sentence_found']}/{fa['in_sentence_said']}",
+                            own_speech_fa_per_hour=round(own_fa["fa_per_hour"], 2),
+                            own_speech_fa_before=round(before_own["fa_per_hour"], 2),
+                            synthetic_fa_per_hour=round(syn_fa["fa_per_hour"], 2), goal=0.95,
+                            cpu_ms_per_s=round(fa["cpu_ms_per_s"], 3), adapt_cpu_s=round(res["cpu_s"], 1)))
+    return rows, report
+
+
+def real_fa_with(make, test) -> dict:
+    pcm, spans = R.concat(test)
+    t0 = time.process_time()
+    evs = detect_pcm(make(), pcm)
+    cpu = time.process_time() - t0
+    return {**B.false_accepts(evs, spans, test), "cpu_ms_per_s": 1000 * cpu / (len(pcm) / 16000)}
+
+
+def negative_fa_with(make, pcm) -> dict:
+    evs = detect_pcm(make(), pcm)
+    hours = len(pcm) / 16000 / 3600
+    return {"fa": len(evs), "hours": hours, "fa_per_hour": len(evs) / hours,
+            "keywords": sorted({e["keyword"] for e in evs})}
+
+
 def calibrated(bundle, state, wav) -> dict:
     """``edgelearn device calibrate`` on ``wav`` for the state's active context, then the thresholds
     ``device detect --sensitivity CALIBRATED_FA_H`` would use."""
-    from edge.device_cli import _calibrated_for
+    from edge.device import calibrated_for
     from edge.operating import load_points
 
     cmd = [sys.executable, "-m", "edge.cli", "device", "calibrate", "--state", str(state), "--wav", wav,
            "--targets", f"{CALIBRATED_FA_H:g}"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return load_points(state, _calibrated_for(bundle, state)).thresholds(CALIBRATED_FA_H)
+    return load_points(state, calibrated_for(bundle, state)).thresholds(CALIBRATED_FA_H)
 
 
 def state_model(bundle, state):
-    from edge.device_cli import _models
+    from edge.device import detection_models
 
-    km, head = _models(bundle, state, "auto")
+    km, head = detection_models(bundle, state, "auto")
     assert head is None
     return km
 
@@ -268,7 +360,8 @@ def _run(a) -> int:
         write_results("kws_base_variant", variant(a.variant, streams, dev, test,
                                                   KeywordModel(bundle, precision="float32")))
         return 0
-    op = operating_point(km, dev, synthetic_negatives())
+    syn = synthetic_negatives()
+    op = operating_point(km, dev, syn)
     points = {"fixed 0.7": 0.7, f"calibrated <= {TARGET_FA_H} FA/h (dev)": op["thresholds"]}
     rows, report = [], {"operating_point": op}
     for name, thr in points.items():
@@ -319,6 +412,9 @@ def _run(a) -> int:
                                 "fraction", "before adapting (0.7)", round(before["balanced"], 4), ratio=None,
                                 at_20db=round(after[20]["balanced"], 4), at_10db=round(after[10]["balanced"], 4),
                                 real_fa_per_hour=round(fa["fa_per_hour"], 2), goal=0.95))
+    keyword_free = [p for p in dev if not any(p.says(w) for w in COMMANDS10)]
+    sp_rows, report["speaker"] = speaker_rows(bundle, km, streams, test, syn, keyword_free)
+    rows += sp_rows
     report["rows"] = rows
     out = Path(__file__).resolve().parent / "results" / "kws_base_detail.json"
     out.write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -91,6 +91,25 @@ def self_negatives(voice: str, n: int = 300, seed: int = 7, half: int | None = N
     return B.other_speech(voice, n=n, seed=seed, half=half)
 
 
+def synthetic_ambient(n: int = 300, seed: int = 9):
+    """Word pairs (half-1 words) by espeak-ng training voices other than ``synthetic``'s, and Flite kal."""
+    from host.data import synth as S
+    from host.data.corpus import CorpusConfig, assign_splits
+
+    rng = np.random.default_rng(seed)
+    words = [w for w in (Path(S.__file__).parent / "phone_words.txt").read_text().split()
+             if w not in COMMANDS10 and B.word_half(w) == 1]
+    splits = assign_splits(S.all_voices(), CorpusConfig())
+    voices = [v for v in S.espeak_voices() if splits[v.id] == "train"][3::6] + [S.Voice("flite", "kal")]
+    parts = []
+    for v in voices:
+        jobs = [(f"{rng.choice(words)} {rng.choice(words)}", float(rng.uniform(0.85, 1.2)), 1.0)
+                for _ in range(n // len(voices))]
+        for p in S.render(v, jobs):
+            parts += [p, np.zeros(int(rng.uniform(0.3, 1.2) * S.SR), np.int16)]
+    return np.concatenate(parts).astype(np.int16)
+
+
 def other_unknowns(n_per_voice: int = 20):
     """Unknown-word clips (FILLERS) by other voices: Flite kal and six espeak-ng training voices."""
     from host.data import synth as S
@@ -158,6 +177,9 @@ def build(km, bb):
         x, ends, hours = stream_features(km, bb, syn)
         _save("synthetic", x=x, ends=ends, hours=hours)
         print(f"synthetic {time.time() - t0:.0f}s", flush=True)
+    if _load("synamb") is None:
+        _save("synamb", pcm=synthetic_ambient())
+        print(f"synthetic ambient {time.time() - t0:.0f}s", flush=True)
     if _load("others") is None:
         cl = other_unknowns()
         w = np.stack([F.fit_to_window(c) for c in cl])
@@ -167,8 +189,11 @@ def build(km, bb):
 
 # --- the Detector's trigger on precomputed scores ------------------------------------------------
 
-def emulate(scores, ends, thr, smooth: int = 2, peak_hops: int = 5, refractory_s: float = 1.0):
-    """``Detector.push`` events (keyword index, time_s, score) from (T, K) first-stage scores."""
+def emulate(scores, ends, thr, smooth: int = 2, peak_hops: int = 5, refractory_s: float = 1.0, verify=None):
+    """``Detector.push`` events (keyword index, time_s, score) from (T, K) first-stage scores.
+    ``verify(k, runs) -> bool`` (optional): a second stage on the candidate's runs (the peak's
+    first), as the Detector runs a version-6 custom keyword's; a rejected candidate gives no event
+    and no refractory period."""
     s = np.asarray(scores, np.float32)
     thr = np.broadcast_to(np.asarray(thr, np.float32), (s.shape[1],))
     sm = s.copy()
@@ -183,16 +208,19 @@ def emulate(scores, ends, thr, smooth: int = 2, peak_hops: int = 5, refractory_s
         if j < nxt or ends[j, 0] < quiet:
             continue
         k = int(np.argmax(over[j]))
-        score, t, left, i = sm[j, k], ends[j, 1], peak_hops, j
+        score, t, left, i, pk = sm[j, k], ends[j, 1], peak_hops, j, j
         while i + 1 < n:
             i += 1
             left -= 1
             if sm[i, k] > score:
-                score, t = sm[i, k], ends[i, 1]
+                score, t, pk = sm[i, k], ends[i, 1], i
             if left <= 0 or sm[i, k] < thr[k]:
                 break
         else:
             i = n - 1
+        if verify is not None and not verify(k, [pk] + [r for r in range(j, i + 1) if r != pk]):
+            nxt = i + 1
+            continue
         events.append((k, round(float(t), 3), float(score)))
         quiet, nxt = t + refractory_s, i + 1
     return events
@@ -348,6 +376,10 @@ def adapt(ev, voice, recipe: dict, ambient_x=None):
         xs, ps = ev.self_ambient(voice)
         negs.append(xs)
         noise_pool.append(ps)
+    if recipe.get("syn_ambient"):
+        if "synambx" not in ev._data:
+            ev._data["synambx"] = ev.feats(windows_of(ev.data("synamb")["pcm"], 0.5))
+        negs.append(ev._data["synambx"])
     if ambient_x is not None and recipe.get("ambient"):
         noise_pool.append(ev.ambient_pcm(fold_of_ambient(ambient_x, ev)))
     if recipe.get("aug"):
@@ -481,6 +513,12 @@ _A = {"strategy": "full", "ambient": True, "silence": True, "balance": True, "ne
       "optimizer": "adam"}
 SWEEPS = {
     "base": [{"steps": 0}, {"strategy": "full"}, {"strategy": "bias-only", "self_unknown": True, "silence": True}],
+    "adam3": [
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "syn_ambient": True},
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "syn_ambient": True, "others": True},
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "dw4": False},
+        {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "lr": 0.002, "steps": 2000},
+    ],
     "adam2": [
         {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "neg_aug": True},
         {**_A, "aug": 16, "aug_noise": "white", "self_ambient": True, "others": True},

@@ -254,5 +254,58 @@ def test_adapt_state_commits_a_version_with_its_replay_and_refuses_unknown_optio
     assert "dw4_w" in res["tensors"] and AdaptStore(tmp_path / "st", bundle).current("default") == 1
     rb = ReplayBuffer.from_bytes((tmp_path / "st" / "replay_tail.bin").read_bytes())
     assert rb.class_counts()[labels.index("_unknown_")] > 0
+    assert res["verified"] == ["stop", "yes"] and (tmp_path / "st" / "adapt" / "default" / "verify.json").is_file()
     with pytest.raises(EdgelearnError, match="unknown recipe options"):
         adapt_state(tmp_path / "st", bundle, w, y, stpes=4)
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None or shutil.which("flite") is None,
+                    reason="espeak-ng or flite not installed")
+def test_verified_commands_run_both_stages_in_the_unchanged_detector(tmp_path):
+    """adapt_state commits verifier entries with the version; load_verified gives the Detector the
+    commands as two-stage keywords: the voice's commands are found, the same stream's other words
+    are not, and entries of another version (or a damaged file) are never used."""
+    from edge import features as F
+    from edge.adapt import TailModel
+    from edge.adapt.recipe import adapt_state
+    from edge.adapt.store import AdaptStore
+    from edge.adapt.verified import entries_file, load_verified
+    from edge.bundle import load_bundle
+    from edge.detect import Detector, detect_pcm
+    from edge.kws import DEFAULT_BUNDLE, default_trusted_keys
+    from host.data import synth
+    from host.data.words import FILLERS
+
+    bundle = load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys())
+    labels = list(bundle.labels)
+    awb = synth.Voice("flite", "awb")
+    words = ["yes", "stop", "left"]
+    clips = synth.render(awb, [(w, r, 1.0) for w in words for r in (0.9, 1.0, 1.1)])
+    windows = np.stack([F.fit_to_window(c) for c in clips])
+    y = np.repeat([labels.index(w) for w in words], 3)
+    amb = np.stack([F.fit_to_window(c) for c in synth.render(awb, [(w, 1.0, 1.0) for w in FILLERS[:40]])])
+    st = tmp_path / "st"
+    res = adapt_state(st, bundle, windows, y, ambient=amb, steps=300, augment=4)
+    assert res["verified"] == sorted(words)
+    vc = load_verified(st, bundle)
+    assert vc is not None and vc.names == sorted(words)
+    rng = np.random.default_rng(0)
+    said = words * 2
+    heard = synth.render(awb, [(w, r, 1.0) for w, r in zip(said, (0.95, 1.05) * 3)])
+    others = synth.render(awb, [(w, 1.0, 1.0) for w in FILLERS[40:52]])
+    parts = []
+    for u in heard + others:  # the commands first, then twelve other words (none trained on)
+        parts += [np.zeros(int(rng.uniform(0.8, 1.1) * 16000), np.float32), u.astype(np.float32)]
+    pcm = np.concatenate(parts + [np.zeros(16000, np.float32)])
+    pcm = np.clip(pcm + rng.standard_normal(len(pcm)) * 3, -32768, 32767).astype(np.int16)
+    tm = TailModel(bundle, AdaptStore(st, bundle).load())
+    events = detect_pcm(Detector(tm, keywords=[], custom=vc), pcm)
+    cut = (sum(len(p) for p in parts[:2 * len(heard)])) / 16000
+    assert [e["keyword"] for e in events if e["time_s"] < cut + 0.5] == said
+    assert all(e["time_s"] < cut + 0.5 for e in events)  # nothing on the other words
+    # another version of the context (here: trained again without verify) has no entries
+    adapt_state(st, bundle, windows, y, ambient=amb, steps=2, augment=1, verify=False)
+    assert load_verified(st, bundle) is None
+    (st / entries_file("default")).write_bytes(b"{not json")
+    with pytest.raises(EdgelearnError, match="damaged"):
+        load_verified(st, bundle)

@@ -28,7 +28,7 @@ SR = 16000
 WINDOW = SR
 
 
-def ambient_windows(paths, hop_s: float = 0.5, max_windows: int = 1200, seed: int = 0,
+def ambient_windows(paths, hop_s: float = 0.5, max_windows: int = 2000, seed: int = 0,
                     min_rms: float = 0.0) -> np.ndarray:
     """(N, 16000) int16 windows of the WAVs, one every ``hop_s``; at most ``max_windows`` (a
     uniform sample of all of them); windows quieter than ``min_rms`` (int16 units) are left out."""

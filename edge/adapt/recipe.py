@@ -11,7 +11,9 @@ docs/edge-runtime.md, "Speaker adaptation") keeps the place's own audio in every
   that says none of the commands, the audio ``device calibrate`` reads) as ``_unknown_``;
 - ``train_options``: batches with ``negative_share`` of ``_unknown_`` / ``_silence_``
   examples and the rest class-balanced over the commands (``edge.adapt.sampling``);
-- ``SPEAKER``: the whole tail (``full``), Adam, ``steps`` steps.
+- ``SPEAKER``: the whole tail (``full``), Adam, ``steps`` steps;
+- ``verify``: a second stage per command from the same clips (``edge.adapt.verified``: the
+  custom keywords' time-order verifier), committed with the version.
 
 ``adapt_state`` runs it on a state directory as ``edge.device.Device.adapt`` does (feature
 cache, versioned store, replay buffer staged with the commit, energy charged once), without the
@@ -32,7 +34,7 @@ from edge.errors import EdgelearnError
 NEGATIVE_LABELS = ("_unknown_", "_silence_")
 # chosen on development data only (scripts/adapt_recipe.py); docs/edge-runtime.md, "Speaker adaptation"
 SPEAKER = {"strategy": "full", "optimizer": "adam", "steps": 1000, "augment": 16, "balance": True,
-           "negative_share": 0.75, "negative_distill": 0.0}
+           "negative_share": 0.75, "negative_distill": 0.0, "verify": True}
 
 
 def negative_ids(labels) -> tuple:
@@ -105,10 +107,20 @@ def adapt_state(state_dir, bundle, windows, y, *, ambient=None, context: str = "
     replay = ReplayStore(state_dir, dim=int(np.prod(x.shape[1:])), max_bytes=replay_bytes, name=TAIL_REPLAY,
                          flush_every=1 << 62)
     teacher = ConvTail(load_tail(bundle), qparams=bb.qparams).probs
+    entries = None
+    if r["verify"]:
+        from edge.adapt.verified import command_entries
+
+        entries = command_entries(bundle, km, windows, y, seed=seed)
 
     def stage():
+        from edge.adapt.verified import entries_bytes, entries_file
+
         replay.add_many(tail.to_float(x), yy)
-        return {TAIL_REPLAY: replay.staged()}
+        out = {TAIL_REPLAY: replay.staged()}
+        if entries:
+            out[entries_file(context)] = entries_bytes(entries, tail.merged())
+        return out
 
     res = train(tr, x, yy, store, context, r["steps"], replay=replay, teacher=teacher, distill=distill, seed=seed,
                 charge_seq=sched.charged + 1, stage=stage,
@@ -116,4 +128,5 @@ def adapt_state(state_dir, bundle, windows, y, *, ambient=None, context: str = "
     if res["status"] == "done":
         replay.mark_saved()
     store.recover(sched.charge)
-    return {**res, "strategy": r["strategy"], "tensors": tr.names, "step_bytes": tr.step_bytes(), "n": int(len(x))}
+    return {**res, "strategy": r["strategy"], "tensors": tr.names, "step_bytes": tr.step_bytes(), "n": int(len(x)),
+            "verified": sorted(entries or {})}

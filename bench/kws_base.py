@@ -25,13 +25,20 @@ false accepts on the real test half after adapting (bias-only, the command's def
 full); full adaptation then also through ``edgelearn device calibrate`` on the development half
 (the place's own audio), at the thresholds ``device detect --sensitivity 2`` uses.
 
+The speaker recipe (``edge.adapt.recipe``, docs/edge-runtime.md "Speaker adaptation"), in a
+fresh state: the same 3 clips per command x 16 augmented, 10 s of room noise, and as ``_unknown_``
+the development half's keyword-free prompts plus ~4 min of the voice's own other words (words the
+scored own-speech stream never says); then the adapted tail alone at 0.7 and with the commands'
+second stage (``edge.adapt.verified``) at 0.7 (chosen on development data) and 0.9, with false
+accepts on the test half, on ~8 min of the voice's other words and on the synthetic sentences.
+
 Reference in the same run: PocketSphinx keyphrase search (the ``pocketsphinx`` package's
 English model, zero-shot from the ten words' text, in its own venv: ``bench/peers``) on the
 same streams, at its default threshold and at the one whose false accepts on the
 development half are the fewest above zero recall (``bench._peers``). CPU per second of
 audio for both.
 
-    $ edgelearn bench kws_base          # ~12 min on 2 cores (PocketSphinx takes most)
+    $ edgelearn bench kws_base          # ~21 min on 2 shared cores (PocketSphinx ~10, the speaker recipe ~8)
     $ python -m bench.kws_base --variant build/var-world   # a trained variant beside the shipped model
 """
 

@@ -17,7 +17,11 @@ the 64-d embedding (``head.npz`` in a federated bundle; ``edge.fl`` trains it in
   replay mixing.
 - ``strategies``: the strategy and optimiser names, once (trainers, partitioner, aggregator).
 - ``store``: adapted parameters per context, versioned, rollback, pause checkpoints.
-- ``run``: the pausable training loop the scheduler drives.
+- ``run``: the pausable training loop the scheduler drives; ``sampling``: which local examples a
+  step sees (plain order, or a share of negatives and class-balanced commands).
+- ``recipe``, ``ambient``, ``verified``: speaker adaptation of the base commands (issue 17): the
+  place's own audio as ``_unknown_``, augmented clips, and a second stage per command from the
+  same clips (docs/edge-runtime.md, "Speaker adaptation").
 
     >>> from edge.adapt import ConvTail, ConvTrainer, load_tail
     >>> tr = ConvTrainer(ConvTail(load_tail(bundle), qparams=backbone.qparams), "bias-only")

@@ -177,16 +177,15 @@ def adapt_speaker(bundle, voice, ambient_wavs):
     speaker --ambient WAV...``) from the same 3 clips per command of ``voice`` plus 10 s of room noise,
     with the ambient windows of ``ambient_wavs`` (audio the device heard that says no command) as
     ``_unknown_``."""
-    from edge.adapt.ambient import ambient_windows
-    from edge.adapt.recipe import adapt_state
+    from edge.device import Device
     from edge.features import fit_to_window
 
     clips = B.adapt_clips(voice, silence=10)
     windows = np.stack([fit_to_window(c.pcm) for c in clips])
-    y = np.array([list(bundle.labels).index(c.word) for c in clips])
     state = Path(tempfile.mkdtemp(prefix=f"{voice}_speaker_", dir=TMP)) / "state"
     t0 = time.process_time()
-    res = adapt_state(state, bundle, windows, y, ambient=ambient_windows(ambient_wavs))
+    res = Device(state, bundle).adapt((windows, [c.word for c in clips]), recipe="speaker", ambient=ambient_wavs,
+                                      force=True)
     res["cpu_s"] = time.process_time() - t0
     return state, res
 
@@ -205,7 +204,7 @@ def speaker_rows(bundle, km, streams, test, syn, keyword_free) -> tuple[list[dic
     development data) and 0.9; false accepts on the Allison test half, on the voice's own other
     speech and on synthetic sentences (none of them heard while adapting)."""
     from edge.adapt.store import AdaptStore
-    from edge.adapt.verified import load_verified
+    from edge.device import Device
     from host.data.synth import pcm_to_wav_bytes
 
     rows, report = [], {}
@@ -216,13 +215,14 @@ def speaker_rows(bundle, km, streams, test, syn, keyword_free) -> tuple[list[dic
         said = B.other_speech(v, n=300, seed=7, half=0)  # scored: other words than the ambient's
         state, res = adapt_speaker(bundle, v, [room, str(own)])
         tm = state_model(bundle, state)
-        assert AdaptStore(state, bundle).load()
+        assert AdaptStore(state, bundle).load() and res["verified"] == sorted(COMMANDS10)
         before = B.score_positives(detect_pcm(Detector(km), streams[(v, None)][0]), *streams[(v, None)][1:])
         before_own = negative_fa(km, 0.7, said)
         dets = {"first stage only, at 0.7": lambda: Detector(tm, threshold=0.7)}
         for thr in SPEAKER_THRESHOLDS:
-            dets[f"two-stage, at {thr:g}"] = lambda thr=thr: Detector(
-                tm, keywords=[], custom=load_verified(state, bundle, threshold=thr))
+            # what `device detect` runs on the adapted state (Device.detector: both stages)
+            dets[f"two-stage, at {thr:g}"] = lambda thr=thr: Device(state, bundle).detector(threshold=thr,
+                                                                                           replay=False)[0]
         report[v] = {"adapt": {k: res[k] for k in ("status", "steps_done", "n", "cpu_s", "loss_first", "loss",
                                                     "verified")},
                      "before": {"clean": before, "own_speech": before_own}}

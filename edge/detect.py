@@ -34,6 +34,14 @@ NON_KEYWORDS = ("_silence_", "_unknown_")
 THRESHOLD = 0.7  # a base keyword's threshold when none is calibrated for it
 
 
+def default_keywords(model) -> list[str]:
+    """The base keywords a detector reports unless told: the bundle's 12-class command words, else
+    every word label. ``model``: a keyword model (``.bundle``, ``.labels``) or a bundle."""
+    manifest = getattr(model, "manifest", None) or getattr(getattr(model, "bundle", None), "manifest", None) or {}
+    extra = manifest.get("extra", {}) or {}
+    return [w for w in extra.get("labels12", list(model.labels)) if w not in NON_KEYWORDS]
+
+
 class Detector:
     def __init__(self, km, custom=None, keywords=None, stride: int = 4, smooth: int = 2,
                  threshold: float | dict = THRESHOLD, refractory_s: float = 1.0, peak_window_s: float = 0.4,
@@ -50,8 +58,7 @@ class Detector:
         self.km, self.custom, self.head, self.on_event = km, custom, head, on_event
         labels = list(km.labels)
         if keywords is None:
-            extra = (getattr(km.bundle, "manifest", {}) or {}).get("extra", {})
-            keywords = [w for w in extra.get("labels12", labels) if w not in NON_KEYWORDS]
+            keywords = default_keywords(km)
         unknown = [w for w in keywords if w not in labels]
         if unknown:
             raise EdgelearnError(f"keywords {unknown} are not labels of this bundle",

@@ -254,7 +254,8 @@ class Device:
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
                                  fix="pass threshold=T, or sensitivity=FA_PER_HOUR after `calibrate`")
-        from edge.detect import THRESHOLD, Detector
+        from edge.adapt.verified import load_verified
+        from edge.detect import THRESHOLD, Detector, default_keywords
 
         bundle = self.bundle
         state = self.enrolled()
@@ -277,8 +278,18 @@ class Device:
             threshold = load_points(self.state_dir, calibrated_for(bundle, self.state_dir)).thresholds(sensitivity)
             if keywords is not None:
                 threshold = {w: t for w, t in threshold.items() if w in keywords}
-        det = Detector(km, custom=state.custom(dim=embedding_dim(km)), keywords=keywords,
-                       threshold=THRESHOLD if threshold is None else threshold, stride=stride, head=head,
+        threshold = THRESHOLD if threshold is None else threshold
+        custom = state.custom(dim=embedding_dim(km))
+        verified = None if head is not None else load_verified(self.state_dir, bundle, threshold=threshold,
+                                                               keywords=keywords, custom=custom)
+        if verified is not None:
+            # the adapted commands run through both stages (edge/adapt/verified.py); the others as before
+            keywords = [w for w in (default_keywords(km) if keywords is None else keywords)
+                        if w not in verified.names[:verified.n_base]]
+            custom = verified
+            if isinstance(threshold, dict):
+                threshold = {w: t for w, t in threshold.items() if w in keywords}
+        det = Detector(km, custom=custom, keywords=keywords, threshold=threshold, stride=stride, head=head,
                        on_event=feed)
         return det, store
 
@@ -335,61 +346,93 @@ class Device:
         return enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace)
 
     # -- adapt -----------------------------------------------------------------------------------
-    def adapt(self, data, *, strategy: str = "bias-only", optimizer: str = "sgd", steps: int = 200,
-              rank: int = 4, memory_budget: int = 256 * 1024, replay_bytes: int = 1 << 20,
-              distill: float = 0.5, context: str = DEFAULT_CONTEXT, dw4: str = "auto",
-              force: bool = False) -> dict:
+    def adapt(self, data, *, recipe: str | None = None, strategy: str | None = None, optimizer: str | None = None,
+              steps: int | None = None, rank: int = 4, memory_budget: int = 256 * 1024, replay_bytes: int = 1 << 20,
+              distill: float = 0.5, context: str = DEFAULT_CONTEXT, dw4: str = "auto", ambient=None,
+              augment: int | None = None, balance: bool | None = None, negative_share: float | None = None,
+              negative_distill: float | None = None, verify: bool | None = None, lr: float | None = None,
+              seed: int = 0, force: bool = False) -> dict:
         """Train the float conv tail on the frozen int8 backbone with replay, and commit it as the
         next version of ``context`` (which becomes active).
 
         ``data``: a directory ``DIR/<label>/*.wav`` of the bundle's labels, or ``(clips, labels)``
-        (int16 clips, label names or indices). Unless ``force``, the scheduler decides first (a
-        run it defers returns ``{"status": "deferred", "reason": ...}``) and may pause the run
-        (``"status": "paused"``: the next call resumes it). ``dw4``: train the tail's depthwise
+        (int16 clips, label names or indices). ``recipe``: ``None``/``"plain"`` (the clips as they
+        are: bias-only, SGD, 200 steps) or ``"speaker"`` (``edge.adapt.recipe.SPEAKER``: speaker
+        adaptation of the base commands from ~3 clips each, with negatives and a second stage);
+        ``strategy``, ``optimizer``, ``steps``, ``augment`` (copies of each command clip),
+        ``balance``, ``negative_share``, ``negative_distill`` and ``verify`` (build the commands'
+        second stage, ``edge.adapt.verified``) override the recipe's. ``ambient``: WAV paths (or
+        (N, 16000) int16 windows) of everyday audio of the place that says none of the commands,
+        trained on as ``_unknown_`` (``edge.adapt.ambient``). Unless ``force``, the scheduler decides
+        first (a run it defers returns ``{"status": "deferred", "reason": ...}``) and may pause the
+        run (``"status": "paused"``: the next call resumes it). ``dw4``: train the tail's depthwise
         layer too (``auto``: frozen for bias-only). ``distill``: weight of the bundle's own outputs
         in the replay examples' targets. Returns the run's result (status, steps, version, losses)
-        with the strategy, the trained tensors and the bytes one step holds."""
+        with the recipe, strategy, trained tensors, bytes one step holds, examples (``n``) and the
+        commands given a second stage (``verified``)."""
         import numpy as np
 
         from edge.adapt import Backbone, ConvTail, ConvTrainer, load_tail
         from edge.adapt.convtrain import choose_sparse
         from edge.adapt.fcache import cached_features
+        from edge.adapt.recipe import resolve, train_options, training_windows
         from edge.adapt.run import train
         from edge.replay import TAIL_REPLAY, ReplayStore
 
         check_distill(distill)
+        r = resolve(recipe, strategy=strategy, optimizer=optimizer, steps=steps, augment=augment, balance=balance,
+                    negative_share=negative_share, negative_distill=negative_distill, verify=verify)
         bundle = self.bundle
         sched = self.scheduler()
         store = self.recover(sched)
         km = self.keyword_model()
         windows, y = _load_data(km, data)
+        amb = _ambient(ambient)
+        steps = r["steps"]
         if not force:
             d = sched.decide()
             if d.action != "train":
                 return {"status": "deferred", "reason": d.reason}
             steps = min(steps, d.steps)
+        # the plain recipe trains on the clips as given, in their order (as before the recipe existed)
+        x_in, yy = (training_windows(windows, y, km.labels, ambient=amb, augment=r["augment"], seed=seed)
+                    if r["augment"] > 1 or amb is not None else (windows, y))
         bb = Backbone(bundle, backend=self.backend)
-        x = cached_features(self.state_dir, bb, km, windows)  # int8; epochs never rerun the backbone
-        train_dw = dw4 == "train" or (dw4 == "auto" and strategy != "bias-only")
+        x = cached_features(self.state_dir, bb, km, x_in)  # int8; epochs never rerun the backbone
+        train_dw = dw4 == "train" or (dw4 == "auto" and r["strategy"] != "bias-only")
         tail = ConvTail(load_tail(bundle), store.load(context), qparams=bb.qparams, train_dw=train_dw)
-        chosen = choose_sparse(tail, x[:32], y[:32], memory_budget, optimizer) if strategy == "sparse" else ()
-        tr = ConvTrainer(tail, strategy, optimizer, rank=rank, sparse_weights=chosen)
+        chosen = choose_sparse(tail, x[:32], yy[:32], memory_budget, r["optimizer"]) if r["strategy"] == "sparse" else ()
+        tr = ConvTrainer(tail, r["strategy"], r["optimizer"], rank=rank, sparse_weights=chosen, lr=lr, seed=seed)
         # the replay buffer is written once, in the run's commit (nothing on a pause)
         replay = ReplayStore(self.state_dir, dim=int(np.prod(x.shape[1:])), max_bytes=replay_bytes,
                              name=TAIL_REPLAY, flush_every=1 << 62)
-        teacher = ConvTail(load_tail(bundle), qparams=bb.qparams).probs if distill > 0 else None
+        sampled = r["balance"] or r["negative_share"] is not None or r["negative_distill"] > 0
+        teacher = ConvTail(load_tail(bundle), qparams=bb.qparams).probs \
+            if distill > 0 or (sampled and r["negative_distill"] > 0) else None
+        entries = None
+        if r["verify"]:
+            from edge.adapt.verified import command_entries
+
+            entries = command_entries(bundle, km, windows, y, seed=seed)
 
         def stage():
-            replay.add_many(tail.to_float(x), y)
-            return {TAIL_REPLAY: replay.staged()}
+            replay.add_many(tail.to_float(x), yy)
+            out = {TAIL_REPLAY: replay.staged()}
+            if entries:
+                from edge.adapt.verified import entries_bytes, entries_file
 
-        res = train(tr, x, y, store, context, steps, replay=replay, teacher=teacher, distill=distill,
+                out[entries_file(context)] = entries_bytes(entries, tail.merged())
+            return out
+
+        options = train_options(km.labels, r["balance"], r["negative_share"], r["negative_distill"]) if sampled else {}
+        res = train(tr, x, yy, store, context, steps, replay=replay, teacher=teacher, distill=distill, seed=seed,
                     should_continue=(lambda: True) if force else sched.should_continue,
-                    charge_seq=sched.charged + 1, stage=stage)
+                    charge_seq=sched.charged + 1, stage=stage, **options)
         if res["status"] == "done":
             replay.mark_saved()
         store.recover(sched.charge)  # the run's energy, charged once (its record sits beside the result)
-        return {**res, "strategy": strategy, "tensors": tr.names, "step_bytes": tr.step_bytes()}
+        return {**res, "recipe": r["recipe"], "strategy": r["strategy"], "tensors": tr.names,
+                "step_bytes": tr.step_bytes(), "n": int(len(x)), "verified": sorted(entries or {})}
 
     def rollback(self, context: str = DEFAULT_CONTEXT) -> int | None:
         """Make ``context``'s previous version current again; returns it (None: the base model)."""
@@ -554,6 +597,22 @@ def _load_data(km, data):
     if not xs:
         raise EdgelearnError(f"no WAV clips under {root}/<label>/", fix="add labelled clips")
     return np.stack(xs), np.array(ys)
+
+
+def _ambient(ambient):
+    """``ambient`` (WAV paths, or (N, 16000) int16 windows, or None) -> windows or None."""
+    import numpy as np
+
+    if ambient is None:
+        return None
+    if isinstance(ambient, np.ndarray):
+        if ambient.ndim != 2 or ambient.shape[1] != 16000:
+            raise EdgelearnError(f"ambient windows of shape {ambient.shape}", fix="pass (N, 16000) int16 windows")
+        return ambient if len(ambient) else None
+    from edge.adapt.ambient import ambient_windows
+
+    paths = [ambient] if _is_path(ambient) else list(ambient)
+    return ambient_windows(paths) if paths else None
 
 
 def _labelled_arrays(km, clips, labels):

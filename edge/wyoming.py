@@ -120,7 +120,7 @@ class WakeServer:
 
     def base_keywords(self) -> list[str]:
         if self._base is None:
-            from edge.detect import NON_KEYWORDS
+            from edge.detect import NON_KEYWORDS, default_keywords
 
             labels = list(self.device.bundle.labels)
             if self.keywords == "all":
@@ -132,8 +132,7 @@ class WakeServer:
                     raise EdgelearnError(f"keywords {unknown} are not labels of this bundle",
                                          fix=f"choose from {[w for w in labels if w not in NON_KEYWORDS]}")
             else:
-                extra = (self.device.bundle.manifest.get("extra") or {})
-                self._base = [w for w in extra.get("labels12", labels) if w not in NON_KEYWORDS]
+                self._base = default_keywords(self.device.bundle)
         return list(self._base)
 
     def models(self) -> list[str]:

@@ -236,10 +236,11 @@ def test_training_windows_augment_word_clips_and_label_ambient_unknown():
         training_windows(w, y, ["yes", "no", "_silence_", "x"], ambient=amb)
 
 
-def test_adapt_state_commits_a_version_with_its_replay_and_refuses_unknown_options(tmp_path):
-    from edge.adapt.recipe import adapt_state
+def test_speaker_recipe_commits_a_version_with_its_replay_and_refuses_unknown_options(tmp_path):
+    from edge.adapt.recipe import resolve
     from edge.adapt.store import AdaptStore
     from edge.bundle import load_bundle
+    from edge.device import Device
     from edge.kws import DEFAULT_BUNDLE, default_trusted_keys
     from edge.portable.replay import ReplayBuffer
 
@@ -247,27 +248,71 @@ def test_adapt_state_commits_a_version_with_its_replay_and_refuses_unknown_optio
     labels = list(bundle.labels)
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((4, 16000)) * 2000).astype(np.int16)
-    y = np.array([labels.index(k) for k in ("yes", "yes", "stop", "stop")])
+    y = ["yes", "yes", "stop", "stop"]
     amb = (rng.standard_normal((6, 16000)) * 300).astype(np.int16)
-    res = adapt_state(tmp_path / "st", bundle, w, y, ambient=amb, steps=4, augment=2)
+    dev = Device(tmp_path / "st", bundle)
+    res = dev.adapt((w, y), recipe="speaker", ambient=amb, steps=4, augment=2, force=True)
     assert res["status"] == "done" and res["version"] == 1 and res["n"] == 4 * 2 + 6
+    assert (res["recipe"], res["strategy"]) == ("speaker", "full")
     assert "dw4_w" in res["tensors"] and AdaptStore(tmp_path / "st", bundle).current("default") == 1
     rb = ReplayBuffer.from_bytes((tmp_path / "st" / "replay_tail.bin").read_bytes())
     assert rb.class_counts()[labels.index("_unknown_")] > 0
     assert res["verified"] == ["stop", "yes"] and (tmp_path / "st" / "adapt" / "default" / "verify.json").is_file()
+    # no recipe is what `device adapt` always did: the clips as given, bias-only, no second stage
+    res = dev.adapt((w, y), steps=2, force=True)
+    assert (res["recipe"], res["strategy"], res["n"], res["verified"]) == ("plain", "bias-only", 4, [])
+    with pytest.raises(EdgelearnError, match="unknown adaptation recipe"):
+        dev.adapt((w, y), recipe="speeker", force=True)
     with pytest.raises(EdgelearnError, match="unknown recipe options"):
-        adapt_state(tmp_path / "st", bundle, w, y, stpes=4)
+        resolve("speaker", stpes=4)
+    with pytest.raises(EdgelearnError, match="out of range"):
+        dev.adapt((w, y), recipe="speaker", negative_share=1.5, force=True)
+    assert AdaptStore(tmp_path / "st", bundle).current("default") == 2  # the refused runs wrote nothing
+
+
+def test_device_adapt_cli_speaker_recipe_then_detection_runs_both_stages(tmp_path, capsys):
+    """`device adapt --recipe speaker --ambient WAV` from the command line; the state's detector
+    (what `device detect`, the agent and the Wyoming server run) then takes the adapted commands
+    through their second stage, the other commands as before."""
+    import json
+
+    from edge.cli import main
+    from edge.device import Device
+    from host.data.synth import pcm_to_wav_bytes
+
+    rng = np.random.default_rng(2)
+    data = tmp_path / "data"
+    for word in ("yes", "no"):
+        (data / word).mkdir(parents=True)
+        for i in range(3):
+            pcm = (rng.standard_normal(16000) * 2000).astype(np.int16)
+            (data / word / f"{i}.wav").write_bytes(pcm_to_wav_bytes(pcm))
+    amb = tmp_path / "room.wav"
+    amb.write_bytes(pcm_to_wav_bytes((rng.standard_normal(16000 * 4) * 300).astype(np.int16)))
+    st = tmp_path / "st"
+    assert main(["device", "adapt", "--state", str(st), "--data", str(data), "--recipe", "speaker",
+                 "--ambient", str(amb), "--steps", "3", "--augment", "2", "--force"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["recipe"] == "speaker" and res["verified"] == ["no", "yes"] and res["n"] == 6 * 2 + 7
+    det, _ = Device(st).detector(replay=False)
+    assert type(det.custom).__name__ == "VerifiedCommands" and det.custom.n_base == 2
+    assert sorted(det.names[-2:]) == ["no", "yes"] and not {"no", "yes"} & set(det.names[:-2])
+    assert len(det.names) == 10  # the eight others still reported, first stage only
+    det, _ = Device(st).detector(keywords=["yes", "up"], threshold={"yes": 0.8, "up": 0.6}, replay=False)
+    assert det.names == ["up", "yes"] and list(det.thresholds) == pytest.approx([0.6, 0.8])
+    with pytest.raises(SystemExit):
+        main(["device", "adapt", "--state", str(st), "--data", str(data), "--recipe", "nope"])
+    assert "invalid choice" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None or shutil.which("flite") is None,
                     reason="espeak-ng or flite not installed")
 def test_verified_commands_run_both_stages_in_the_unchanged_detector(tmp_path):
-    """adapt_state commits verifier entries with the version; load_verified gives the Detector the
+    """The speaker recipe commits verifier entries with the version; load_verified gives the Detector the
     commands as two-stage keywords: the voice's commands are found, the same stream's other words
     are not, and entries of another version (or a damaged file) are never used."""
     from edge import features as F
     from edge.adapt import TailModel
-    from edge.adapt.recipe import adapt_state
     from edge.adapt.store import AdaptStore
     from edge.adapt.verified import entries_file, load_verified
     from edge.bundle import load_bundle
@@ -285,7 +330,9 @@ def test_verified_commands_run_both_stages_in_the_unchanged_detector(tmp_path):
     y = np.repeat([labels.index(w) for w in words], 3)
     amb = np.stack([F.fit_to_window(c) for c in synth.render(awb, [(w, 1.0, 1.0) for w in FILLERS[:40]])])
     st = tmp_path / "st"
-    res = adapt_state(st, bundle, windows, y, ambient=amb, steps=300, augment=4)
+    from edge.device import Device
+
+    res = Device(st, bundle).adapt((windows, y), recipe="speaker", ambient=amb, steps=300, augment=4, force=True)
     assert res["verified"] == sorted(words)
     vc = load_verified(st, bundle)
     assert vc is not None and vc.names == sorted(words)
@@ -304,7 +351,8 @@ def test_verified_commands_run_both_stages_in_the_unchanged_detector(tmp_path):
     assert [e["keyword"] for e in events if e["time_s"] < cut + 0.5] == said
     assert all(e["time_s"] < cut + 0.5 for e in events)  # nothing on the other words
     # another version of the context (here: trained again without verify) has no entries
-    adapt_state(st, bundle, windows, y, ambient=amb, steps=2, augment=1, verify=False)
+    Device(st, bundle).adapt((windows, y), recipe="speaker", ambient=amb, steps=2, augment=1, verify=False,
+                             force=True)
     assert load_verified(st, bundle) is None
     (st / entries_file("default")).write_bytes(b"{not json")
     with pytest.raises(EdgelearnError, match="damaged"):

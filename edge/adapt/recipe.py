@@ -15,13 +15,14 @@ docs/edge-runtime.md, "Speaker adaptation") keeps the place's own audio in every
 - ``verify``: a second stage per command from the same clips (``edge.adapt.verified``: the
   custom keywords' time-order verifier), committed with the version.
 
-``adapt_state`` runs it on a state directory as ``edge.device.Device.adapt`` does (feature
-cache, versioned store, replay buffer staged with the commit, energy charged once), without the
-scheduler's gate (the caller decides when): the benchmark uses it, and ``Device.adapt`` takes the
-same pieces (``training_windows``, ``train_options``).
+``edge.device.Device.adapt(data, recipe="speaker", ambient=[...])`` (``edgelearn device adapt
+--recipe speaker --ambient WAV...``) runs it: ``resolve`` gives the run's options (a named recipe,
+overridden by what the caller set), ``training_windows`` the examples, ``train_options`` the batch
+sampling.
 
+    >>> opts = resolve("speaker", steps=500)                  # SPEAKER with 500 steps
     >>> w, y = training_windows(windows, y, km.labels, ambient=ambient_windows(["room.wav"]), augment=16)
-    >>> train(trainer, cached_features(state, bb, km, w), y, store, "default", 1000,
+    >>> train(trainer, cached_features(state, bb, km, w), y, store, "default", opts["steps"],
     ...       **train_options(km.labels))
 """
 
@@ -35,6 +36,26 @@ NEGATIVE_LABELS = ("_unknown_", "_silence_")
 # chosen on development data only (scripts/adapt_recipe.py); docs/edge-runtime.md, "Speaker adaptation"
 SPEAKER = {"strategy": "full", "optimizer": "adam", "steps": 1000, "augment": 16, "balance": True,
            "negative_share": 0.75, "negative_distill": 0.0, "verify": True}
+# what `device adapt` did before the recipe (and does without --recipe): the given clips as they are
+PLAIN = {"strategy": "bias-only", "optimizer": "sgd", "steps": 200, "augment": 0, "balance": False,
+         "negative_share": None, "negative_distill": 0.0, "verify": False}
+RECIPES = {"plain": PLAIN, "speaker": SPEAKER}
+
+
+def resolve(recipe: str | None = None, **given) -> dict:
+    """The options of one adaptation run: recipe ``recipe`` (None: ``plain``) with every option of
+    ``given`` that is not None in its place. Unknown recipes and options are refused."""
+    name = recipe or "plain"
+    if name not in RECIPES:
+        raise EdgelearnError(f"unknown adaptation recipe {name!r}", fix=f"use one of {sorted(RECIPES)}")
+    unknown = sorted(set(given) - set(PLAIN))
+    if unknown:
+        raise EdgelearnError(f"unknown recipe options {unknown}", fix=f"use {sorted(PLAIN)}")
+    out = {**RECIPES[name], **{k: v for k, v in given.items() if v is not None}, "recipe": name}
+    if out["augment"] < 0 or (out["negative_share"] is not None and not 0.0 <= out["negative_share"] < 1.0):
+        raise EdgelearnError(f"augment {out['augment']} / negative share {out['negative_share']} out of range",
+                             fix="pass augment >= 0 and a negative share in [0, 1)")
+    return out
 
 
 def negative_ids(labels) -> tuple:
@@ -74,59 +95,3 @@ def train_options(labels, balance: bool = True, negative_share: float | None = 0
     """Keyword arguments of ``edge.adapt.run.train`` for the recipe's sampling and distillation."""
     return {"balance": bool(balance), "negatives": negative_ids(labels), "negative_share": negative_share,
             "negative_distill": float(negative_distill)}
-
-
-def adapt_state(state_dir, bundle, windows, y, *, ambient=None, context: str = "default", backend: str = "auto",
-                replay_bytes: int = 1 << 20, distill: float = 0.5, lr: float | None = None, seed: int = 0,
-                **recipe) -> dict:
-    """Adapt ``state_dir``'s ``context`` to the labelled clips (``windows``: (N, 16000) int16, ``y``:
-    label ids) with the speaker recipe (``SPEAKER``, overridden by ``recipe``); returns the run's
-    result as ``Device.adapt`` does. Trains now (no scheduler decision)."""
-    from edge.adapt import Backbone, ConvTail, ConvTrainer, load_tail
-    from edge.adapt.fcache import cached_features
-    from edge.adapt.run import train
-    from edge.adapt.store import AdaptStore
-    from edge.kws import KeywordModel
-    from edge.replay import TAIL_REPLAY, ReplayStore
-    from edge.scheduler import Scheduler
-
-    unknown = set(recipe) - set(SPEAKER)
-    if unknown:
-        raise EdgelearnError(f"unknown recipe options {sorted(unknown)}", fix=f"use {sorted(SPEAKER)}")
-    r = {**SPEAKER, **recipe}
-    km = KeywordModel(bundle, backend=backend)
-    sched = Scheduler(state_dir, idle_s=lambda: 10 ** 6)
-    store = AdaptStore(state_dir, bundle)
-    store.recover(sched.charge)
-    w, yy = training_windows(windows, y, km.labels, ambient=ambient, augment=r["augment"], seed=seed)
-    bb = Backbone(bundle, backend=backend)
-    x = cached_features(state_dir, bb, km, w)
-    tail = ConvTail(load_tail(bundle), store.load(context), qparams=bb.qparams,
-                    train_dw=r["strategy"] != "bias-only")
-    tr = ConvTrainer(tail, r["strategy"], r["optimizer"], lr=lr, seed=seed)
-    replay = ReplayStore(state_dir, dim=int(np.prod(x.shape[1:])), max_bytes=replay_bytes, name=TAIL_REPLAY,
-                         flush_every=1 << 62)
-    teacher = ConvTail(load_tail(bundle), qparams=bb.qparams).probs
-    entries = None
-    if r["verify"]:
-        from edge.adapt.verified import command_entries
-
-        entries = command_entries(bundle, km, windows, y, seed=seed)
-
-    def stage():
-        from edge.adapt.verified import entries_bytes, entries_file
-
-        replay.add_many(tail.to_float(x), yy)
-        out = {TAIL_REPLAY: replay.staged()}
-        if entries:
-            out[entries_file(context)] = entries_bytes(entries, tail.merged())
-        return out
-
-    res = train(tr, x, yy, store, context, r["steps"], replay=replay, teacher=teacher, distill=distill, seed=seed,
-                charge_seq=sched.charged + 1, stage=stage,
-                **train_options(km.labels, r["balance"], r["negative_share"], r["negative_distill"]))
-    if res["status"] == "done":
-        replay.mark_saved()
-    store.recover(sched.charge)
-    return {**res, "strategy": r["strategy"], "tensors": tr.names, "step_bytes": tr.step_bytes(), "n": int(len(x)),
-            "verified": sorted(entries or {})}

@@ -4,6 +4,7 @@
     $ edgelearn device detect --state st --wav long.wav --json
     {"keyword": "hey edge", "time_s": 3.42, "score": 0.97}
     $ edgelearn device adapt --state st --data mydata/ --strategy lora --context kitchen
+    $ edgelearn device adapt --state st --data my_commands/ --recipe speaker --ambient tv.wav
     $ edgelearn device status --state st
 
 Argument parsing and printing only: each action makes one call on ``edge.device.Device`` (the
@@ -12,6 +13,7 @@ same operations from Python) and prints what it returns.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -63,13 +65,28 @@ def add_arguments(p) -> None:
             s.add_argument("--replace", action="store_true", help="re-enrol an existing keyword")
         elif name == "adapt":
             s.add_argument("--data", type=Path, help="DIR/<label>/*.wav with bundle labels")
-            s.add_argument("--strategy", default="bias-only",
-                           help="bias-only | residual-adapter | lora | sparse | full")
+            s.add_argument("--recipe", default=None, choices=("plain", "speaker"),
+                           help="plain (default: the clips as they are, bias-only, sgd, 200 steps) | speaker "
+                                "(the base commands in your voice from ~3 clips each: full tail, adam, 1000 "
+                                "steps, 16 augmented copies, 3/4 negatives per batch, a second stage per "
+                                "command; pass --ambient); the options below override it")
+            s.add_argument("--ambient", type=Path, nargs="+", default=None, metavar="WAV",
+                           help="everyday audio of the place that says none of the commands (TV, "
+                                "conversation), trained on as _unknown_")
+            s.add_argument("--strategy", default=None,
+                           help="bias-only | residual-adapter | lora | sparse | full (default: the recipe's)")
             s.add_argument("--dw4", choices=("auto", "train", "freeze"), default="auto",
                            help="train the tail's depthwise layer too (auto: frozen for bias-only, whose "
                                 "forward then starts after pw4, computed once per clip; see docs/edge-runtime.md)")
-            s.add_argument("--optimizer", default="sgd", help="sgd | adam")
-            s.add_argument("--steps", type=int, default=200)
+            s.add_argument("--optimizer", default=None, help="sgd | adam (default: the recipe's)")
+            s.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
+            s.add_argument("--augment", type=int, default=None, metavar="N",
+                           help="train on N shifted, re-timed, noisy copies of each command clip")
+            s.add_argument("--negative-share", type=float, default=None, metavar="F",
+                           help="share of every batch drawn from _unknown_/_silence_ examples")
+            s.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
+                           help="build a second stage for each command from its clips")
+            s.add_argument("--lr", type=float, default=None, help="learning rate (default: the optimizer's)")
             s.add_argument("--rank", type=int, default=4)
             s.add_argument("--memory-budget", type=int, default=256 * 1024, help="bytes, for sparse")
             s.add_argument("--replay-bytes", type=int, default=1 << 20, help="replay buffer size (tail inputs)")
@@ -197,9 +214,12 @@ def _adapt(args) -> int:
         else:
             print(json.dumps({"active": dev.use(None if args.use == "base" else args.use)}))
         return 0
-    print(json.dumps(dev.adapt(args.data, strategy=args.strategy, optimizer=args.optimizer, steps=args.steps,
-                               rank=args.rank, memory_budget=args.memory_budget, replay_bytes=args.replay_bytes,
-                               distill=args.distill, context=args.context, dw4=args.dw4, force=args.force)))
+    print(json.dumps(dev.adapt(args.data, recipe=args.recipe, strategy=args.strategy, optimizer=args.optimizer,
+                               steps=args.steps, rank=args.rank, memory_budget=args.memory_budget,
+                               replay_bytes=args.replay_bytes, distill=args.distill, context=args.context,
+                               dw4=args.dw4, ambient=args.ambient, augment=args.augment,
+                               negative_share=args.negative_share, verify=args.verify, lr=args.lr,
+                               force=args.force)))
     return 0
 
 

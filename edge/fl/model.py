@@ -27,10 +27,23 @@ class FederatedHeadTrainer:
     ``strategy`` (bias-only, lora, sparse, full, residual-adapter when the federated
     model carries adapter tensors) can be overridden per task (``adapt_strategy``).
     ``train(params, X, y, config, rng)`` returns the new values of the tensors it changed.
+
+    ``negatives`` / ``negative_share`` / ``balance``: the speaker recipe's sampling
+    (``edge.adapt.sampling.Batches``): that share of every batch from the negative labels
+    (``_unknown_``, ``_silence_``), the rest class-balanced; as many steps per epoch as the plain
+    walk. None (the default): one permutation per epoch, as before.
+    ``tensors``: the tensors a ``sparse`` strategy trains when the task names none (e.g. the
+    classifier alone). ``keep_absent``: the classifier's outputs for labels the device has no
+    example of keep their weights (a device that hears 10 commands says nothing about the other
+    words the shipped head knows; left free, every local step pushes them down).
     """
 
-    def __init__(self, strategy: str = "full", optimizer: str = "sgd"):
+    def __init__(self, strategy: str = "full", optimizer: str = "sgd", negatives=(),
+                 negative_share: float | None = None, balance: bool = False, tensors=None,
+                 keep_absent: bool = False):
         self.strategy, self.optimizer = strategy, optimizer
+        self.negatives, self.negative_share, self.balance = tuple(negatives), negative_share, bool(balance)
+        self.tensors, self.keep_absent = (list(tensors) if tensors else None), bool(keep_absent)
 
     def train(self, params: dict, X, y, config: dict, rng) -> dict:
         from edge.adapt import EmbeddingHead, Trainer
@@ -40,13 +53,32 @@ class FederatedHeadTrainer:
         tail = EmbeddingHead({k: v.copy() for k, v in params.items()})
         tr = Trainer(tail, config.get("adapt_strategy", self.strategy), optimizer=self.optimizer,
                      lr=float(config.get("learning_rate", 0.1)), rank=int(config.get("rank", 4)),
-                     seed=int(rng.integers(1 << 31)), sparse_tensors=config.get("sparse_tensors"),
+                     seed=int(rng.integers(1 << 31)), sparse_tensors=config.get("sparse_tensors") or self.tensors,
                      weight_decay_to_base=float(config.get("prox_mu", 0.0)))
+        step = tr.step
+        if self.keep_absent:
+            absent = np.setdiff1d(np.arange(params["classifier.b"].shape[0]), y)
+
+            def step(xb, yb):
+                tr.step(xb, yb)
+                for k in ("classifier.w", "classifier.b"):
+                    if k in tail.delta and tail.delta[k].shape == params[k].shape:
+                        tail.delta[k][..., absent] = params[k][..., absent]
         bs = max(1, int(config.get("batch_size", 16)))
-        for _ in range(int(config.get("local_epochs", 1))):
-            order = rng.permutation(len(y))
-            for a in range(0, len(y), bs):
-                tr.step(X[order[a:a + bs]], y[order[a:a + bs]])
+        epochs = int(config.get("local_epochs", 1))
+        if self.negative_share is not None or self.balance:
+            from edge.adapt.sampling import Batches
+
+            batches = Batches(y, bs, seed=int(rng.integers(1 << 31)), balance=self.balance,
+                              negatives=self.negatives, negative_share=self.negative_share)
+            for i in range(epochs * -(-len(y) // bs)):
+                idx = batches(i)
+                step(X[idx], y[idx])
+        else:
+            for _ in range(epochs):
+                order = rng.permutation(len(y))
+                for a in range(0, len(y), bs):
+                    step(X[order[a:a + bs]], y[order[a:a + bs]])
         merged = tail.merged()
         return {k: np.asarray(v, np.float32) for k, v in merged.items() if k in params}
 

@@ -11,6 +11,18 @@ aggregator's deadline and retry hints are scaled the same way.
 
     res = simulate(SimConfig(devices=40, rounds=10), out_dir="fleet-out")
     res["rounds"][-1]["accuracy"]
+
+``task="shipped-head"`` is the task that improves the shipped model (issue 18): the aggregator
+starts from the shipped classifier (``host.fleet.data.extract_head``), each device is a user
+with a voice the model never trained on (``host.fleet.voices``: Flite voices in their own rooms)
+and a real ``edge.device.Device`` state, and its examples are what the agent trains on,
+assembled by the agent's own function (``edge.fl.local.local_examples``: a few labelled clips
+per command, augmented, the user's other words as ``_unknown_``, room noise as ``_silence_``,
+and the confident detections ``Device.detect`` kept). Aggregates are gated on the corpus's
+``heldout_split`` (val: voices no device holds, never reported by the benchmark).
+
+    res = simulate(SimConfig(task="shipped-head", devices=9, rounds=10), "fleet-out")
+    head = final_head("fleet-out")                  # the last published version's head
 """
 
 from __future__ import annotations
@@ -41,6 +53,13 @@ class SimConfig:
     drop_rate: float = 0.1           # chance a device trains but never uploads
     time_scale: float = 0.02         # wall seconds per simulated second
     fresh_head: bool = True          # start from a random classifier instead of the shipped one
+    task: str = ""                   # "shipped-head": voices the model never heard, from the shipped head
+    voices: tuple = ()               # shipped-head: the users' Flite voices (default FLEET_VOICES)
+    augment: int = 8                 # shipped-head: copies of each labelled clip
+    negative_share: float = 0.5      # shipped-head: share of _unknown_/_silence_ in every local batch
+    heldout_split: str = "val"       # shipped-head: the corpus split the aggregator gates on
+    head_tensors: tuple = ("classifier.w", "classifier.b")  # shipped-head: what devices train (sparse); () = all
+    keep_absent: bool = True         # shipped-head: outputs of labels a device never hears keep their weights
     local_epochs: int = 5
     learning_rate: float = 0.1
     eval_tolerance: float = 0.01
@@ -78,8 +97,41 @@ def _serve(app, port):
     return server, th
 
 
-def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
-    """Run the fleet until ``cfg.rounds`` rounds have closed; returns rounds, devices and bytes."""
+TASKS = ("", "fresh-head", "shipped-head")
+
+
+def final_head(out_dir, version: int | None = None) -> dict:
+    """The head of published ``version`` (None: the newest) of a simulation's aggregator (``out_dir/agg``)."""
+    from host.aggregator.models import load_params
+
+    models = Path(out_dir) / "agg" / "models"
+    if version is None:
+        version = max(int(p.stem[1:]) for p in models.glob("v*.npz") if p.stem[1:].isdigit())
+    return load_params(models / f"v{version}.npz")
+
+
+def voice_fleet(cfg: SimConfig, root, progress: bool = True) -> list[dict]:
+    """The shipped-head task's devices: ``host.fleet.voices.make_fleet`` + ``prepare_devices``."""
+    from host.fleet.voices import FLEET_VOICES, make_fleet, prepare_devices
+
+    users = make_fleet(cfg.devices, voices=tuple(cfg.voices) or FLEET_VOICES, seed=cfg.seed)
+    return prepare_devices(users, root, augment=cfg.augment, progress=progress)
+
+
+def device_trainer(cfg: SimConfig, labels):
+    """The local trainer of a shipped-head device: the speaker recipe's batches (negatives share)."""
+    from edge.adapt.recipe import negative_ids
+    from edge.fl import FederatedHeadTrainer
+
+    tensors = list(cfg.head_tensors)
+    return FederatedHeadTrainer("sparse" if tensors else "full", negatives=negative_ids(labels),
+                                negative_share=cfg.negative_share, balance=True, tensors=tensors or None,
+                                keep_absent=cfg.keep_absent)
+
+
+def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=None) -> dict:
+    """Run the fleet until ``cfg.rounds`` rounds have closed; returns rounds, devices and bytes.
+    ``fleet``: the shipped-head task's prepared devices (``voice_fleet``), else made here."""
     import socket
     from concurrent.futures import ThreadPoolExecutor
 
@@ -89,10 +141,15 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
     from host.aggregator.inprocess import make_state, small_params
     from host.fleet.data import extract_head, load_embeddings, partition_noniid
 
+    from edge.errors import EdgelearnError
+
+    if cfg.task not in TASKS:
+        raise EdgelearnError(f"fleet task {cfg.task!r} is unknown", fix="use shipped-head, or leave it empty")
+    shipped = cfg.task == "shipped-head"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = data or load_embeddings(progress=progress)
-    held = data.rows("test")
+    held = data.rows(cfg.heldout_split if shipped else "test")
     s = cfg.time_scale
     settings = dict(mode=cfg.mode, strategy=cfg.strategy, codec=cfg.codec,
                     clients_per_round=cfg.clients_per_round, overselect=cfg.overselect,
@@ -103,10 +160,22 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
                     fairness_window=10, max_rounds_per_window=10, synchronous="normal", seed=cfg.seed,
                     secagg_phase_timeout=cfg.round_timeout * s / 4)
     acfg = AggregatorConfig(**{**settings, **cfg.extra})  # extra: any other aggregator setting, or an override
-    params = small_params(cfg.seed) if cfg.fresh_head else extract_head()
+    if shipped:
+        params = extract_head()
+        if fleet is None:
+            fleet = voice_fleet(cfg, out / "users", progress=progress)
+        if len(fleet) != cfg.devices:
+            raise EdgelearnError(f"{len(fleet)} prepared devices for a fleet of {cfg.devices}",
+                                 fix="prepare one per device (voice_fleet)")
+        local = [(f["X"], f["y"]) for f in fleet]
+        trainer = device_trainer(cfg, fleet[0]["device"].bundle.labels)
+    else:
+        params = small_params(cfg.seed) if cfg.fresh_head else extract_head()
+        parts = partition_noniid(data, cfg.devices, seed=cfg.seed)
+        local = [(data.X[p], data.y[p]) for p in parts]
+        trainer = None
     state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params,
                              heldout=(data.X[held], data.y[held]))
-    parts = partition_noniid(data, cfg.devices, seed=cfg.seed)
     with socket.socket() as so:
         so.bind(("127.0.0.1", 0))
         port = so.getsockname()[1]
@@ -117,7 +186,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
     devices = []
     for i, (dev, key) in enumerate(keys.items()):
         c = FLClient(f"http://127.0.0.1:{port}", dev, key, out / "devices" / dev, trusted_keys=state / "keys",
-                     data=(data.X[parts[i]], data.y[parts[i]]), seed=cfg.seed * 1000 + i)
+                     data=local[i], trainer=trainer, seed=cfg.seed * 1000 + i)
         devices.append(Device(i, c, np.random.default_rng([cfg.seed, i]), cfg))
     t0 = time.monotonic()
     stats = {"uploads": 0, "drops": 0, "errors": 0, "waits": 0, "latencies": []}
@@ -222,7 +291,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True) -> dict:
     res = {"config": cfg.__dict__, "rounds": [r for r in rounds if r["status"] != "open"], "stats": stats,
            "participation": [d.joined for d in devices], "bytes_up": sum(d.client.bytes_up for d in devices),
            "initial_accuracy": status["models"][0]["accuracy"], "models": status["models"],
-           "wall_seconds": time.monotonic() - t0}
+           "wall_seconds": time.monotonic() - t0, "final_version": max(m["version"] for m in status["models"])}
     if mcu is not None:
         res["mcu"] = mcu.result()
         mcu_pool.shutdown()

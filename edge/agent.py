@@ -48,6 +48,7 @@ AGENT_FILE = "agent.json"
 FL_DIR = "fl"
 SAMPLE_RATE = 16000
 HEALTH_TOLERANCE = 0.05  # a new version may name at most this fraction fewer labelled clips right
+HOLD_ENV = "EDGELEARN_AGENT_HOLD"  # test-only: stop the federated thread at a named point (_HeldTransport)
 
 UNIT = """[Unit]
 Description=edgelearn device agent (keyword detection, on-device adaptation, federated rounds)
@@ -217,15 +218,20 @@ class Agent:
             return v if isinstance(v, dict) else None
 
         rejected = prev.get("rejected")
+        checked = prev.get("fl_version")
         self.status = {"pid": os.getpid(), "started": time.time(), "audio_s": 0.0,
                        "detections": count("detections"), "rounds_joined": count("rounds_joined"),
                        "bytes_uploaded": count("bytes_uploaded"), "rollbacks": count("rollbacks"),
                        "last_adapt": record("last_adapt"), "last_checkin": record("last_checkin"),
                        "last_health": record("last_health"), "version": None, "state": "starting",
+                       # the federated version detection runs (it passed its health check); None: the given bundle
+                       "fl_version": checked if isinstance(checked, int) and not isinstance(checked, bool) else None,
                        "rejected": [v for v in rejected if isinstance(v, int)] if isinstance(rejected, list) else []}
         self._check_config()
-        self.device = self._open_device()
         self._clips = None
+        self.device, unchecked = self._open_device()
+        if unchecked is not None:  # installed, never checked (a kill -9 came between): checked before use
+            self._switch_version(unchecked)
         self._next_adapt = self.clock()
         self._next_checkin = self.clock()
         self._next_status = self.clock()
@@ -251,18 +257,56 @@ class Agent:
 
         return default_trusted_keys()
 
-    def _open_device(self) -> Device:
-        """The device on the newest installed federated version, else the given or shipped bundle."""
-        bundle = self.base_bundle
+    def _open_device(self) -> tuple[Device, int | None]:
+        """(the device on the federated version it ran last, else the given or shipped bundle; the
+        installed version to health-check before detection uses it, or None).
+
+        The federated client installs a version before the agent checks it, so after a kill -9 the
+        store's current version may never have passed the check: it is used only when it is the one
+        the agent ran (``fl_version`` in agent.json) or the enrolled keywords were already carried
+        to it (the check passed and the switch got that far); otherwise the device opens on the
+        version it ran and the new one is checked now. A rejected version is never used."""
+        bundle, unchecked = self.base_bundle, None
         if self.cfg.aggregator:
             store = self._fl_store()
-            cur = store.pointer()["current"]
-            if cur is not None and store.current().version not in self.status.get("rejected", []):
-                bundle = store.current()
+            ptr = store.pointer()
+            cur, prev = (self._installed(store, ptr[k]) for k in ("current", "previous"))
+            rejected, ran = self.status["rejected"], self.status["fl_version"]
+            if cur is not None and cur.version not in rejected:
+                if cur.version == ran or self._carried_to(cur):
+                    bundle, ran = cur, cur.version
+                else:
+                    unchecked = cur.version
+            if bundle is self.base_bundle and prev is not None and prev.version == ran and ran not in rejected:
+                bundle = prev
+            if bundle is self.base_bundle:
+                ran = None
+            self.status["fl_version"] = ran
         dev = Device(self.state_dir, bundle, backend=self.backend, trusted_keys=self.trusted_keys,
                      sysfs_root=self.sysfs_root)
         self.status["version"] = f"{dev.bundle.model_id} v{dev.bundle.version}"
-        return dev
+        return dev, unchecked
+
+    @staticmethod
+    def _installed(store, name):
+        """The verified bundle ``name`` of the store, or None (none, or damaged: not usable)."""
+        if name is None:
+            return None
+        from edge.bundle import load_bundle
+
+        try:
+            return load_bundle(store.bundles_dir / name, trusted_keys=store.trusted_keys)
+        except EdgelearnError:
+            return None
+
+    def _carried_to(self, bundle) -> bool:
+        """Whether the enrolled keywords are bound to ``bundle`` already (``Device.carry_to`` ran)."""
+        from edge.enroll import DeviceState
+
+        try:
+            return bool(DeviceState.open(self.state_dir, bundle).keywords)
+        except EdgelearnError:
+            return False
 
     def labelled_clips(self):
         """(windows, labels) of the labelled clips in ``data``, or None."""
@@ -403,7 +447,13 @@ class Agent:
             from edge.fl import FLClient
             from edge.keys import load_hmac_key
 
-            self.fl = FLClient(self.cfg.aggregator, self.cfg.device_id, load_hmac_key(self.cfg.device_key),
+            server = self.cfg.aggregator
+            hold = os.environ.get(HOLD_ENV)
+            if hold:
+                from edge.fl.transport import HttpTransport
+
+                server = _HeldTransport(HttpTransport(server), hold)
+            self.fl = FLClient(server, self.cfg.device_id, load_hmac_key(self.cfg.device_key),
                                self.state_dir / FL_DIR, trusted_keys=self.trusted_keys or self._default_keys(),
                                data=self._fl_examples)
         return self.fl
@@ -448,36 +498,62 @@ class Agent:
         return st
 
     def _round(self) -> None:
-        """One check-in (background thread): train and upload when selected; posts what happened."""
+        """One check-in (background thread): train and upload when selected; posts what happened,
+        with the version the store holds now (a round that fails after its install still posts it)."""
+        c = None
         try:
             c = self._fl_client()
             before = c.bytes_up
             ans = c.run_once(self._checkin_status())
             self._fl_results.put(("ok", {"answer": ans, "bytes": c.bytes_up - before,
                                          "version": c.current_version()}))
-        except EdgelearnError as e:
-            self._fl_results.put(("error", {"error": str(e)}))
-        except OSError as e:
-            self._fl_results.put(("error", {"error": f"aggregator unreachable ({e.__class__.__name__}: {e})"}))
+        except Exception as e:  # noqa: BLE001 - a failed round never ends the agent; the next check-in retries
+            if isinstance(e, EdgelearnError):
+                why = str(e)
+            elif isinstance(e, OSError):
+                why = f"aggregator unreachable ({e.__class__.__name__}: {e})"
+            else:
+                why = f"the round failed ({e.__class__.__name__}: {e})"
+            try:
+                version = None if c is None else c.current_version()
+            except EdgelearnError:
+                version = None
+            self._fl_results.put(("error", {"error": why, "version": version}))
 
     def _after_round(self, kind: str, res: dict) -> None:
         now = time.time()
         if kind == "error":
             self.status["last_checkin"] = {"time": now, "error": res["error"]}
-            self._write_status()
-            return
-        ans = res["answer"]
-        action = ans.get("action")
-        self.status["last_checkin"] = {"time": now, "action": action, "round_id": ans.get("round_id"),
-                                       "version": res["version"]}
-        if action in ("uploaded", "secure"):
-            self.status["rounds_joined"] += 1
-            self.status["bytes_uploaded"] += int(res["bytes"])
-        installed = res["version"]
+        else:
+            ans = res["answer"]
+            action = ans.get("action")
+            self.status["last_checkin"] = {"time": now, "action": action, "round_id": ans.get("round_id"),
+                                           "version": res["version"]}
+            if action in ("uploaded", "secure"):
+                self.status["rounds_joined"] += 1
+                self.status["bytes_uploaded"] += int(res["bytes"])
+        # whatever the round's outcome, what it installed is checked (or dropped) now: the store keeps
+        # only its current and previous versions, so the running one must stay one of them
+        installed = res.get("version")
         running = self.device.bundle.version
         if installed is not None and installed != running:
-            self._switch_version(installed)
+            if installed in self.status["rejected"]:  # re-installed to train a round on it: not used again
+                self._drop_rejected(installed)
+            else:
+                self._switch_version(installed)
         self._write_status()
+
+    def _drop_rejected(self, version: int) -> None:
+        """The store's current version is one the health check rejected (the client installs what a
+        round trains): make the running version current again, so the next install keeps it."""
+        store = self._fl_store()
+        ptr = store.pointer()
+        b = self.device.bundle
+        if ptr["previous"] == f"{b.model_id}-v{b.version}" and (ptr["current"] or "").endswith(f"-v{version}"):
+            try:
+                store.rollback()
+            except EdgelearnError:
+                pass
 
     def _switch_version(self, version: int) -> None:
         """A newly installed federated version: deep health check, then detection uses it; rolled
@@ -507,6 +583,7 @@ class Agent:
                              sysfs_root=self.sysfs_root)
         self._clips = None
         self.status["version"] = f"{new.model_id} v{new.version}"
+        self.status["fl_version"] = new.version
         self._restart = True
 
     # -- the way out -----------------------------------------------------------------------------
@@ -533,3 +610,40 @@ class Agent:
                 pass
         self.status["state"] = "stopped"
         self._write_status()
+
+
+class _HeldTransport:
+    """Test-only, and off unless ``EDGELEARN_AGENT_HOLD`` is set (tests/test_agent_fleet.py): with
+    ``before|after,PATH,N,MARKER`` the federated thread stops at its N-th request to PATH (before the
+    request is sent, or after its answer arrived), writes MARKER and waits until the process is
+    killed. How a test kills -9 an agent at a named point of a round; detection runs on meanwhile."""
+
+    def __init__(self, inner, spec: str):
+        try:
+            when, self.path, n, self.marker = spec.split(",", 3)
+            self.n = int(n)
+        except ValueError:
+            raise EdgelearnError(f"{HOLD_ENV}={spec!r} is not before|after,PATH,N,MARKER",
+                                 fix=f"unset {HOLD_ENV} (it is for tests)") from None
+        if when not in ("before", "after"):
+            raise EdgelearnError(f"{HOLD_ENV}={spec!r}: {when!r} is not before or after", fix=f"unset {HOLD_ENV}")
+        self.inner, self.when, self.seen = inner, when, 0
+
+    def _hold(self, method, path):
+        atomic_write(Path(self.marker), json.dumps({"pid": os.getpid(), "at": f"{self.when} {method} {path}"}).encode())
+        threading.Event().wait()
+
+    def request(self, method, path, body=b"", headers=None):
+        hit = False
+        if path == self.path:
+            self.seen += 1
+            hit = self.seen == self.n
+        if hit and self.when == "before":
+            self._hold(method, path)
+        res = self.inner.request(method, path, body, headers)
+        if hit:
+            self._hold(method, path)
+        return res
+
+    def close(self):
+        self.inner.close()

@@ -9,32 +9,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
+from agent_helpers import CLI, ROOT, free_port, stream, trusted_keys
 from devstate_helpers import make_data, make_keyword_clips, make_sysfs
 
 from edge.agent import Agent, AgentConfig, health_check, read_status
-from edge.audio import read_wav
 from edge.device import CHUNK, Device
-
-ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "edge.cli"]
-
-
-def stream(tmp: Path, copies: int = 1, seed: int = 5) -> np.ndarray:
-    """Noise with the enrolled chirp keyword said three times, ``copies`` times over."""
-    clips = make_keyword_clips(tmp / "kwclips")
-    rng = np.random.default_rng(seed)
-    kw = read_wav(clips[0])
-    noise = lambda n: rng.standard_normal(n) * 100  # noqa: E731
-    one = np.concatenate([noise(16000), kw, noise(40000), kw, noise(30000), kw, noise(16000)])
-    return np.tile(one, copies).astype(np.int16)
 
 
 @pytest.fixture
@@ -165,12 +148,6 @@ def test_kill_9_while_adapting_leaves_a_usable_state(enrolled, tmp_path):
 
 # -- against a real aggregator on loopback ------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def aggregator(tmp_path):
     from aggregator_helpers import start
@@ -182,10 +159,7 @@ def aggregator(tmp_path):
     cfg = AggregatorConfig(clients_per_round=1, overselect=1.0, eval_tolerance=1.0, round_timeout=60)
     agg, keys = make_state(tmp_path, cfg, n_devices=1, prefix="pi-")
     key_file = write_device_key(tmp_path / "devkeys", "pi-0", keys["pi-0"])
-    trusted = tmp_path / "trusted"  # what /etc/edgelearn/keys holds on a Pi: the release and the fleet's key
-    trusted.mkdir()
-    for pub in [ROOT / "models" / "keys" / "release.pub", *(agg / "keys").glob("*.pub")]:
-        shutil.copy(pub, trusted / pub.name)
+    trusted = trusted_keys(agg, tmp_path / "trusted")
     port = free_port()
     proc = start(agg, port)
     try:

@@ -119,6 +119,31 @@ class RoundManager(Uploads):
         self.acc = self.strategy.begin(self.reg.params())
         self._close(why)
 
+    def publish_params(self, params: dict, note: str = "operator") -> int:
+        """Publish ``params`` as version current+1 outside any round (an operator's rollout, e.g. a
+        hand-fixed head): the current version's tensors with the same shapes, finite, written and
+        signed as a round's result is. The open round trained the old version, so it ends as
+        ``failed`` ("superseded by vN", its updates dropped) and the next round trains the new one.
+        No held-out check: the operator decides. Returns the new version."""
+        from edge.errors import EdgelearnError
+
+        cur = self.reg.params()
+        new = {k: np.asarray(v, np.float32) for k, v in params.items()}
+        if set(new) != set(cur) or any(new[k].shape != cur[k].shape for k in cur):
+            raise EdgelearnError(f"the new head has tensors {sorted((k, v.shape) for k, v in new.items())}; "
+                                 f"version {self.reg.current} has {sorted((k, v.shape) for k, v in cur.items())}",
+                                 fix="publish the same tensors with the same shapes")
+        if not all(np.all(np.isfinite(v)) for v in new.values()):
+            raise EdgelearnError("the new head holds NaN or infinite values", fix="publish finite numbers")
+        r = self.round
+        with self.store.tx() as c:
+            v = self.reg.publish(new, None, self.reg.accuracy(new), None, self.strategy.state())
+            c.execute("UPDATE rounds SET status='failed', closed=?, note=? WHERE round_id=?",
+                      (self.clock(), f"superseded by v{v} ({note})"[:200], r["round_id"]))
+            c.execute("DELETE FROM updates WHERE round_id=?", (r["round_id"],))
+            self._open()
+        return v
+
     def _note_arrival(self, round_id: int, device_id: str, selected: int | None = None) -> None:
         h = self.arrivals.get(str(round_id))
         if h is None:

@@ -3,6 +3,7 @@
     init_state("agg/", AggregatorConfig(clients_per_round=5), bundle="models/kws-dscnn-s",
                heldout=(X_test, y_test))
     key = provision("agg/", "pi-001")          # 32 random bytes, registered in the database
+    v = publish_version("agg/", head)         # an operator's rollout: the next version, outside rounds
 """
 
 from __future__ import annotations
@@ -68,6 +69,21 @@ def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "
     finally:
         store.close()
     return key
+
+
+def publish_version(state_dir, params: dict, note: str = "operator") -> int:
+    """Publish ``params`` (the head's tensors, as ``head.npz`` holds them) as the next model version,
+    outside any round (``RoundManager.publish_params``: the open round is superseded, the next one
+    trains it, devices pull it with their next task). Needs the state lock: it refuses, in one
+    sentence, while ``edgelearn aggregator serve`` runs on this state; stop it, publish, serve again.
+    Returns the new version."""
+    from host.aggregator.app import Aggregator
+
+    agg = Aggregator(state_dir)
+    try:
+        return agg.rounds.publish_params(params, note)
+    finally:
+        agg.close()
 
 
 def write_device_key(out_dir, device_id: str, key: bytes) -> Path:

@@ -1,0 +1,67 @@
+"""Helpers of the agent tests (tests/test_agent.py, tests/test_agent_fleet.py): the audio stream that
+says the enrolled chirp keyword, the trusted-keys directory a federated device verifies versions
+with, known inputs for the health check, a sysfs tree on battery, a free loopback port."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+from devstate_helpers import make_keyword_clips
+
+from edge.audio import read_wav, write_wav
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "edge.cli"]
+
+
+def stream(tmp: Path, copies: int = 1, seed: int = 5) -> np.ndarray:
+    """Noise with the enrolled chirp keyword said three times, ``copies`` times over."""
+    clips = make_keyword_clips(tmp / "kwclips")
+    rng = np.random.default_rng(seed)
+    kw = read_wav(clips[0])
+    noise = lambda n: rng.standard_normal(n) * 100  # noqa: E731
+    one = np.concatenate([noise(16000), kw, noise(40000), kw, noise(30000), kw, noise(16000)])
+    return np.tile(one, copies).astype(np.int16)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trusted_keys(agg_state: Path, out: Path) -> Path:
+    """What /etc/edgelearn/keys holds on a Pi: the release key and the federation's signing key."""
+    out.mkdir(parents=True, exist_ok=True)
+    for pub in [ROOT / "models" / "keys" / "release.pub", *(Path(agg_state) / "keys").glob("*.pub")]:
+        shutil.copy(pub, out / pub.name)
+    return out
+
+
+def make_silence_data(root: Path, n: int = 3, seed: int = 0) -> Path:
+    """Labelled clips the shipped model names right: quiet and loud noise in ``_silence_/`` (the
+    health check's known inputs; a version that names them otherwise is broken)."""
+    rng = np.random.default_rng(seed)
+    d = root / "_silence_"
+    d.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        write_wav(d / f"{i}.wav", (rng.standard_normal(16000) * (30, 300, 3000)[i % 3]).astype(np.int16))
+    return root
+
+
+def make_battery_sysfs(root: Path, pct: int = 40) -> Path:
+    """A board on battery (``pct`` %, discharging, 40 C): the adaptation scheduler waits (below its
+    50 %), while an aggregator with ``min_battery`` below ``pct`` lets it join rounds."""
+    bat = root / "sys/class/power_supply/BAT0"
+    bat.mkdir(parents=True, exist_ok=True)
+    (bat / "type").write_text("Battery\n")
+    (bat / "capacity").write_text(f"{pct}\n")
+    (bat / "status").write_text("Discharging\n")
+    tz = root / "sys/class/thermal/thermal_zone0"
+    tz.mkdir(parents=True, exist_ok=True)
+    (tz / "temp").write_text("40000\n")
+    return root

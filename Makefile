@@ -23,7 +23,7 @@ wheel-check: setup
 model: setup
 	$(PY) -m edge.cli model --out models/kws-dscnn-s
 
-bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python .venv-wyoming-oww/bin/python
+bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python .venv-wyoming-oww/bin/python .venv-mww/bin/python
 	$(PY) -m edge.cli bench
 
 # MLServer pins starlette < 0.47 and breaks with uvloop >= 0.22, so the
@@ -37,6 +37,13 @@ bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python .venv-wyoming-ow
 .venv-wyoming-oww/bin/python:
 	python3 -m venv .venv-wyoming-oww
 	.venv-wyoming-oww/bin/pip install -q wyoming-openwakeword==1.8.2
+
+# bench/esphome_export's reference and the check that an `edgelearn export esphome` model loads where
+# ESPHome users test theirs: pymicro-wakeword (microWakeWord's released models, TFLite's C library)
+# and pymicro-features (the TFLite Micro audio front end), in their own virtualenv.
+.venv-mww/bin/python:
+	python3 -m venv .venv-mww
+	.venv-mww/bin/python -m pip install -q pymicro-wakeword==2.5.0 pymicro-features==2.0.2
 
 # The keyword-spotting peers (PocketSphinx keyphrase spotting, ...) live in their own virtualenv
 # too, never in edgelearn's dependencies: bench/peers/README.md.

@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fleet": ("host.commands.fleet", "simulate a fleet of devices federating over loopback HTTP, with plots"),
     "flash": ("host.commands.flash", "deploy the MicroPython firmware and an MCU bundle to a board (or the pty rig)"),
     "wyoming": ("edge.commands.wyoming", "serve the device's keywords as Wyoming wake words (Home Assistant)"),
+    "export": ("host.commands.export", "train and export a custom wake word for ESPHome's micro_wake_word"),
 }
 
 # Every module a command may find missing, and what provides it: an extra of edgelearn, the
@@ -48,6 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 _EXTRA_FOR = {
     "tensorflow": "host", "tf2onnx": "host", "onnx": "host", "librosa": "host",
     "scipy": "host", "matplotlib": "host", "tflite_micro": "host", "ethosu": "host",
+    "pymicro_features": "host",
     "starlette": "serve", "uvicorn": "serve", "httpx": "serve", "orjson": "serve",
     "prometheus_client": "serve", "onnxruntime": "serve",
     "ai_edge_litert": "device runtime", "tflite_runtime": "device runtime",

@@ -1,0 +1,42 @@
+"""``edgelearn export``: a custom keyword for another wake-word runtime.
+
+    $ edgelearn export esphome --keyword "hey jarvis" --wav a.wav --wav b.wav ... --out esphome/
+
+writes ``esphome/hey_jarvis.tflite`` and ``esphome/hey_jarvis.json`` (micro_wake_word's v2
+manifest): copy both next to the device's YAML and name the JSON under ``micro_wake_word: models:``.
+The work is ``host/export/esphome.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="target", required=True)
+    e = sub.add_parser("esphome", help="a streaming int8 model + v2 manifest for ESPHome's micro_wake_word")
+    e.add_argument("--keyword", required=True, help='the wake phrase, e.g. "hey jarvis"')
+    e.add_argument("--wav", action="append", default=[], type=Path, metavar="WAV",
+                   help="a 16 kHz mono 16-bit clip of you saying the phrase (5 or more; repeat --wav)")
+    e.add_argument("--out", required=True, type=Path, help="folder for <keyword>.tflite and <keyword>.json")
+    e.add_argument("--author", default="edgelearn", help="the manifest's author")
+    e.add_argument("--website", help="the manifest's website (optional)")
+    e.add_argument("--languages", default="en", help="comma list for trained_languages (default: en)")
+    e.add_argument("--epochs", type=int, default=30)
+    e.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    from host.export.esphome import ExportConfig, export_esphome
+
+    cfg = ExportConfig(seed=args.seed, epochs=args.epochs, author=args.author, website=args.website,
+                       languages=tuple(x.strip() for x in args.languages.split(",") if x.strip()))
+    res = export_esphome(args.keyword, args.wav, args.out, cfg)
+    micro = res.manifest["micro"]
+    print(f"model: {res.model_path} ({res.model_bytes} bytes; ops {', '.join(res.ops)})")
+    print(f"manifest: {res.manifest_path} (cutoff {micro['probability_cutoff']}, sliding window "
+          f"{micro['sliding_window_size']}, tensor arena {micro['tensor_arena_size']} bytes; "
+          f"TFLite Micro ran it in {res.arena_bytes})")
+    print(f"trained from {res.n_windows['user_clips']} clips of yours and {res.n_windows['synthetic_renders']} "
+          f"synthetic renders in {res.train_cpu_s:.0f} CPU s")
+    return 0

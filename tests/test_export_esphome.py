@@ -1,0 +1,193 @@
+"""`edgelearn export esphome`: the model is in micro_wake_word's format and streams like its reference.
+
+A tiny model (two "phrase" clips of tone bursts, noise negatives, two epochs, no corpus) is trained
+once per module; the checks are about the format, not accuracy: int8 [1, 3, 40] input with
+ESPHome's fixed quantisation, uint8 [1, 1] output, state in resource variables, only ops
+micro_wake_word registers, the v2 manifest, TFLite Micro running it in the manifest's arena, the
+streaming model equal to the non-streaming one, and pymicro-wakeword loading it (when .venv-mww is
+there). Bad input is one sentence and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("pymicro_features")
+pytest.importorskip("tflite_micro")
+
+from edge.audio import write_wav  # noqa: E402
+from host.export import esphome as E  # noqa: E402
+from host.export import frontend as FE  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MWW_PY = ROOT / ".venv-mww" / "bin" / "python"
+
+
+def _phrase(rng, f0: float) -> np.ndarray:
+    """A stand-in for a spoken phrase: two tone bursts with a gap (no synthesizer needed)."""
+    sr = FE.SAMPLE_RATE
+    t = np.arange(int(0.25 * sr)) / sr
+    a = np.sin(2 * np.pi * f0 * t) * np.hanning(len(t))
+    b = np.sin(2 * np.pi * 1.6 * f0 * t) * np.hanning(len(t))
+    x = np.concatenate([a, np.zeros(int(0.1 * sr)), b]) * 8000 + rng.normal(0, 50, len(t) * 2 + int(0.1 * sr))
+    return x.astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    out = tmp_path_factory.mktemp("esphome")
+    clips = [_phrase(rng, f) for f in (400, 420, 440, 460, 480)]
+    cfg = E.ExportConfig(user_copies=6, noise_contexts=40, epochs=8, batch=32, log=lambda m: None)
+    res = E.export_esphome("hey tone", None, out, cfg, corpus=None, clips=clips)
+    return {"res": res, "clips": clips, "out": out, "cfg": cfg}
+
+
+def test_model_format_matches_micro_wake_word(export):
+    data = export["res"].model_path.read_bytes()
+    info = E.check_format(data)
+    assert info["input_shape"] == [1, E.STRIDE, 40] and info["input_dtype"] == "int8"
+    scale, zp = info["input_quantization"]
+    assert zp == -128 and abs(scale - 26 / 255) < 1e-6       # ESPHome's fixed feature quantisation
+    assert info["output_shape"] == [1, 1] and info["output_dtype"] == "uint8"
+    assert info["output_quantization"] == (1 / 256, 0)
+    assert E.STREAMING_OPS <= set(info["ops"])               # state in resource variables
+    assert set(info["ops"]) <= E.MWW_OPS
+    assert "DEQUANTIZE" not in info["ops"]                   # int8 variables, no float state
+
+
+def test_registered_ops_are_esphome_s():
+    # esphome/components/micro_wake_word/streaming_model.cpp, StreamingModel::register_streaming_ops_
+    assert len(E.MWW_OPS) == 20
+    assert {"CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "SPLIT_V"} <= E.MWW_OPS
+    assert "DEQUANTIZE" not in E.MWW_OPS and "EXPAND_DIMS" not in E.MWW_OPS
+
+
+def test_check_format_rejects_a_foreign_op():
+    import tensorflow as tf
+
+    class M(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 3, 40], tf.float32)])
+        def __call__(self, x):
+            return tf.reshape(tf.reduce_max(tf.exp(x), axis=[1, 2]), [1, 1])
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([M().__call__.get_concrete_function()])
+    with pytest.raises(RuntimeError, match="not a micro_wake_word model"):
+        E.check_format(conv.convert())
+
+
+def test_manifest_fields(export):
+    res = export["res"]
+    man = json.loads(res.manifest_path.read_text())
+    assert man == res.manifest
+    assert man["type"] == "micro" and man["version"] == 2 and man["wake_word"] == "Hey Tone"
+    assert man["author"] == "edgelearn" and man["trained_languages"] == ["en"]
+    assert man["model"] == res.model_path.name == "hey_tone.tflite"
+    assert (res.manifest_path.parent / man["model"]).is_file()
+    micro = man["micro"]
+    assert set(micro) == {"probability_cutoff", "sliding_window_size", "feature_step_size",
+                          "tensor_arena_size", "minimum_esphome_version"}
+    assert 0 < micro["probability_cutoff"] < 1 and micro["sliding_window_size"] == 5
+    assert micro["feature_step_size"] == 10 and micro["minimum_esphome_version"] == "2024.7.0"
+    assert res.arena_bytes <= micro["tensor_arena_size"] <= res.arena_bytes * 1.2
+
+
+def _stream_feats(export, seed=1):
+    rng = np.random.default_rng(seed)
+    sr = FE.SAMPLE_RATE
+    parts = [rng.normal(0, 100, sr).astype(np.float32)]
+    for c in export["clips"][:2]:
+        parts += [c, rng.normal(0, 100, sr).astype(np.float32)]
+    pcm = np.clip(np.concatenate(parts), -32768, 32767).astype(np.int16)
+    return FE.features(pcm)
+
+
+def test_runs_in_tflite_micro_within_the_manifest_arena(export):
+    res = export["res"]
+    feats = _stream_feats(export)
+    out = E.run_tflm(res.model_path, feats, res.manifest["micro"]["tensor_arena_size"])
+    assert out.dtype == np.uint8 and len(out) == len(feats) // E.STRIDE
+    assert len(set(out.tolist())) > 1                 # it reacts to its input
+
+
+def test_streaming_model_tracks_the_non_streaming_reference(export):
+    """The float streaming module equals the Keras model over whole windows; the int8 TFLite under
+    TFLite Micro follows it within quantisation error."""
+    import tensorflow as tf
+
+    res, feats = export["res"], _stream_feats(export)
+    model = res.keras_model
+    ref = E.stream_probabilities(model, feats)
+    mod = E.streaming_module(model)
+    s = np.array([float(mod(tf.constant(feats[None, k * E.STRIDE:(k + 1) * E.STRIDE]))[0, 0])
+                  for k in range(len(feats) // E.STRIDE)])
+    first = (E.WINDOW - E.K1) // E.STRIDE + 1      # calls before the first whole window see zero state
+    assert len(s) == len(ref) and s.std() > 1e-3
+    assert np.allclose(s[first:], ref[first:], atol=1e-5)
+    q = E.run_tflm(res.model_path, feats, res.manifest["micro"]["tensor_arena_size"]).astype(np.float32) / 256
+    assert np.abs(q[first:] - s[first:]).max() < 0.08, np.abs(q[first:] - s[first:]).max()
+
+
+def test_too_few_clips_unreadable_and_wrong_rate(tmp_path):
+    rng = np.random.default_rng(0)
+    good = []
+    for i in range(5):
+        good.append(write_wav(tmp_path / f"c{i}.wav", np.clip(_phrase(rng, 440), -32768, 32767).astype(np.int16)))
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"RIFF0000WAVEfmt nonsense")
+    write_wav(tmp_path / "r8k.wav", np.zeros(8000, np.int16), rate=8000)
+    cases = [(good[:3], "3 clip(s) of the phrase given, 5 or more are needed"),
+             (good[:4] + [bad], "bad.wav"),
+             (good[:4] + [tmp_path / "r8k.wav"], "r8k.wav"),
+             (good[:4] + [tmp_path / "missing.wav"], "missing.wav: no such file")]
+    for wavs, msg in cases:
+        argv = ["export", "esphome", "--keyword", "hey tone", "--out", str(tmp_path / "o")]
+        for w in wavs:
+            argv += ["--wav", str(w)]
+        r = subprocess.run([sys.executable, "-m", "edge.cli", *argv], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert msg in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not MWW_PY.is_file(), reason="the reference venv .venv-mww is not set up: "
+                    "`make .venv-mww/bin/python` (pip install pymicro-wakeword pymicro-features)")
+def test_loads_and_runs_in_pymicro_wakeword(export):
+    """The export's manifest and model, loaded by pymicro-wakeword's MicroWakeWord.from_config and fed
+    by its own MicroWakeWordFeatures, in its own venv."""
+    res = export["res"]
+    rng = np.random.default_rng(3)
+    wav = write_wav(export["out"] / "stream.wav", np.clip(np.concatenate(
+        [rng.normal(0, 100, 16000), export["clips"][0], rng.normal(0, 100, 16000)]), -32768, 32767).astype(np.int16))
+    code = r"""
+import json, sys, wave
+from pymicro_wakeword import MicroWakeWord, MicroWakeWordFeatures
+mww = MicroWakeWord.from_config(sys.argv[1])
+feats = MicroWakeWordFeatures()
+with wave.open(sys.argv[2], "rb") as w:
+    audio = w.readframes(w.getnframes())
+probs = []
+for i in range(0, len(audio), 2048):
+    for f in feats.process_streaming(audio[i:i + 2048]):
+        p = mww.process_streaming_prob(f)
+        probs.append(p)
+print(json.dumps({"stride": mww.stride, "cutoff": mww.probability_cutoff, "window": mww.sliding_window_size,
+                  "wake_word": mww.wake_word, "n": len(probs), "max": max(probs),
+                  "in": [float(mww.input_scale), int(mww.input_zero_point)], "out_dtype": str(mww.output_dtype)}))
+"""
+    r = subprocess.run([str(MWW_PY), "-c", code, str(res.manifest_path), str(wav)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["stride"] == E.STRIDE and got["window"] == 5 and got["wake_word"] == "Hey Tone"
+    assert got["cutoff"] == res.manifest["micro"]["probability_cutoff"]
+    assert got["n"] > 100 and 0.0 <= got["max"] <= 1.0
+    assert got["in"][1] == -128 and abs(got["in"][0] - 26 / 255) < 1e-6 and "uint8" in got["out_dtype"]

@@ -219,6 +219,7 @@ class Agent:
 
         rejected = prev.get("rejected")
         checked = prev.get("fl_version")
+        last_round = prev.get("last_round", None if prev else 0)
         self.status = {"pid": os.getpid(), "started": time.time(), "audio_s": 0.0,
                        "detections": count("detections"), "rounds_joined": count("rounds_joined"),
                        "bytes_uploaded": count("bytes_uploaded"), "rollbacks": count("rollbacks"),
@@ -226,6 +227,9 @@ class Agent:
                        "last_health": record("last_health"), "version": None, "state": "starting",
                        # the federated version detection runs (it passed its health check); None: the given bundle
                        "fl_version": checked if isinstance(checked, int) and not isinstance(checked, bool) else None,
+                       # the last round whose upload is counted here (None: unknown, an agent.json of before)
+                       "last_round": last_round if isinstance(last_round, int) and not isinstance(last_round, bool)
+                       else None,
                        "rejected": [v for v in rejected if isinstance(v, int)] if isinstance(rejected, list) else []}
         self._check_config()
         self._clips = None
@@ -529,9 +533,17 @@ class Agent:
             action = ans.get("action")
             self.status["last_checkin"] = {"time": now, "action": action, "round_id": ans.get("round_id"),
                                            "version": res["version"]}
+            rid, last = ans.get("round_id"), self.status["last_round"]
             if action in ("uploaded", "secure"):
                 self.status["rounds_joined"] += 1
                 self.status["bytes_uploaded"] += int(res["bytes"])
+                if isinstance(rid, int):
+                    self.status["last_round"] = max(rid, last or 0)
+            elif action == "wait" and isinstance(ans.get("contributed"), int) and last is not None \
+                    and ans["contributed"] > last:
+                # the aggregator has this round's update, but a kill -9 came before it was counted here
+                self.status["rounds_joined"] += 1
+                self.status["last_round"] = ans["contributed"]
         # whatever the round's outcome, what it installed is checked (or dropped) now: the store keeps
         # only its current and previous versions, so the running one must stay one of them
         installed = res.get("version")

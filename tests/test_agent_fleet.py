@@ -235,12 +235,18 @@ def test_three_agents_federate_reject_a_broken_version_and_survive_kill_9(tmp_pa
             assert json.loads((a.state / "fl" / "fl_state.json").read_text())["seq"] == 2
             assert st["rounds_joined"] == seen[a.name]["rounds_joined"] == 1
         n_before = {a.name: len(a.events) for a in agents}
-        for a in (a1, a2):
-            a.start()  # no hold: as systemd restarts it
 
         # -- both come back on v2 (v4 checked at start and rolled back), pi-1 completes round 3 -----
+        # pi-2 first: round 3 stays open until pi-1 is back, so pi-2 learns from its check-in that its
+        # round-3 update arrived (and counts it, once); then pi-1, as systemd restarts it (no hold)
         restarted = lambda a: a.status().get("pid") == a.proc.pid and checked(a)  # noqa: E731
-        wait_for(lambda: restarted(a1) and restarted(a2), "pi-1 and pi-2 restarted and checked v4", agents)
+        a2.start()
+        wait_for(lambda: restarted(a2) and a2.status().get("last_round") == 3, "pi-2 counts its round-3 update",
+                 (a0, a2))
+        st = a2.status()
+        assert st["rounds_joined"] == 2 and st["last_checkin"]["action"] == "wait", st  # and sends nothing
+        a1.start()
+        wait_for(lambda: restarted(a1), "pi-1 restarted and checked v4", agents)
         for a in (a1, a2):
             st = a.status()
             assert st["version"] == "kws-dscnn-s v2" and st["fl_version"] == 2 and st["rejected"] == [4], st
@@ -277,5 +283,7 @@ def test_three_agents_federate_reject_a_broken_version_and_survive_kill_9(tmp_pa
     for a in agents:
         st = read_status(a.state)
         assert st["state"] == "stopped" and 4 in st["rejected"] and st["version"] != "kws-dscnn-s v4", st
+        # rounds 1, 3 and 4, each counted once: pi-2 learnt at its restart that its round-3 update had arrived
+        assert st["rounds_joined"] == 3 and st["last_round"] == 4, st
         assert Device(a.state, BundleStore(a.state / "fl" / "store", trusted).current()).status()["keywords"] \
             == ["hey edge"]  # the enrolled keyword moved with every version detection used

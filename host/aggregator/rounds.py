@@ -254,8 +254,8 @@ class RoundManager(Uploads):
             return self._wait(reason)
         sel = self.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?", (r["round_id"], device_id))
         done = self.store.one("SELECT 1 FROM updates WHERE round_id=? AND device_id=?", (r["round_id"], device_id))
-        if done:
-            return self._wait(f"already contributed to round {r['round_id']}")
+        if done:  # "contributed" names the round: a device that crashed before recording its upload learns it
+            return {**self._wait(f"already contributed to round {r['round_id']}"), "contributed": r["round_id"]}
         if sel:
             return {"action": "train", "task": self.task(r)}  # a repeated check-in gets the same task
         if self.cfg.mode == "sync":

@@ -25,7 +25,12 @@ adaptation, last check-in, detections) is ``agent.json`` in the state directory,
 atomically; ``edgelearn device status`` shows it. A kill -9 at any moment leaves every file old or
 new (each is written by ``edge.atomic``; adaptation commits in one step, ``Device.recover``
 finishes it on restart), and a federated update is never sent twice (the client's sequence number
-is stored before an upload).
+is stored before an upload). A version the client installed but the agent never checked (a kill
+between the two) is checked at the next start before detection uses it, and an upload that arrived
+but was not counted is counted when the aggregator says so ("contributed"). After every round,
+whatever its outcome, the store's current version is the running one or the one being checked: the
+store keeps two, so the running version is never pruned. Tested with three agents and a real
+aggregator (tests/test_agent_fleet.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Three ``edgelearn device run`` processes against a real aggregator on loopback (issue 18): rounds
-complete and version 2 is pulled and used by every agent; a validly signed but broken version is
-rejected by each agent's health check and rolled back; a kill -9 of one agent before its upload and
-of another after it loses nothing and double-sends nothing, and both come back on a good version
-and join the next round.
+complete and version 2 is pulled and used by every agent; a validly signed but broken version (v4,
+published by the operator path ``host.aggregator.setup.publish_version``) is rejected by each
+agent's health check and rolled back to v2; a kill -9 of one agent before its upload and of another
+after it loses nothing and double-sends nothing, both come back on v2 (the unchecked v4 is checked
+at start) and join the next round; the round trained on v4 repairs it (v5), and every agent checks
+v5 and uses it.
 
 The fairness budget (``max_rounds_per_window`` over a window longer than the test) paces the
 fleet: each phase allows exactly the rounds it needs, so every version number below is determined.
@@ -254,9 +256,19 @@ def test_three_agents_federate_reject_a_broken_version_and_survive_kill_9(tmp_pa
         wait_for(lambda: rounds(agg).get(3, (None,))[0] == "closed", "round 3 closed", agents)
         assert rounds(agg)[3] == ("closed", 3, 5)
 
-        # -- round 4 (v5, from v4's lineage): all three join it, the killed ones included ---------
+        # -- round 4 trains v5 (round 3's update of v4), all three join it, the killed ones included;
+        # it names the known inputs right again, so every agent checks it against v2 and uses it -----
         wait_for(lambda: rounds(agg).get(4, (None,))[0] == "closed", "round 4 closed", agents)
         assert rounds(agg)[4][:2] == ("closed", 3)
+        wait_for(lambda: all((a.status().get("last_health") or {}).get("version") == 5 for a in agents),
+                 "every agent checks v5", agents)
+        for a in agents:
+            st = a.status()
+            assert st["last_health"]["ok"] and st["fl_version"] == 5 and st["rejected"] == [4], st
+            # the running version stayed in the store whenever the client installed one (it keeps two):
+            # pi-1 re-installed the rejected v4 to train round 3 on it, and the agent dropped it again
+            assert BundleStore(a.state / "fl" / "store", trusted).pointer() == \
+                {"current": "kws-dscnn-s-v5", "previous": "kws-dscnn-s-v2"}, a.name
         wait_for(lambda: all(len(a.events) > n_before[a.name] for a in agents), "detections after the restarts",
                  agents)
         # every device's update counted once in each closed round: 3 updates a round, 3 rounds a device

@@ -8,5 +8,6 @@ Layers: ``store`` (SQLite tables, one writer), ``policy`` (eligibility,
 fairness, pace steering), ``models`` (versions, signed bundles, held-out
 check), ``rounds`` (sync rounds with over-selection/quorum/deadline, FedBuff
 async), ``app`` (HTTP, which knows none of the math). docs/protocol.md is the
-wire-level contract.
+wire-level contract. An operator publishes a version outside rounds (a hand-fixed head) with
+``setup.publish_version`` while the service is stopped.
 """

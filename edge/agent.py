@@ -288,6 +288,11 @@ class Agent:
                     unchecked = cur.version
             if bundle is self.base_bundle and prev is not None and prev.version == ran and ran not in rejected:
                 bundle = prev
+                if cur is not None and cur.version in rejected:  # as _drop_rejected: keep the running one
+                    try:
+                        store.rollback()
+                    except EdgelearnError:
+                        pass
             if bundle is self.base_bundle:
                 ran = None
             self.status["fl_version"] = ran
@@ -566,7 +571,7 @@ class Agent:
         store = self._fl_store()
         ptr = store.pointer()
         b = self.device.bundle
-        if ptr["previous"] == f"{b.model_id}-v{b.version}" and (ptr["current"] or "").endswith(f"-v{version}"):
+        if ptr["previous"] == f"{b.model_id}-v{b.version}" and ptr["current"] == f"{b.model_id}-v{version}":
             try:
                 store.rollback()
             except EdgelearnError:

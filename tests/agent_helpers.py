@@ -1,9 +1,11 @@
 """Helpers of the agent tests (tests/test_agent.py, tests/test_agent_fleet.py): the audio stream that
 says the enrolled chirp keyword, the trusted-keys directory a federated device verifies versions
-with, known inputs for the health check, a sysfs tree on battery, a free loopback port."""
+with, known inputs for the health check, a sysfs tree on battery, a free loopback port, signed versions."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import socket
 import sys
@@ -65,3 +67,25 @@ def make_battery_sysfs(root: Path, pct: int = 40) -> Path:
     tz.mkdir(parents=True, exist_ok=True)
     (tz / "temp").write_text("40000\n")
     return root
+
+
+def signed_version(tmp: Path, version: int, broken: bool, agg_state: Path) -> Path:
+    """The shipped bundle as federated version ``version``, signed with the aggregator's key; when
+    ``broken``, its keyword model is another network (the backbone file in the encoder's place),
+    which does not run on the health check's inputs."""
+    from host.bundle import sign_bundle
+
+    b = tmp / f"v{version}{'-broken' if broken else ''}"
+    if b.exists():
+        return b
+    shutil.copytree(ROOT / "models" / "kws-dscnn-s", b)
+    (b / "manifest.sig").unlink()
+    m = json.loads((b / "manifest.json").read_text())
+    m["version"] = version
+    if broken:
+        shutil.copy(b / "backbone_int8.tflite", b / "encoder_int8.tflite")
+        raw = (b / "encoder_int8.tflite").read_bytes()
+        m["files"]["encoder_int8.tflite"] = {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    (b / "manifest.json").write_text(json.dumps(m))
+    sign_bundle(b, next((Path(agg_state) / "keys").glob("*.key")))
+    return b

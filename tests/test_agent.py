@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import pytest
-from agent_helpers import CLI, ROOT, free_port, stream, trusted_keys
+from agent_helpers import CLI, ROOT, free_port, signed_version, stream, trusted_keys
 from devstate_helpers import make_data, make_keyword_clips, make_sysfs
 
 from edge.agent import Agent, AgentConfig, health_check, read_status
@@ -210,30 +210,14 @@ def test_joins_a_round_then_pulls_checks_and_uses_the_new_version(enrolled, tmp_
 def test_a_version_that_fails_the_health_check_is_rolled_back(enrolled, tmp_path, aggregator):
     """A signed version whose keyword model is another network (the backbone file in the encoder's
     place) does not run on known inputs: rolled back, and the running version stays."""
-    import hashlib
-
-    from host.bundle import sign_bundle
-
     state, _ = enrolled
     data = make_data(tmp_path / "data")
     trusted = aggregator["trusted"]
     agent = Agent(state, AgentConfig(source=[], data=data, aggregator=aggregator["url"], device_id="pi-0",
                                      device_key=aggregator["key"]), trusted_keys=trusted)
     store = agent._fl_store()
-    good = ROOT / "models" / "kws-dscnn-s"
     for version, broken in ((5, False), (6, True)):
-        b = tmp_path / f"v{version}"
-        shutil.copytree(good, b)
-        (b / "manifest.sig").unlink()
-        m = json.loads((b / "manifest.json").read_text())
-        m["version"] = version
-        if broken:
-            shutil.copy(b / "backbone_int8.tflite", b / "encoder_int8.tflite")
-            raw = (b / "encoder_int8.tflite").read_bytes()
-            m["files"]["encoder_int8.tflite"] = {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
-        (b / "manifest.json").write_text(json.dumps(m))
-        sign_bundle(b, next((aggregator["state"] / "keys").glob("*.key")))
-        store.install(b)
+        store.install(signed_version(tmp_path, version, broken, aggregator["state"]))
         agent._switch_version(version)
         assert agent.status["last_health"]["ok"] != broken, agent.status["last_health"]
     assert agent.device.bundle.version == 5  # the broken one never ran
@@ -253,3 +237,32 @@ def test_a_damaged_agent_json_starts_afresh(enrolled, garbage):
     agent.run()
     st = read_status(state)
     assert st["state"] == "stopped" and st["rejected"] == [] and st["last_adapt"] is None
+
+
+def test_a_restart_checks_what_was_installed_unchecked_and_drops_a_rejected_one(enrolled, tmp_path, aggregator):
+    """What a kill -9 can leave in the store: a version installed by a round but never checked (it is
+    checked at start, before detection uses it), and a rejected version re-installed to train a
+    round on (the running one is made current again, so a later install cannot prune it)."""
+    state, pcm = enrolled
+    data = make_data(tmp_path / "data")
+    trusted = aggregator["trusted"]
+    cfg = dict(aggregator=aggregator["url"], device_id="pi-0", device_key=aggregator["key"])
+    agent = Agent(state, AgentConfig(source=[], data=data, **cfg), trusted_keys=trusted)
+    store = agent._fl_store()
+    store.install(signed_version(tmp_path, 5, False, aggregator["state"]))
+    agent._switch_version(5)
+    agent._write_status()
+    store.install(signed_version(tmp_path, 6, True, aggregator["state"]))  # ... and the kill -9, before any check
+    again = Agent(state, AgentConfig(source=chunked(pcm), data=data, **cfg), trusted_keys=trusted)
+    assert again.device.bundle.version == 5 and again.status["rejected"] == [6]
+    assert store.pointer()["current"] == "kws-dscnn-s-v5"
+    again._write_status()
+    store.install(signed_version(tmp_path, 6, True, aggregator["state"]))  # a round trains on it; the kill -9
+    third = Agent(state, AgentConfig(source=chunked(pcm), data=data, **cfg), trusted_keys=trusted)
+    assert third.device.bundle.version == 5 and third.status["rollbacks"] == 1  # not checked again
+    assert store.pointer() == {"current": "kws-dscnn-s-v5", "previous": None}
+    out = []
+    third._emit = out.append
+    third.run()
+    want = list(Device(state, third.device.bundle).detect(pcm, replay=False))
+    assert [e["keyword"] for e in out] == [e["keyword"] for e in want] != []

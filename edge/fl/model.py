@@ -92,3 +92,20 @@ def load_head(bundle) -> dict:
     except (OSError, ValueError, KeyError) as e:
         raise EdgelearnError(f"bundle v{bundle.version} has no readable {name} ({e})",
                              fix="this bundle carries no federated head; install one from the aggregator") from None
+
+
+SHIPPED_HEAD_TENSORS = ("classifier.w", "classifier.b")
+
+
+def shipped_head_trainer(labels, negative_share: float = 0.5, tensors=SHIPPED_HEAD_TENSORS,
+                         keep_absent: bool = True) -> FederatedHeadTrainer:
+    """The local trainer of the task that improves the shipped head (issue 18; bench/fl_voices.py):
+    the classifier alone (``tensors``; empty: the whole head), outputs of labels the device never
+    hears kept, ``negative_share`` of every batch ``_unknown_`` / ``_silence_``, the rest
+    class-balanced. Pass it as ``FLClient(..., trainer=...)``; the agent and the simulator both do."""
+    from edge.adapt.recipe import negative_ids
+
+    tensors = list(tensors or ())
+    return FederatedHeadTrainer("sparse" if tensors else "full", negatives=negative_ids(labels),
+                                negative_share=negative_share, balance=True, tensors=tensors or None,
+                                keep_absent=keep_absent)

@@ -119,13 +119,10 @@ def voice_fleet(cfg: SimConfig, root, progress: bool = True) -> list[dict]:
 
 
 def device_trainer(cfg: SimConfig, labels):
-    """The local trainer of a shipped-head device: the speaker recipe's batches (negatives share)."""
-    from edge.adapt.recipe import negative_ids
-    from edge.fl import FederatedHeadTrainer
+    """The local trainer of a shipped-head device (``edge.fl.model.shipped_head_trainer``)."""
+    from edge.fl.model import shipped_head_trainer
 
-    tensors = list(cfg.head_tensors)
-    return FederatedHeadTrainer("sparse" if tensors else "full", negatives=negative_ids(labels),
-                                negative_share=cfg.negative_share, balance=True, tensors=tensors or None,
+    return shipped_head_trainer(labels, negative_share=cfg.negative_share, tensors=cfg.head_tensors,
                                 keep_absent=cfg.keep_absent)
 
 

@@ -473,28 +473,13 @@ class Agent:
         return self.fl
 
     def _fl_examples(self):
-        """The device's own examples for a federated round: embeddings of its labelled clips and the
-        embedding replay buffer (what enrolment and confirmed detections put there)."""
-        import numpy as np
+        """The device's own examples for a federated round (``edge.fl.local.local_examples``, what
+        the fleet simulator's devices train on too): embeddings of its labelled clips, of the
+        confident detections ``Device.detect`` kept in the tail replay buffer, and of the embedding
+        replay buffer."""
+        from edge.fl.local import local_examples
 
-        from edge.replay import EMBEDDING_REPLAY, load_replay, slot_arrays
-
-        xs, ys = [], []
-        clips = self.labelled_clips()
-        if clips is not None:
-            km = self.device.keyword_model()
-            emb, _ = km.infer(km.features(clips[0]))
-            xs.append(np.asarray(emb, np.float32))
-            ys.append(np.asarray(clips[1], np.int64))
-        rb = load_replay(self.state_dir / EMBEDDING_REPLAY)
-        if rb is not None and rb.count:
-            slots = [s for s in range(rb.capacity) if rb.label_at(s) >= 0]
-            rx, ry = slot_arrays(rb, slots)
-            xs.append(rx)
-            ys.append(ry)
-        if not xs:
-            return np.zeros((0, 64), np.float32), np.zeros(0, np.int64)
-        return np.concatenate(xs), np.concatenate(ys)
+        return local_examples(self.device, self.labelled_clips())
 
     def _checkin_status(self) -> dict:
         from edge.scheduler import read_sysfs

@@ -72,18 +72,19 @@ def word_half(word: str) -> int:
     return hashlib.sha1(("word:" + word).encode()).digest()[0] % 2
 
 
-def other_speech(voice: str, n: int = 300, seed: int = 7, half: int | None = None) -> np.ndarray:
+def other_speech(voice, n: int = 300, seed: int = 7, half: int | None = None, avoid=()) -> np.ndarray:
     """~n word pairs by ``voice`` itself that say no command (the phone model's word list), with
     0.3-1.2 s pauses over the microphone floor: the adapted speaker talking about other things.
     ``half``: words of one half of the list only (``word_half``): half 1 is what a device heard
-    before adapting (ambient), half 0 what it is scored on, so no word is in both."""
+    before adapting (ambient), half 0 what it is scored on, so no word is in both. ``voice``: a
+    Flite voice name or an ``S.Voice``; ``avoid``: more words to leave out."""
     rng = np.random.default_rng(seed)
     words = [w for w in (Path(S.__file__).parent / "phone_words.txt").read_text().split()
-             if w not in COMMANDS10 and (half is None or word_half(w) == half)]
+             if w not in COMMANDS10 and w not in avoid and (half is None or word_half(w) == half)]
     jobs = [(f"{rng.choice(words)} {rng.choice(words)}", float(rng.uniform(0.85, 1.2)),
              float(rng.uniform(0.9, 1.1))) for _ in range(n)]
     parts = []
-    for p in S.render(S.Voice("flite", voice), jobs):
+    for p in S.render(voice if isinstance(voice, S.Voice) else S.Voice("flite", voice), jobs):
         parts += [p, np.zeros(int(rng.uniform(0.3, 1.2) * S.SR), np.int16)]
     out = np.concatenate(parts).astype(np.float32) + with_floor(rng, sum(len(p) for p in parts))
     return np.clip(out, -32768, 32767).astype(np.int16)
@@ -138,14 +139,15 @@ def refractory(events: list[dict], seconds: float = 1.0) -> list[dict]:
     return kept
 
 
-def score_positives(events: list[dict], spans, clips: list[Clip]) -> dict:
-    """Hits per clip and substitutions (events naming another command on a clip)."""
+def score_positives(events: list[dict], spans, clips: list[Clip], words=COMMANDS10) -> dict:
+    """Hits per clip and substitutions (events naming another command on a clip); ``balanced``:
+    the mean over ``words`` of each word's recall."""
     hits, subs = [], 0
     for (a, b), c in zip(spans, clips):
         near = [e for e in events if a - 0.1 <= e["time_s"] <= b + 1.0]
         hits.append(any(e["keyword"] == c.word for e in near))
         subs += sum(e["keyword"] != c.word for e in near)
-    per_word = {w: float(np.mean([h for h, c in zip(hits, clips) if c.word == w])) for w in COMMANDS10
+    per_word = {w: float(np.mean([h for h, c in zip(hits, clips) if c.word == w])) for w in words
                 if any(c.word == w for c in clips)}
     return {"recall": float(np.mean(hits)), "balanced": float(np.mean(list(per_word.values()))),
             "per_word": per_word, "substitutions": subs, "n": len(clips)}

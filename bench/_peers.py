@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = Path(__file__).resolve().parent / "peers"
 POCKETSPHINX_RUNNER = PEERS / "pocketsphinx_kws.py"
+WAKEWORD_RUNNER = PEERS / "wakeword_probs.py"
 SETUP_HINT = "bash bench/peers/setup.sh"
 
 
@@ -110,26 +111,53 @@ def run_pocketsphinx(wav_path: str | os.PathLike, keyphrases, thresholds=None, t
         job["config"] = dict(config)
     if timeout is None:
         timeout = 120.0 + _wav_seconds(wav) * (len(job.get("thresholds", [])) or 1)
+    return _check_out(_run_runner(py, POCKETSPHINX_RUNNER, job, timeout, "PocketSphinx", wav), thresholds is not None)
+
+
+def _run_runner(py: Path, runner: Path, job: dict, timeout: float, label: str, what) -> dict:
+    """Run ``runner`` JOB OUT with the peer venv's ``py``; returns OUT, or raises one sentence."""
     # The peer must not see edgelearn's packages: no PYTHONPATH/PYTHONHOME from this side.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    with tempfile.TemporaryDirectory(prefix="peer-pocketsphinx-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"peer-{runner.stem}-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job))
         try:
-            proc = subprocess.run([str(py), str(POCKETSPHINX_RUNNER), str(job_path), str(out_path)],
+            proc = subprocess.run([str(py), str(runner), str(job_path), str(out_path)],
                                   cwd=tmp, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
-            raise RuntimeError(f"PocketSphinx peer ran past its {timeout:.0f} s timeout on {wav}") from e
+            raise RuntimeError(f"{label} peer ran past its {timeout:.0f} s timeout on {what}") from e
         except OSError as e:
-            raise RuntimeError(f"PocketSphinx peer could not start ({py}: {e}); run `{SETUP_HINT}`.") from e
+            raise RuntimeError(f"{label} peer could not start ({py}: {e}); run `{SETUP_HINT}`.") from e
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise RuntimeError(f"PocketSphinx peer failed (exit {proc.returncode}): " + " | ".join(tail))
+            raise RuntimeError(f"{label} peer failed (exit {proc.returncode}): " + " | ".join(tail))
         if not out_path.is_file():
-            raise RuntimeError("PocketSphinx peer exited 0 but wrote no OUT file")
+            raise RuntimeError(f"{label} peer exited 0 but wrote no OUT file")
         try:
-            out = json.loads(out_path.read_text())
+            return json.loads(out_path.read_text())
         except json.JSONDecodeError as e:
-            raise RuntimeError(f"PocketSphinx peer wrote an unreadable OUT ({e})") from e
-    return _check_out(out, thresholds is not None)
+            raise RuntimeError(f"{label} peer wrote an unreadable OUT ({e})") from e
+
+
+def run_wakeword_peers(wavs, systems, timeout: float | None = None) -> dict:
+    """openWakeWord's and microWakeWord's released models (``"openwakeword:hey_jarvis"``,
+    ``"microwakeword:okay_nabu"``, ...) over 16 kHz mono int16 WAVs, in the peer venv
+    (bench/peers/wakeword_probs.py); returns its OUT: per system and WAV the probability trace
+    {"t": [...], "p": [...]}, CPU seconds per package (its front end once, all its models), each
+    system's default threshold."""
+    wavs = [str(Path(w).resolve()) for w in wavs]
+    missing = [w for w in wavs if not Path(w).is_file()]
+    if missing or not wavs or not systems:
+        raise ValueError(f"run_wakeword_peers needs WAVs and systems (missing: {missing[:3]})")
+    py = peer_python("peers")
+    if py is None or not any((py.parent.parent / "lib").glob("python*/site-packages/pymicro_wakeword")):
+        raise RuntimeError(f"the wake-word peers are not installed in .venv-peers: run `{SETUP_HINT}`.")
+    if timeout is None:
+        timeout = 120.0 + sum(_wav_seconds(Path(w)) for w in wavs) * 0.5 * len(systems)
+    out = _run_runner(py, WAKEWORD_RUNNER, {"wavs": wavs, "systems": list(systems)}, timeout,
+                      "openWakeWord/microWakeWord", f"{len(wavs)} WAVs")
+    lost = [s for s in systems if s not in out.get("runs", {})]
+    if lost:
+        raise RuntimeError(f"wake-word peer OUT lacks {lost}")
+    return out

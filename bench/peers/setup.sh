@@ -6,8 +6,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 VENV=.venv-peers
-PINS=(pocketsphinx==5.1.1 'numpy>=1.24,<3')
-CHECK='import importlib.metadata as m, numpy, pocketsphinx; assert m.version("pocketsphinx") == "5.1.1"'
+PINS=(pocketsphinx==5.1.1 pyopen-wakeword==1.1.0 pymicro-wakeword==2.5.0 'numpy>=1.24,<3')
+CHECK='import importlib.metadata as m, numpy, pocketsphinx, pyopen_wakeword, pymicro_wakeword; assert m.version("pocketsphinx") == "5.1.1"; assert m.version("pyopen-wakeword") == "1.1.0"; assert m.version("pymicro-wakeword") == "2.5.0"'
 
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$CHECK" 2>/dev/null; then
   exit 0  # already set up
@@ -31,4 +31,4 @@ if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PINS[@]
   exit 1
 fi
 rm -f "$log"
-echo "bench/peers/setup.sh: $VENV ready (pocketsphinx 5.1.1)"
+echo "bench/peers/setup.sh: $VENV ready (pocketsphinx 5.1.1, pyopen-wakeword 1.1.0, pymicro-wakeword 2.5.0)"

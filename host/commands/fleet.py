@@ -1,6 +1,7 @@
 """``edgelearn fleet simulate``: many devices with the real client over loopback HTTP, then plots.
 
     $ edgelearn fleet simulate --devices 30 --rounds 10 --out fleet-out
+    $ edgelearn fleet simulate --task shipped-head --devices 9 --rounds 12 --out fleet-voices
 """
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ from __future__ import annotations
 from host.aggregator.config import CODECS
 from host.config_args import add_config_arguments, config_from_args
 from host.fl.strategies import STRATEGIES
-from host.fleet.simulate import SimConfig
+from host.fleet.simulate import TASKS, SimConfig
 
 # the SimConfig fields `fleet simulate` offers as options, in --help order
 SIM_FIELDS = ("devices", "rounds", "mode", "strategy", "codec", "clients_per_round", "drop_rate", "slow_fraction",
-              "time_scale", "seed", "mcu_devices")
-CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS}
+              "time_scale", "task", "eval_tolerance", "seed", "mcu_devices")
+CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS,
+           "task": tuple(t for t in TASKS if t)}
 
 
 def add_arguments(p) -> None:
@@ -24,7 +26,14 @@ def add_arguments(p) -> None:
                          help={"time_scale": "wall seconds per simulated second"})
     s.add_argument("--shipped-head", action="store_true",
                    help="start from the shipped classifier instead of a random one")
-    add_config_arguments(s, SimConfig, SIM_FIELDS[9:], help={
+    add_config_arguments(s, SimConfig, SIM_FIELDS[9:11], choices=CHOICES, help={
+        "eval_tolerance": "a round's version is published only if its held-out 37-way accuracy (val split) "
+                          "is at most this much below the current one's (bench/fl_voices runs 1.0: the shipped-head "
+                          "task trades it for the fleet's voices)",
+        "task": "shipped-head: users speaking voices the shipped model never trained on (Flite, in their own "
+                "rooms), federating from the shipped classifier with their labelled clips, negatives and "
+                "confident detections (bench/fl_voices.py); empty: the corpus embeddings task"})
+    add_config_arguments(s, SimConfig, SIM_FIELDS[11:], help={
         "mcu_devices": "also run this many boards (real firmware on the MicroPython unix port) federating the "
                        "MCU model with their own aggregator"})
 

@@ -1,0 +1,103 @@
+"""Choose how custom-keyword enrolment prepares for noise, on development data only (issue 17).
+
+bench/kws_custom (the peers' wake words, enrolled from 5 clips of Flite awb) is the test: its
+numbers are looked at once per change and nothing is chosen on them. This script is the
+development side: other phrases (``host.data.words.CUSTOM_PHRASES``, never the peers' wake words),
+other enrolment voices (Flite rms and kal16), their held-out renders clean and at 20 / 10 / 5 dB
+(white, pink, babble), and false accepts on the Allison *development* half and on ~8 minutes of
+each voice's own other words. Each variant enrols every phrase through ``edge.enroll.enroll`` (the
+device's code) with two module settings changed:
+
+- ``aug``: ``edge.enroll.AUGMENT_SNRS_DB``, the noise levels of the head's copies of each clip;
+- ``levels``: ``edge.verify.SNR_LEVELS_DB``, the noise levels the second stage's thresholds are
+  calibrated at (a window's threshold is interpolated by its own noise level);
+- ``noisy_pass``: ``edge.verify.NOISY_PASS_TARGET``, the share of distorted enrolment clips that
+  pass at levels under 20 dB (None: the version's pass target at every level).
+
+    $ .venv/bin/python scripts/enroll_noise.py            # JSON lines, one per variant
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import _base_streams as B  # noqa: E402
+from bench import _realspeech as R  # noqa: E402
+
+PHRASES = ("banana", "open sesame", "pineapple", "good night", "hey robot", "volcano")
+VOICES = (("flite", "rms"), ("flite", "kal16"))
+SNRS = (None, 20, 10, 5)
+VARIANTS = {
+    "shipped": {"aug": (20.0,), "levels": (10.0, 20.0, 30.0), "noisy_pass": None},
+    "aug 20/10/5": {"aug": (20.0, 10.0, 5.0), "levels": (10.0, 20.0, 30.0), "noisy_pass": None},
+    "levels 5/10/20/30": {"aug": (20.0,), "levels": (5.0, 10.0, 20.0, 30.0), "noisy_pass": None},
+    "both": {"aug": (20.0, 10.0, 5.0), "levels": (5.0, 10.0, 20.0, 30.0), "noisy_pass": None},
+    "both, 90 % pass under 20 dB": {"aug": (20.0, 10.0, 5.0), "levels": (5.0, 10.0, 20.0, 30.0), "noisy_pass": 0.9},
+    "aug, 90 % pass under 20 dB": {"aug": (20.0, 10.0, 5.0), "levels": (10.0, 20.0, 30.0), "noisy_pass": 0.9},
+}
+ONLY = sys.argv[1:]  # variant names to run (default: all)
+
+
+def renders(voice, phrase, n, seed):
+    from host.data import synth as S
+
+    rng = np.random.default_rng(seed)
+    return S.render(S.Voice(*voice), [(phrase, float(rng.uniform(0.85, 1.15)), float(rng.uniform(0.9, 1.1)))
+                                      for _ in range(n)])
+
+
+def main() -> int:
+    from edge import enroll as E
+    from edge import verify as V
+    from edge.bundle import load_bundle
+    from edge.detect import Detector, detect_pcm
+    from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
+    from host.data import synth as S
+
+    bundle = load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys())
+    km = KeywordModel(bundle)
+    pool = B.babble_pool()
+    dev, _ = R.concat([p for p in R.load_prompts() if p.split == "dev"])
+    dev = np.asarray(dev, np.int16)
+    data = {}
+    for vi, v in enumerate(VOICES):
+        enrol = {ph: renders(v, ph, 5, 10 * vi + pi) for pi, ph in enumerate(PHRASES)}
+        clips = [B.Clip(v[1], ph, c) for pi, ph in enumerate(PHRASES) for c in renders(v, ph, 6, 900 + 10 * vi + pi)]
+        streams = {snr: B.positive_stream(clips, snr_db=snr, seed=60 + vi, pool=pool) for snr in SNRS}
+        own = B.other_speech(S.Voice(*v), n=220, seed=80 + vi, avoid={w for ph in PHRASES for w in ph.split()})
+        data[v] = (enrol, clips, streams, own)
+    for name, var in VARIANTS.items():
+        if ONLY and name not in ONLY:
+            continue
+        E.AUGMENT_SNRS_DB, V.SNR_LEVELS_DB, V.NOISY_PASS_TARGET = var["aug"], var["levels"], var["noisy_pass"]
+        out = {"variant": name, **var}
+        miss = {snr: [] for snr in SNRS}
+        fa_real = fa_own = hours_own = 0
+        for v, (enrol, clips, streams, own) in data.items():
+            state = E.DeviceState(Path(tempfile.mkdtemp()), bundle.model_id, bundle.version, [], bundle)
+            for ph in PHRASES:
+                E.enroll(km, state, ph, enrol[ph])
+            custom = state.custom()
+            for snr, (pcm, spans) in streams.items():
+                ev = detect_pcm(Detector(km, custom=custom, keywords=[]), pcm)
+                miss[snr].append(1 - B.score_positives(ev, spans, clips, words=PHRASES)["recall"])
+            fa_real += len(detect_pcm(Detector(km, custom=custom, keywords=[]), dev))
+            fa_own += len(detect_pcm(Detector(km, custom=custom, keywords=[]), own))
+            hours_own += len(own) / 16000 / 3600
+        k = len(PHRASES)
+        out["frr"] = {str(s): round(float(np.mean(m)), 3) for s, m in miss.items()}
+        out["fa_h_real_dev"] = round(fa_real / (len(dev) / 16000 / 3600 * len(VOICES)) / k, 3)
+        out["fa_h_own"] = round(fa_own / hours_own / k, 3)
+        print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -172,3 +172,55 @@ def test_pocketsphinx_runner_end_to_end(tmp_path):
     lenient, strict = sweep["sweep"]
     assert any(stop_at[0] < e["time_s"] < stop_at[1] + 0.3 for e in lenient["events"]), lenient
     assert strict["events"] == []  # a 1e30 likelihood ratio is beyond anything a real phrase scores
+
+
+def test_wakeword_peers_end_to_end(tmp_path):
+    """openWakeWord's and microWakeWord's released models in the peer venv: one trace per system and
+    WAV, times within the audio, the manifest's cutoff as microWakeWord's default; a stream of a
+    renders of "hey jarvis" scores higher on it than the same length of silence."""
+    py = _peers.peer_python()
+    if py is None or not any((py.parent.parent / "lib").glob("python*/site-packages/pymicro_wakeword")):
+        pytest.skip("wake-word peers: run `bash bench/peers/setup.sh`")
+    if shutil.which("flite") is None:
+        pytest.skip("flite not installed")
+    import numpy as np
+
+    from host.data import synth
+
+    pcm = synth.render(synth.Voice("flite", "awb"), [("hey jarvis", 1.0, 1.0)])[0]
+    speech = np.concatenate([np.zeros(16000, np.int16), pcm, np.zeros(16000, np.int16)])
+    (tmp_path / "jarvis.wav").write_bytes(synth.pcm_to_wav_bytes(speech))
+    (tmp_path / "quiet.wav").write_bytes(synth.pcm_to_wav_bytes(np.zeros(len(speech), np.int16)))
+    wavs = [tmp_path / "jarvis.wav", tmp_path / "quiet.wav"]
+    systems = ["openwakeword:hey_jarvis", "microwakeword:hey_jarvis"]
+    out = _peers.run_wakeword_peers(wavs, systems)
+    assert out["audio_s"] == pytest.approx(2 * len(speech) / 16000)
+    assert out["defaults"]["microwakeword:hey_jarvis"]["threshold"] == pytest.approx(0.97)
+    assert set(out["cpu_s"]) == {"openwakeword", "microwakeword"}
+    for s in systems:
+        jar, quiet = (out["runs"][s][str(w.resolve())] for w in wavs)
+        assert jar["t"] and all(0 < t <= len(speech) / 16000 + 1e-3 for t in jar["t"])
+        assert max(jar["p"]) > max(quiet["p"])
+    with pytest.raises(ValueError):
+        _peers.run_wakeword_peers([tmp_path / "missing.wav"], systems)
+
+
+def test_kws_custom_events_and_fair_thresholds():
+    """The custom wake-word bench's rules: a peer's trace becomes one event per refractory period
+    where it exceeds the threshold; each phrase gets the lowest grid value at which its own false
+    accepts on the synthetic negatives are <= 0.5 per hour, or None when one phrase has none."""
+    from bench import kws_custom as K
+
+    trace = {"t": [0.1, 0.2, 0.3, 1.5, 2.0, 3.0], "p": [0.2, 0.9, 0.95, 0.99, 0.1, 0.6]}
+    assert [e["time_s"] for e in K.events_at(trace, 0.5, "alexa")] == [0.2, 1.5, 3.0]  # 0.3: within 1 s
+    assert [e["time_s"] for e in K.events_at(trace, 0.97, "alexa")] == [1.5]
+
+    quiet_from = {"alexa": 0.99}  # the value from which a phrase fires at most 0.5 times an hour
+
+    def negatives(values):  # 2 h of negatives: 3 false accepts below that value, 1 (0.5 FA/h) from it
+        kws = {ph: 1 if v >= quiet_from.get(ph, 0.95) else 3 for ph, v in values.items()}
+        return {"fa": {"synthetic": {"hours": 2.0, "keywords": kws}}}
+
+    chosen = K.fair_thresholds(negatives, [0.5, 0.9, 0.95, 0.99])
+    assert chosen == {"hey jarvis": 0.95, "alexa": 0.99, "hey mycroft": 0.95, "okay nabu": 0.95}
+    assert K.fair_thresholds(negatives, [0.5, 0.9]) is None

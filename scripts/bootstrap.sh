@@ -37,3 +37,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   esac
   echo "$want" > "$stamp"
 fi
+
+# The reference venv of `edgelearn export esphome`'s check (tests/test_export_esphome.py loads the
+# export in pymicro-wakeword) and of bench/esphome_export: two small wheels and numpy (Makefile's
+# .venv-mww target). Skipped without the dev extra.
+case ",$extras," in
+  *,dev,*)
+    if [ ! -x .venv-mww/bin/python ] || ! .venv-mww/bin/python -c "import pymicro_wakeword, pymicro_features" 2>/dev/null; then
+      echo "bootstrap: creating .venv-mww (pymicro-wakeword, the export's reference)"
+      { "$py" -m venv .venv-mww && .venv-mww/bin/python -m pip install -q pymicro-wakeword==2.5.0 pymicro-features==2.0.2; } ||
+        { rm -rf .venv-mww; echo "bootstrap: could not set up .venv-mww; its test will skip (make .venv-mww/bin/python)"; }
+    fi ;;
+esac

@@ -30,6 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 MWW_PY = ROOT / ".venv-mww" / "bin" / "python"
 
 
+def _mww_ready() -> bool:
+    return MWW_PY.is_file() and subprocess.run([str(MWW_PY), "-c", "import pymicro_wakeword"],
+                                               capture_output=True).returncode == 0
+
+
 def _phrase(rng, f0: float) -> np.ndarray:
     """A stand-in for a spoken phrase: two tone bursts with a gap (no synthesizer needed)."""
     sr = FE.SAMPLE_RATE
@@ -158,7 +163,7 @@ def test_too_few_clips_unreadable_and_wrong_rate(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.skipif(not MWW_PY.is_file(), reason="the reference venv .venv-mww is not set up: "
+@pytest.mark.skipif(not _mww_ready(), reason="the reference venv .venv-mww is not set up: "
                     "`make .venv-mww/bin/python` (pip install pymicro-wakeword pymicro-features)")
 def test_loads_and_runs_in_pymicro_wakeword(export):
     """The export's manifest and model, loaded by pymicro-wakeword's MicroWakeWord.from_config and fed

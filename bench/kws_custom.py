@@ -289,8 +289,10 @@ def main(argv=None) -> int:
     fair_off = fair_thresholds(lambda off: score(edgelearn_events(dev, off), {}, negs, {}), OFFSETS)
     fair = None if fair_off is None else score(edgelearn_events(dev, fair_off), streams, negs, real)
     report["edgelearn"] = {"default": default, "fair_offsets": fair_off, "fair": fair, "cpu_ms_per_s": 1000 * cpu}
-    rows += system_rows("edgelearn (5 clips of awb, Device.enroll, two stages)", default, fair,
-                        None if fair_off is None else {k: f"+{v:g}" for k, v in fair_off.items()}, 1000 * cpu)
+    from edge.verify import VERSION
+
+    rows += system_rows(f"edgelearn (5 clips of awb, Device.enroll, two stages, verifier v{VERSION})", default,
+                        fair, None if fair_off is None else {k: f"+{v:g}" for k, v in fair_off.items()}, 1000 * cpu)
     write_results("kws_custom", rows)
     import json
 
@@ -305,7 +307,8 @@ def system_rows(system: str, default: dict, fair, fair_thr, cpu_ms: float) -> li
             rows.append(row(f"{system} at its fair threshold", "false-reject rate", None, "fraction",
                             note=f"no threshold tried gives <= {FA_GOAL} FA/h on the synthetic negatives"))
             continue
-        where = f"{system} at {label} threshold ({thr})"
+        shown = ", ".join(f"{k} {v}" for k, v in thr.items()) if isinstance(thr, dict) else thr
+        where = f"{system} at {label} threshold ({shown})"
         for group in ("user", "others"):
             for snrs, cond in (((None,), "clean"), ((20, 10, 5), "5-20 dB")):
                 rows.append(row(f"{where}: {'the enrolment voice' if group == 'user' else 'other voices'}, {cond}",

@@ -53,6 +53,9 @@ FAR_TARGET = 0.004
 MIN_SPEECH_S = 0.2
 MAX_CLIP_S = 2.0
 SHIFTS_S = (-0.15, -0.075, 0.0, 0.075, 0.15)
+# the head's noisy copies of each shifted clip, dB below the window's level (20 only before verifier
+# version 7; scripts/enroll_noise.py chose 20/10/5 on development data)
+AUGMENT_SNRS_DB = (20.0, 10.0, 5.0)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9 _'-]{0,31}$")
 
 
@@ -276,8 +279,9 @@ def prepare_clip(pcm: np.ndarray, name: str) -> np.ndarray:
     return F.fit_to_window(speech.astype(np.int16))
 
 
-def augment(clips: list[np.ndarray], rng) -> np.ndarray:
-    """Each 1 s clip at several time shifts, each clean and with pink-ish noise at ~20 dB."""
+def augment(clips: list[np.ndarray], rng, snrs_db=None) -> np.ndarray:
+    """Each 1 s clip at several time shifts, each clean and with pink-ish noise at each of
+    ``snrs_db`` (None: ``AUGMENT_SNRS_DB``) below the window's level."""
     out = []
     for c in clips:
         c = c.astype(np.float32)
@@ -285,10 +289,11 @@ def augment(clips: list[np.ndarray], rng) -> np.ndarray:
             shifted = np.roll(c, int(s * F.SAMPLE_RATE))
             out.append(shifted)
             rms = np.sqrt((c ** 2).mean()) + 1.0
-            noise = np.cumsum(rng.standard_normal(c.size)).astype(np.float32)
-            noise -= np.convolve(noise, np.ones(64) / 64, mode="same")
-            noise *= rms * 0.1 / (noise.std() + 1e-6)
-            out.append(shifted + noise)
+            for snr in (AUGMENT_SNRS_DB if snrs_db is None else snrs_db):
+                noise = np.cumsum(rng.standard_normal(c.size)).astype(np.float32)
+                noise -= np.convolve(noise, np.ones(64) / 64, mode="same")
+                noise *= rms * 10 ** (-snr / 20) / (noise.std() + 1e-6)
+                out.append(shifted + noise)
     return np.clip(np.array(out), -32768, 32767).astype(np.int16)
 
 

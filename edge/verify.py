@@ -44,7 +44,12 @@ first stage's peak is where the mean embedding matched best, not where a long ph
 whole in the window; with more windows tried, the thresholds are set tighter (65 % of the
 distorted clips per level instead of 85 %). Versions 1-5 keep the peak window only.
 
-    >>> v = Verifier(bundle)                         # v.version: 6 with the bundle's phone model, else 4
+Version 7 keeps version 6 and sets its thresholds for noise: levels at 5, 10, 20 and 30 dB (6: 10,
+20, 30), and under 20 dB the distance 90 % of the distorted clips stay under (65 % at 20 and 30 dB):
+a stream at 5-10 dB SNR otherwise lost most of the enrolment voice's own keywords. Chosen on
+development data (scripts/enroll_noise.py) with the first stage's noisier copies (``edge.enroll.
+AUGMENT_SNRS_DB``).
+    >>> v = Verifier(bundle)                         # v.version: 7 with the bundle's phone model, else 4
     >>> tpl = v.templates(windows, scale)            # int8 templates from 1 s int16 enrolment windows
     >>> levels, d, passed = v.calibrate(windows, tpl, scale, rng)
     >>> ok = v.distance(v.sequences(feats), tpl) <= threshold_at(levels, feats)  # normalised (N, 49, 10)
@@ -63,13 +68,13 @@ STEPS = 25                    # backbone time steps per 1 s window (stride 2 ove
 MIN_TEMPLATE_STEPS = 4
 SPEEDS = (0.9, 1.0, 1.1)
 SNR_LEVELS_DB = (10.0, 20.0, 30.0)
-# 6: version 5's steps, thresholds for a detector that checks every window of a candidate
+# 7: version 6 with its thresholds set for noise (``LEVELS_DB``, ``NOISY_PASS``); 6: version 5's steps, thresholds for a detector that checks every window of a candidate
 # (``SEARCHES``); 5: phone posteriors beside the MFCC frames (bundles with a ``phones`` partition;
 # others enrol version 4); 4: a threshold per noise level; 3: MFCC frames beside the backbone
 # steps; 2: at most two template steps per window step; 1: no such limit. Entries keep the version
 # they were enrolled (and calibrated) with: versions 1-3 have one threshold.
-VERSION = 6
-READABLE = (1, 2, 3, 4, 5, 6)
+VERSION = 7
+READABLE = (1, 2, 3, 4, 5, 6, 7)
 SEARCHES = 6                  # from this version on, a candidate passes if any of its windows does
 MFCC_DIM = 2 * (F.N_MFCC - 1)  # c1-c9 of two 20 ms frames per 40 ms backbone step
 MFCC_Q = 24.0                 # int8 units per unit of normalised MFCC (|v| <= 5.3 kept)
@@ -78,7 +83,11 @@ MFCC_WEIGHT = 0.3             # chosen on the kws_fewshot main set; see docs/edg
 WEIGHTS_5 = (0.7, 0.1, 0.2)
 PHONE_Q = 127.0               # int8 units per unit of sqrt(posterior)
 PASS_TARGET = 0.65            # per noise level, with edge.enroll.FAR_TARGET; see docs/edge-runtime.md
-PASS_TARGETS = {4: 0.8, 5: 0.85, 6: PASS_TARGET}  # by the version a bundle enrols
+PASS_TARGETS = {4: 0.8, 5: 0.85, 6: PASS_TARGET, 7: PASS_TARGET}  # by the version a bundle enrols
+# version 7: thresholds also at 5 dB, and where 90 % of the distorted clips pass under 20 dB (chosen on
+# development data: scripts/enroll_noise.py; docs/edge-runtime.md, "Enrolment in noise")
+LEVELS_DB = {7: (5.0, 10.0, 20.0, 30.0)}   # by version; others SNR_LEVELS_DB
+NOISY_PASS = {7: 0.9}                       # by version: the pass target of levels under 20 dB
 
 
 def phones_partition(bundle) -> dict | None:
@@ -93,7 +102,7 @@ def searches(version: int | None) -> bool:
 
 
 def version_for(bundle) -> int:
-    """The verifier version a bundle enrols: 6 with a phone model, else 4."""
+    """The verifier version a bundle enrols: ``VERSION`` (7) with a phone model, else 4."""
     return VERSION if phones_partition(bundle) is not None else 4
 
 
@@ -197,24 +206,31 @@ class Verifier:
         return np.min(d, axis=0)
 
     def calibrate(self, windows: np.ndarray, templates: list[np.ndarray], scale, rng,
-                  pass_target: float | None = None) -> tuple[list[list[float]], np.ndarray, np.ndarray]:
+                  pass_target: float | None = None, levels_db=None,
+                  noisy_pass: float | None = None) -> tuple[list[list[float]], np.ndarray, np.ndarray]:
         """Thresholds per noise level from leave-one-out distances of the distorted enrolment
-        windows (``pass_target``: default ``PASS_TARGETS`` of this bundle's version). Returns
+        windows (``pass_target``: default ``PASS_TARGETS`` of this bundle's version; ``levels_db``
+        and ``noisy_pass``, the pass target of levels under 20 dB: ``LEVELS_DB`` and ``NOISY_PASS``
+        of the version, else ``SNR_LEVELS_DB`` and none). Returns
         (levels: [[noise range, threshold], ...] by rising range, every distance, whether each
         passes at the threshold its own window is given)."""
         pass_target = PASS_TARGETS[self.version] if pass_target is None else pass_target
+        levels_db = LEVELS_DB.get(self.version, SNR_LEVELS_DB) if levels_db is None else tuple(levels_db)
+        noisy_pass = NOISY_PASS.get(self.version) if noisy_pass is None else noisy_pass
         if len(templates) < 2:
             raise EdgelearnError("the verifier needs at least 2 enrolment clips", fix="record more clips")
-        dist = {lv: [] for lv in SNR_LEVELS_DB}
-        rng_of = {lv: [] for lv in SNR_LEVELS_DB}
+        dist = {lv: [] for lv in levels_db}
+        rng_of = {lv: [] for lv in levels_db}
         for k, w in enumerate(windows):
-            for lv in SNR_LEVELS_DB:
+            for lv in levels_db:
                 feats = F.normalize(F.mfcc(distort(w, rng, lv)), scale)
                 dist[lv].append(self.distance(self.sequences(feats), templates, exclude=k))
                 rng_of[lv].append(noise_range(feats))
         d = {lv: np.concatenate(v) for lv, v in dist.items()}
         r = {lv: np.concatenate(v) for lv, v in rng_of.items()}
-        levels = sorted([float(np.median(r[lv])), float(np.quantile(d[lv], pass_target))] for lv in SNR_LEVELS_DB)
+        levels = sorted([float(np.median(r[lv])),
+                         float(np.quantile(d[lv], pass_target if lv >= 20 or noisy_pass is None
+                                           else max(pass_target, noisy_pass)))] for lv in levels_db)
         all_d, all_r = np.concatenate(list(d.values())), np.concatenate(list(r.values()))
         return levels, all_d, all_d <= interpolate(levels, all_r)
 

@@ -90,7 +90,7 @@ def test_enrolment_report_and_state_round_trip(km, enrolled):
     entry = data["keywords"][0]["verify"]
     tpl = V.unpack(entry)
     ver = V.Verifier(km.bundle)
-    assert ver.version == V.VERSION == 6 and ver.dim() == ver.dim(5) == 320 + V.MFCC_DIM + 2 * ver.phones.n
+    assert ver.version == V.VERSION == 7 and ver.dim() == ver.dim(5) == 320 + V.MFCC_DIM + 2 * ver.phones.n
     assert len(tpl) == 5 and all(t.dtype == np.int8 and t.shape[1] == ver.dim() for t in tpl)
     assert [len(t) for t in tpl] == entry["steps"] and all(len(t) >= V.MIN_TEMPLATE_STEPS for t in tpl)
     # reloaded from disk, the second stage gives the same distances as the templates packed at enrolment
@@ -139,13 +139,14 @@ def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibr
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     entry = data["keywords"][0]["verify"]
     ver, tpl = V.Verifier(km.bundle), V.unpack(entry)
-    assert entry["version"] == V.VERSION == 6 and entry["dim"] == ver.dim(6)
+    assert entry["version"] == V.VERSION == 7 and entry["dim"] == ver.dim(6) == ver.dim(7)
+    assert [lv[0] for lv in entry["levels"]] == sorted(lv[0] for lv in entry["levels"]) and len(entry["levels"]) == 4
     bb = [t[:, :320] for t in tpl]  # a later template's backbone part is the older template
     mf = [t[:, :320 + V.MFCC_DIM] for t in tpl]
     feats = np.random.default_rng(1).standard_normal((4, 49, 10)).astype(np.float32)
     got = {}
     searches = {}
-    for version in (1, 2, 3, 4, 5, 6):
+    for version in (1, 2, 3, 4, 5, 6, 7):
         old = json.loads(json.dumps(data))
         old["keywords"][0]["verify"] = as_version(entry, version)
         (tmp_path / "keywords.json").write_text(json.dumps(old))
@@ -158,9 +159,9 @@ def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibr
             2: np.min([V.sdtw(ver.unit(t, 2), seqs2) for t in bb], axis=0),
             3: ver.distance(ver.sequences(feats, 3), mf, version=3),
             5: ver.distance(ver.sequences(feats), tpl)}
-    want[4], want[6] = want[3], want[5]
-    assert searches == {1: False, 2: False, 3: False, 4: False, 5: False, 6: True}  # where they are looked for
-    for version in (1, 2, 3, 4, 5, 6):
+    want[4], want[6], want[7] = want[3], want[5], want[5]
+    assert searches == {1: False, 2: False, 3: False, 4: False, 5: False, 6: True, 7: True}  # where they are looked for
+    for version in (1, 2, 3, 4, 5, 6, 7):
         np.testing.assert_allclose(got[version], want[version], rtol=1e-5)
     assert np.all(want[1] <= want[2] + 1e-6)
     # a step's cosine is the weighted sum of its parts' cosines: two parts from version 3, three from 5
@@ -181,7 +182,7 @@ def test_threshold_follows_the_windows_noise(km, enrolled, tmp_path):
     entry = data["keywords"][0]["verify"]
     levels = V.levels_of(entry)
     (r0, t_noisy), (r1, t_quiet) = levels[0], levels[-1]
-    assert len(levels) == len(V.SNR_LEVELS_DB) and r0 < r1 and t_quiet <= t_noisy == entry["threshold"]
+    assert len(levels) == len(V.LEVELS_DB[V.VERSION]) and r0 < r1 and t_quiet <= t_noisy == entry["threshold"]
     assert V.interpolate(levels, [r0 - 5.0, r1 + 5.0]).tolist() == [t_noisy, t_quiet]  # clamped at the ends
     mid = (r0 + r1) / 2
     assert min(t_quiet, t_noisy) <= V.interpolate(levels, [mid])[0] <= max(t_quiet, t_noisy)
@@ -314,3 +315,26 @@ def test_device_status_names_each_keywords_verifier_version(km, enrolled, tmp_pa
                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], check=True)
     assert json.loads(res.stdout)["verifier"] == {"hey robot": {"version": V.VERSION, "current": True},
                                                   "hey rover": {"version": 2, "current": False}, "plain": None}
+
+
+def test_version_7_sets_noisy_levels_looser_and_keeps_the_quiet_ones(km, clips):
+    """Version 7 calibrates at 5, 10, 20 and 30 dB; under 20 dB its threshold is where 90 % of the
+    distorted clips pass (65 % above), so noisy windows get looser thresholds than version 6's rule
+    would give them from the same distances, and the quiet levels are exactly version 6's."""
+    from edge.enroll import prepare_clip
+
+    ver = V.Verifier(km.bundle)
+    windows = np.stack([prepare_clip(c, f"clip {i}") for i, c in enumerate(clips[:5])])
+    tpl = ver.templates(windows, km.scale)
+    v7, d7, _ = ver.calibrate(windows, tpl, km.scale, np.random.default_rng(0))
+    v6, d6, _ = ver.calibrate(windows, tpl, km.scale, np.random.default_rng(0), noisy_pass=0.0)
+    assert len(v7) == 4 and np.array_equal(d7, d6)  # same distances: only the rule differs
+    by_range6 = sorted(v6)
+    for (r7, t7), (r6, t6) in zip(sorted(v7), by_range6):
+        assert r7 == r6
+    # the two noisiest levels (5 and 10 dB: the lowest loudness ranges) are looser, the others equal
+    assert all(t7 > t6 for (_, t7), (_, t6) in zip(sorted(v7)[:2], by_range6[:2]))
+    assert all(t7 == t6 for (_, t7), (_, t6) in zip(sorted(v7)[2:], by_range6[2:]))
+    v_old, _, _ = ver.calibrate(windows, tpl, km.scale, np.random.default_rng(0), levels_db=V.SNR_LEVELS_DB,
+                                noisy_pass=0.0)
+    assert len(v_old) == 3

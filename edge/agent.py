@@ -77,7 +77,8 @@ WantedBy=multi-user.target
 @dataclass
 class AgentConfig:
     """What ``edgelearn device run`` was asked to do (one field per option)."""
-    source: object = "mic"         # "mic", "stdin", a WAV path, or (Python) an iterable of int16 chunks
+    source: object = "mic"         # "mic", "stdin", "none" (no local audio: --wyoming alone), a WAV path,
+                                   # or (Python) an iterable of int16 chunks
     on_detect: str | None = None   # a shell command run for every detection
     keywords: object = None        # base keywords to report (None: the bundle's commands; "all")
     threshold: object = None
@@ -93,6 +94,7 @@ class AgentConfig:
     status_every_s: float = 10.0
     network: str = "wifi"
     extra_env: dict = field(default_factory=dict)
+    wyoming: str | None = None     # also serve the keywords to Home Assistant here (tcp://HOST:PORT)
 
 
 def read_status(state_dir) -> dict | None:
@@ -112,6 +114,8 @@ def service_unit(state_dir, cfg: AgentConfig, exe: str | None = None) -> str:
         extra += f" --data {Path(cfg.data).resolve()}"
     if cfg.aggregator:
         extra += f" --aggregator {cfg.aggregator} --device-id {cfg.device_id} --device-key {Path(cfg.device_key).resolve()}"
+    if cfg.wyoming:
+        extra += f" --wyoming {cfg.wyoming}"
     if exe is None:
         import shutil
 
@@ -128,6 +132,10 @@ def _chunks_of(source):
         for chunk in source:
             yield np.asarray(chunk, np.int16)
         return
+    if source == "none":  # no local audio (the Wyoming clients bring theirs): the loop still ticks
+        while True:
+            time.sleep(CHUNK / SAMPLE_RATE)
+            yield np.zeros(0, np.int16)
     if source == "stdin":
         f = sys.stdin.buffer
         rest = b""
@@ -209,6 +217,7 @@ class Agent:
         self._restart = False
         self.child = None          # the adaptation run in progress (subprocess.Popen)
         self.fl = None             # edge.fl.FLClient
+        self.wyoming = None        # edge.wyoming.WakeServer (cfg.wyoming)
         self._fl_thread = None
         self._fl_results: queue.Queue = queue.Queue()
         self._hooks: list = []
@@ -350,6 +359,8 @@ class Agent:
         self.status["state"] = "running"
         self._write_status()
         det, replay = self._detector()
+        if self.cfg.wyoming:
+            self._serve_wyoming()
         try:
             for chunk in source:
                 for ev in det.push(chunk):
@@ -373,8 +384,20 @@ class Agent:
             if replay is not None:
                 replay.flush()
             source.close()
+            if self.wyoming is not None:
+                self.wyoming.stop()
             self._finish()
         return self.status
+
+    def _serve_wyoming(self) -> None:
+        """The Wyoming wake-word server (edge/wyoming.py) in this process, on the agent's device: the
+        same keywords, thresholds and model versions as the local detector (a switched version is
+        used from the next stream a client starts)."""
+        from edge.wyoming import WakeServer
+
+        self.wyoming = WakeServer(self.device, self.cfg.wyoming, keywords=self.cfg.keywords,
+                                  threshold=self.cfg.threshold, sensitivity=self.cfg.sensitivity).start()
+        self.status["wyoming"] = self.wyoming.uri
 
     def _emit(self, ev: dict) -> None:
         self.status["detections"] += 1
@@ -589,6 +612,8 @@ class Agent:
         self.device = Device(self.state_dir, new, backend=self.backend, trusted_keys=self.trusted_keys,
                              sysfs_root=self.sysfs_root)
         self._clips = None
+        if self.wyoming is not None:
+            self.wyoming.device = self.device
         self.status["version"] = f"{new.model_id} v{new.version}"
         self.status["fl_version"] = new.version
         self._restart = True

@@ -310,3 +310,41 @@ def test_without_the_wyoming_package_it_is_one_sentence(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert "edgelearn[wyoming]" in r.stderr
+
+
+def test_the_agent_serves_wyoming_in_its_own_process(enrolled, tmp_path, capsys):
+    """`device run --wyoming URI` without local audio: the agent's loop runs (status, ticks) and its
+    Wyoming server answers Home Assistant's event flow with the state's keywords; stopping the
+    agent stops the server. Without any audio source or --wyoming the command says what to pass."""
+    import shutil
+    import threading
+    import time
+
+    from edge.agent import Agent, AgentConfig, read_status
+    from edge.cli import main
+
+    st = tmp_path / "st"
+    shutil.copytree(enrolled[0], st)
+    agent = Agent(st, AgentConfig(source="none", wyoming="tcp://127.0.0.1:0", status_every_s=0.2),
+                  out=open(os.devnull, "w"))
+    th = threading.Thread(target=agent.run, daemon=True)
+    th.start()
+    deadline = time.monotonic() + TIMEOUT
+    while agent.wyoming is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert agent.wyoming is not None, "the agent did not start its Wyoming server"
+    uri = agent.wyoming.uri
+    events = run(one_stream(port_of(uri), enrolled[1]))
+    got = detections(events)
+    assert [n for n, _ in got] == [KW] * 3
+    assert [t / 1000 for _, t in got] == pytest.approx([e["time_s"] for e in enrolled[2]], abs=0.05)
+    agent.stop()
+    th.join(TIMEOUT)
+    assert not th.is_alive()
+    assert read_status(st)["wyoming"] == uri and read_status(st)["state"] != "running"
+    with pytest.raises(OSError):  # the server went with the agent
+        import socket
+
+        socket.create_connection(("127.0.0.1", port_of(uri)), timeout=2).close()
+    assert main(["device", "run", "--state", str(st)]) == 2
+    assert "--wyoming URI" in capsys.readouterr().err

@@ -99,7 +99,7 @@ def add_arguments(p) -> None:
             s.add_argument("--rollback", action="store_true", help="restore the context's previous version")
             s.add_argument("--use", default=None, help="switch the active context ('base' for none)")
         elif name == "run":
-            src = s.add_mutually_exclusive_group(required=True)
+            src = s.add_mutually_exclusive_group()
             src.add_argument("--mic", action="store_true", help="the default ALSA device (arecord)")
             src.add_argument("--wav", type=Path, help="a 16 kHz mono 16-bit WAV, streamed")
             src.add_argument("--stdin", action="store_true", help="raw 16 kHz mono s16le PCM on stdin")
@@ -127,6 +127,10 @@ def add_arguments(p) -> None:
             s.add_argument("--checkin-every", type=float, default=600.0, metavar="S",
                            help="seconds between check-ins with the aggregator")
             s.add_argument("--network", default="wifi", help="what the check-in reports (wifi, ethernet, cellular)")
+            s.add_argument("--wyoming", default=None, metavar="URI",
+                           help="also serve the keywords to Home Assistant as a Wyoming wake-word service at "
+                                "tcp://HOST:PORT (edgelearn wyoming, in this process); alone, without a local "
+                                "audio source, the agent serves only its satellites")
             s.add_argument("--sysfs-root", type=Path, default=Path("/"))
 
 
@@ -151,11 +155,19 @@ def _run(args) -> int:
 
     from edge.agent import Agent, AgentConfig, service_unit
 
-    cfg = AgentConfig(source="mic" if args.mic or args.print_unit else "stdin" if args.stdin else str(args.wav),
+    from edge.errors import EdgelearnError
+
+    if not (args.mic or args.wav or args.stdin or args.print_unit or args.wyoming):
+        raise EdgelearnError("device run needs audio", fix="pass --mic, --wav F or --stdin, or --wyoming URI "
+                                                           "to hear Home Assistant's satellites")
+    source = ("mic" if args.mic or args.print_unit else "stdin" if args.stdin else str(args.wav) if args.wav
+              else "none")
+    cfg = AgentConfig(source=source,
                       on_detect=args.on_detect, keywords=_keywords(args.keywords), threshold=args.threshold,
                       sensitivity=args.sensitivity, confirm=args.confirm, data=args.data, strategy=args.strategy,
                       adapt_every_s=args.adapt_every, aggregator=args.aggregator, device_id=args.device_id,
-                      device_key=args.device_key, checkin_every_s=args.checkin_every, network=args.network)
+                      device_key=args.device_key, checkin_every_s=args.checkin_every, network=args.network,
+                      wyoming=args.wyoming)
     if args.print_unit:
         print(service_unit(args.state, cfg), end="")
         return 0

@@ -131,6 +131,17 @@ def verifier_status(keywords: list[dict], bundle) -> dict:
 
 # what enrolled keywords and adapted tails are learned with (partition names and files of the bundle)
 ENROLMENT_FILES = ("encoder", "encoder-onnx", "encoder-fp32", "phones", "negatives.npy")
+ENROLMENT_DIR = "enrolment"  # the clips each keyword was enrolled from (Device.enroll), for carry_to
+
+
+def _slug(name: str) -> str:
+    """A keyword's file name: its letters and digits, '_' for anything else, and a digest of the name
+    (two names never share a file)."""
+    import hashlib
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:32] + "-" + \
+        hashlib.sha1(name.encode()).hexdigest()[:8]
 ADAPT_FILES = ("backbone", "tail-prefix", "tail.npz")
 
 
@@ -295,12 +306,13 @@ class Device:
 
     def carry_to(self, new) -> dict:
         """Bind this state's enrolled keywords and adapted contexts to bundle ``new`` (a newer version
-        of the same model), when what each was learned with is unchanged in it: the enrolment's
-        encoder, phone model and negative bank (``ENROLMENT_FILES``), the adapted tail's backbone and
-        base tail (``ADAPT_FILES``), compared by the manifests' sha256. Nothing is written unless
-        both carry; otherwise an EdgelearnError says what changed (the device keeps no enrolment
-        clips to re-derive templates from, so the keywords would have to be enrolled again).
-        Returns {"keywords": n, "contexts": n}."""
+        of the same model). Keywords whose enrolment basis is unchanged in it (the encoder, phone
+        model and negative bank: ``ENROLMENT_FILES``, compared by the manifests' sha256) carry as
+        they are; when the basis changed, every keyword is enrolled again on ``new`` from the clips
+        the device kept when it was enrolled (``enrolment_clips``: on the device only, never
+        uploaded). Adapted contexts carry only when their backbone and base tail (``ADAPT_FILES``)
+        are unchanged. Nothing is written unless all of it carries; otherwise an EdgelearnError says
+        what changed. Returns {"keywords": n, "contexts": n, "rederived": [names enrolled again]}."""
         import json
 
         from edge.adapt.store import AdaptStore
@@ -313,22 +325,57 @@ class Device:
         state = self.enrolled()
         store = AdaptStore(self.state_dir, old)
         changed = []
-        for names, used in ((ENROLMENT_FILES, bool(state.keywords)), (ADAPT_FILES, bool(store.meta["contexts"]))):
-            a, b = _basis(old, names), _basis(new, names)
-            changed += [n for n in a if used and a[n] != b.get(n)]
+        if store.meta["contexts"]:
+            a, b = _basis(old, ADAPT_FILES), _basis(new, ADAPT_FILES)
+            changed = [n for n in a if a[n] != b.get(n)]
+        keywords, rederived = state.keywords, []
+        if state.keywords and _basis(old, ENROLMENT_FILES) != _basis(new, ENROLMENT_FILES):
+            missing = [k["name"] for k in state.keywords if self.enrolment_clips(k["name"]) is None]
+            if missing:
+                changed.append(f"the encoder (no kept enrolment clips for {', '.join(missing)})")
+            elif not changed:
+                keywords, rederived = self._rederive(new, [k["name"] for k in state.keywords]), \
+                    [k["name"] for k in state.keywords]
         if changed:
             raise EdgelearnError(f"{new.model_id} v{new.version} changes {', '.join(sorted(set(changed)))}, which this "
                                  "device's keywords or adapted tail were learned with",
                                  fix="stay on the running version, or enrol and adapt again for the new one")
-        if state.keywords:
-            DeviceState(self.state_dir, new.model_id, new.version, state.keywords, new).save()
+        if keywords:
+            DeviceState(self.state_dir, new.model_id, new.version, keywords, new).save()
         if store.meta_path.exists():
             from edge.atomic import atomic_write
 
             meta = {**store.meta, "model": [new.model_id, new.version]}
             atomic_write(store.meta_path, json.dumps(meta, indent=1).encode())
         self._bundle = new
-        return {"keywords": len(state.keywords), "contexts": len(store.meta["contexts"])}
+        return {"keywords": len(keywords), "contexts": len(store.meta["contexts"]), "rederived": rederived}
+
+    def _rederive(self, new, names) -> list[dict]:
+        """The keywords ``names`` enrolled on bundle ``new`` from their kept clips (in a scratch
+        state: nothing of this state changes); their entries."""
+        import tempfile
+
+        from edge.enroll import DeviceState, enroll
+        from edge.kws import KeywordModel
+
+        km = KeywordModel(new, backend=self.backend)
+        with tempfile.TemporaryDirectory(dir=self.state_dir, prefix=".rederive-") as tmp:
+            scratch = DeviceState(Path(tmp), new.model_id, new.version, [], new)
+            for name in names:
+                enroll(km, scratch, name, self.enrolment_clips(name))
+            return scratch.keywords
+
+    def enrolment_clips(self, name: str):
+        """The clips keyword ``name`` was enrolled from, as the device kept them (``ENROLMENT_DIR``),
+        or None (enrolled before clips were kept, or removed)."""
+        import numpy as np
+
+        path = self.state_dir / ENROLMENT_DIR / f"{_slug(name)}.npz"
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return [np.asarray(z[k], np.int16) for k in sorted(z.files, key=lambda k: int(k.split("_")[1]))]
+        except (OSError, ValueError, KeyError, IndexError):
+            return None
 
     # -- enroll ----------------------------------------------------------------------------------
     def enroll(self, name: str, clips, *, replace: bool = False) -> dict:
@@ -339,11 +386,20 @@ class Device:
         from edge.audio import read_wav
         from edge.enroll import enroll
 
+        import numpy as np
+
+        from edge.atomic import atomic_write, npz_bytes
+
         state = self.enrolled()
         clips = list(clips)
         names = [str(c) if _is_path(c) else f"clip {i + 1}" for i, c in enumerate(clips)]
         pcm = [read_wav(c, min_samples=1) if _is_path(c) else c for c in clips]
-        return enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace)
+        rep = enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace)
+        # kept on the device (never uploaded) so that a version with a new encoder can enrol it again
+        path = self.state_dir / ENROLMENT_DIR / f"{_slug(rep['keyword'])}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, npz_bytes({f"clip_{i}": np.asarray(c, np.int16) for i, c in enumerate(pcm)}))
+        return rep
 
     # -- adapt -----------------------------------------------------------------------------------
     def adapt(self, data, *, recipe: str | None = None, strategy: str | None = None, optimizer: str | None = None,

@@ -63,15 +63,9 @@ CODECS = ("dense_f32", "int8", "topk_int8")
 
 
 def recall(logits, y, labels) -> dict:
-    from host.data.words import COMMANDS10
+    from host.fleet.voices import command_recall
 
-    p = np.asarray(logits).argmax(1)
-    cmd = [labels.index(w) for w in COMMANDS10]
-    per = {w: float(np.mean(p[y == c] == c)) for w, c in zip(COMMANDS10, cmd) if (y == c).any()}
-    unk = y == labels.index("_unknown_")
-    return {"balanced": float(np.mean(list(per.values()))), "per_word": per,
-            "fa": float(np.mean(np.isin(p[unk], cmd))) if unk.any() else None,
-            "accuracy37": float(np.mean(p == y))}
+    return command_recall(logits, y, labels)
 
 
 def _stream(windows, words):

@@ -74,20 +74,44 @@ def cloud_fallback(bundle_path, keys, km, clips) -> None:
     print(f"cloud fallback: {url} answered {out['label'][0]!r} (confidence {float(out['confidence'][0]):.2f})")
 
 
-def fleet(out: Path):
+DEMO_FLEET = dict(task="shipped-head", devices=6, rounds=4, clients_per_round=3, learning_rate=0.05, local_epochs=1,
+                  eval_tolerance=1.0, mcu_devices=2)  # bench/fl_voices's settings, a smaller fleet
+
+
+def fleet(out: Path, km):
+    """Simulated users who speak voices the shipped model never trained on federate from the shipped
+    head (bench/fl_voices, smaller); then the published version and the shipped model side by side
+    on held-out clips of the same voices. Returns (newest bundle dir, the aggregator's keys)."""
     import shutil
 
+    from edge.fl.model import head_logits
+    from host.fleet.data import extract_head
     from host.fleet.plots import summary, write_report
-    from host.fleet.simulate import SimConfig, simulate
+    from host.fleet.simulate import SimConfig, final_head, simulate
+    from host.fleet.voices import FLEET_VOICES, command_recall, heldout_clips
 
     target = out / "fleet"
     if target.exists():
         shutil.rmtree(target)
-    print("\nfleet: 12 simulated Pi devices federate a fresh classifier head over loopback HTTP, and 2 "
-          "MicroPython boards (unix port) each enrol their own custom keyword, adapt and report")
-    res = simulate(SimConfig(devices=12, rounds=3, clients_per_round=6, mcu_devices=2), target)
+    cfg = SimConfig(**DEMO_FLEET)
+    print(f"\nfleet: {cfg.devices} simulated Pi users, each speaking a voice the shipped model never trained on "
+          f"({', '.join('Flite ' + v for v in FLEET_VOICES)}, in their own rooms) with 4 labelled clips per command, "
+          f"federate from the shipped classifier over loopback HTTP; 2 MicroPython boards (unix port) each enrol "
+          f"their own custom keyword, adapt and report")
+    res = simulate(cfg, target)
     paths = write_report(res, target)
     print("\n" + "\n".join(summary(res, paths["html"])))
+    labels = list(km.labels)
+    shipped, published = extract_head(), final_head(target)
+    print("held-out clips of the fleet's voices (8 renders of each command, 30 other words; class-balanced "
+          "command recall, and other words taken for a command):")
+    for i, v in enumerate(FLEET_VOICES):
+        x, words = heldout_clips(v, seed=100 + i)
+        emb = np.concatenate([km.infer(km.features(x[a:a + 256]))[0] for a in range(0, len(x), 256)])
+        y = np.array([labels.index(w) for w in words])
+        a, b = (command_recall(head_logits(h, np.asarray(emb, np.float32)), y, labels) for h in (shipped, published))
+        print(f"  Flite {v:6s} shipped model {a['balanced']:6.1%} ({a['fa']:.0%})   "
+              f"federated v{res['final_version']} {b['balanced']:6.1%} ({b['fa']:.0%})")
     state = target / "agg"
     versions = sorted((d for d in (state / "bundles").iterdir() if d.is_dir()), key=lambda d: int(d.name[1:]))
     return versions[-1], state / "keys"

@@ -68,7 +68,7 @@ def run(args) -> int:
     if not args.no_cloud:
         cloud_fallback(path, args.pubkey or default_trusted_keys(), models["LiteRT int8"], clips)
     if not args.no_fleet:
-        latest, keys = fleet(args.out)
+        latest, keys = fleet(args.out, models["LiteRT int8"])
         if not args.no_cloud:
             serve_new_version(latest, keys, models["LiteRT int8"], clips)
     return 0

@@ -190,3 +190,19 @@ def prepare_devices(devices: list[VoiceDevice], root, augment: int = 8, confirm:
     if progress:
         print(file=sys.stderr)
     return out
+
+
+def command_recall(logits, y, labels) -> dict:
+    """Class-balanced recall of the 10 commands from (N, labels) ``logits`` and label ids ``y``, with
+    each command's recall, the share of ``_unknown_`` clips named as a command (``fa``) and the
+    plain accuracy over every label."""
+    from host.data.words import COMMANDS10
+
+    y = np.asarray(y)
+    p = np.asarray(logits).argmax(1)
+    cmd = [labels.index(w) for w in COMMANDS10]
+    per = {w: float(np.mean(p[y == c] == c)) for w, c in zip(COMMANDS10, cmd) if (y == c).any()}
+    unk = y == labels.index("_unknown_")
+    return {"balanced": float(np.mean(list(per.values()))), "per_word": per,
+            "fa": float(np.mean(np.isin(p[unk], cmd))) if unk.any() else None,
+            "accuracy37": float(np.mean(p == y))}

@@ -51,6 +51,11 @@ from edge.errors import EdgelearnError
 
 AGENT_FILE = "agent.json"
 FL_DIR = "fl"
+# copies of each labelled command clip in a federated round (bench/fl_voices: augment=8). The trainer
+# stays FLClient's default (the whole head): the shipped-head task's keep_absent trainer
+# (edge.fl.model.shipped_head_trainer) leaves the outputs of labels no device hears as a published
+# version had them, so a broken version is never repaired there (tests/test_agent_fleet.py's v5)
+FL_AUGMENT = 8
 SAMPLE_RATE = 16000
 HEALTH_TOLERANCE = 0.05  # a new version may name at most this fraction fewer labelled clips right
 HOLD_ENV = "EDGELEARN_AGENT_HOLD"  # test-only: stop the federated thread at a named point (_HeldTransport)
@@ -497,12 +502,12 @@ class Agent:
 
     def _fl_examples(self):
         """The device's own examples for a federated round (``edge.fl.local.local_examples``, what
-        the fleet simulator's devices train on too): embeddings of its labelled clips, of the
-        confident detections ``Device.detect`` kept in the tail replay buffer, and of the embedding
-        replay buffer."""
+        the fleet simulator's devices train on too): embeddings of its labelled clips (each command
+        clip ``FL_AUGMENT`` times), of the confident detections ``Device.detect`` kept in the tail
+        replay buffer, and of the embedding replay buffer."""
         from edge.fl.local import local_examples
 
-        return local_examples(self.device, self.labelled_clips())
+        return local_examples(self.device, self.labelled_clips(), augment=FL_AUGMENT)
 
     def _checkin_status(self) -> dict:
         from edge.scheduler import read_sysfs

@@ -92,6 +92,7 @@ class AgentConfig:
     data: Path | None = None       # labelled clips DIR/<label>/*.wav: adaptation, federated examples, health check
     strategy: str = "bias-only"
     adapt_every_s: float = 3600.0  # how often to ask the scheduler for an adaptation run
+    adapt: bool = True             # False: never adapt locally (detect, and federate with --data's clips)
     aggregator: str | None = None  # http://host:port
     device_id: str | None = None
     device_key: Path | None = None
@@ -121,6 +122,8 @@ def service_unit(state_dir, cfg: AgentConfig, exe: str | None = None) -> str:
         extra += f" --aggregator {cfg.aggregator} --device-id {cfg.device_id} --device-key {Path(cfg.device_key).resolve()}"
     if cfg.wyoming:
         extra += f" --wyoming {cfg.wyoming}"
+    if not cfg.adapt:
+        extra += " --no-adapt"
     if exe is None:
         import shutil
 
@@ -460,7 +463,7 @@ class Agent:
             self._write_status()
             self._restart = True  # the adapted model (when the run committed), and replay back on
             return
-        if self.cfg.data is None or now < self._next_adapt:
+        if self.cfg.data is None or not self.cfg.adapt or now < self._next_adapt:
             return
         self._next_adapt = now + self.cfg.adapt_every_s
         self._restart = True  # detection stops writing the replay buffer while the run owns it

@@ -173,8 +173,10 @@ def test_joins_a_round_then_pulls_checks_and_uses_the_new_version(enrolled, tmp_
     state, pcm = enrolled
     data = make_data(tmp_path / "data")
     trusted = aggregator["trusted"]
+    # no local adaptation: an adapted conv tail, when its run happened to finish first, is what
+    # detection runs instead of the federated head this test checks (it raced before)
     cfg = AgentConfig(source=None, data=data, aggregator=aggregator["url"], device_id="pi-0",
-                      device_key=aggregator["key"], checkin_every_s=0.05, status_every_s=0)
+                      device_key=aggregator["key"], checkin_every_s=0.05, status_every_s=0, adapt=False)
     versions = []
 
     def audio():

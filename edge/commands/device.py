@@ -119,6 +119,9 @@ def add_arguments(p) -> None:
                            help="labelled clips DIR/<label>/*.wav: local adaptation, federated examples, "
                                 "the health check of new versions")
             s.add_argument("--strategy", default="bias-only", help="what local adaptation trains")
+            s.add_argument("--no-adapt", action="store_true",
+                           help="never adapt locally: --data's clips serve the federated rounds and the "
+                                "health check only")
             s.add_argument("--adapt-every", type=float, default=3600.0, metavar="S",
                            help="seconds between asking the scheduler for an adaptation run")
             s.add_argument("--aggregator", default=None, metavar="URL", help="join this federation")
@@ -165,9 +168,9 @@ def _run(args) -> int:
     cfg = AgentConfig(source=source,
                       on_detect=args.on_detect, keywords=_keywords(args.keywords), threshold=args.threshold,
                       sensitivity=args.sensitivity, confirm=args.confirm, data=args.data, strategy=args.strategy,
-                      adapt_every_s=args.adapt_every, aggregator=args.aggregator, device_id=args.device_id,
-                      device_key=args.device_key, checkin_every_s=args.checkin_every, network=args.network,
-                      wyoming=args.wyoming)
+                      adapt_every_s=args.adapt_every, adapt=not args.no_adapt, aggregator=args.aggregator,
+                      device_id=args.device_id, device_key=args.device_key, checkin_every_s=args.checkin_every,
+                      network=args.network, wyoming=args.wyoming)
     if args.print_unit:
         print(service_unit(args.state, cfg), end="")
         return 0

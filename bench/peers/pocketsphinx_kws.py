@@ -34,21 +34,17 @@ import os
 import sys
 import tempfile
 import time
-import wave
 from importlib.metadata import version as _dist_version
 
 from pocketsphinx import Decoder
 
-RATE = 16000
+import _peerwav  # noqa: E402 (bench/peers/, this script's folder)
+
+RATE = _peerwav.RATE
 
 
 def read_wav(path: str) -> bytes:
-    with wave.open(path, "rb") as w:
-        ch, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
-        if (ch, width, rate) != (1, 2, RATE):
-            raise SystemExit(f"pocketsphinx_kws: {path} is {rate} Hz, {ch} channel(s), {8 * width}-bit; "
-                             f"need 16000 Hz mono 16-bit (sox IN -r 16000 -c 1 -b 16 OUT.wav)")
-        return w.readframes(w.getnframes())
+    return _peerwav.read_wav(path, "pocketsphinx_kws")
 
 
 def _kws_file(phrases: dict[str, float], tmpdir: str) -> str:

@@ -30,21 +30,17 @@ from __future__ import annotations
 import json
 import sys
 import time
-import wave
 from importlib.metadata import version as _dist_version
 
 import numpy as np
 
-RATE = 16000
+import _peerwav  # noqa: E402 (bench/peers/, this script's folder)
+
+RATE = _peerwav.RATE
 
 
 def read_wav(path: str) -> bytes:
-    with wave.open(path, "rb") as w:
-        ch, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
-        if (ch, width, rate) != (1, 2, RATE):
-            raise SystemExit(f"wakeword_probs: {path} is {rate} Hz, {ch} channel(s), {8 * width}-bit; "
-                             f"need 16000 Hz mono 16-bit")
-        return w.readframes(w.getnframes())
+    return _peerwav.read_wav(path, "wakeword_probs")
 
 
 def run_openwakeword(names: list[str], audio: bytes) -> dict:

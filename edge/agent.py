@@ -608,6 +608,7 @@ class Agent:
                 h = {"ok": False, "accuracy": h["accuracy"], "reason": str(e)}
         self.status["last_health"] = {"time": time.time(), "version": version, **h}
         if not h["ok"]:
+            self.device.unbind_adapted(new)  # a carry_to killed half-way may have moved the adapt pointer
             try:
                 store.rollback()
             except EdgelearnError:  # the first federated version: the running (shipped) bundle stays

@@ -23,6 +23,7 @@ Every operation that writes the adapted state first finishes or undoes what a cr
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from edge.errors import EdgelearnError
@@ -166,6 +167,19 @@ def check_distill(distill: float) -> float:
 def _is_path(x) -> bool:
     return isinstance(x, (str, os.PathLike))
 
+
+
+HOLD_CARRY_ENV = "EDGELEARN_CARRY_HOLD"  # test-only: Device.carry_to stops between its two writes
+
+
+def _bind_pointer(store, bundle) -> None:
+    """Rewrite the adapt pointer of ``store`` (atomically) as trained on ``bundle``."""
+    import json
+
+    from edge.atomic import atomic_write
+
+    atomic_write(store.meta_path, json.dumps({**store.meta, "model": [bundle.model_id, bundle.version]},
+                                             indent=1).encode())
 
 class Device:
     """A device's state directory (``state_dir``: enrolled keywords, adapted contexts, replay
@@ -312,7 +326,14 @@ class Device:
         the device kept when it was enrolled (``enrolment_clips``: on the device only, never
         uploaded). Adapted contexts carry only when their backbone and base tail (``ADAPT_FILES``)
         are unchanged. Nothing is written unless all of it carries; otherwise an EdgelearnError says
-        what changed. Returns {"keywords": n, "contexts": n, "rederived": [names enrolled again]}."""
+        what changed. Returns {"keywords": n, "contexts": n, "rederived": [names enrolled again]}.
+
+        Two files move, each atomically: the adapt pointer first, the keywords last (the agent takes
+        keywords bound to ``new`` as "carried", ``Agent._open_device``). A process killed between
+        the two leaves the pointer on ``new`` and the keywords on the old version; the next call
+        (the agent checks the installed version again on restart) finds the pointer already moved,
+        takes it as carried (its basis was checked before it was written) and finishes; a version
+        refused after all gets the pointer back with ``unbind_adapted``."""
         import json
 
         from edge.adapt.store import AdaptStore
@@ -323,9 +344,11 @@ class Device:
             raise EdgelearnError(f"bundle {new.model_id} is another model than {old.model_id}",
                                  fix="enrol the keywords again in a fresh state directory")
         state = self.enrolled()
-        store = AdaptStore(self.state_dir, old)
+        store, moved = self._adapt_store_of(old, new), False
+        if store.model != [old.model_id, old.version]:
+            moved = True  # a carry_to stopped between its two writes: the pointer is on `new` already
         changed = []
-        if store.meta["contexts"]:
+        if store.meta["contexts"] and not moved:
             a, b = _basis(old, ADAPT_FILES), _basis(new, ADAPT_FILES)
             changed = [n for n in a if a[n] != b.get(n)]
         keywords, rederived = state.keywords, []
@@ -340,15 +363,40 @@ class Device:
             raise EdgelearnError(f"{new.model_id} v{new.version} changes {', '.join(sorted(set(changed)))}, which this "
                                  "device's keywords or adapted tail were learned with",
                                  fix="stay on the running version, or enrol and adapt again for the new one")
+        if store.meta_path.exists() and not moved:
+            _bind_pointer(store, new)
+        if HOLD_CARRY_ENV in os.environ:  # test-only: tests/test_device_carry.py kills the process here
+            Path(os.environ[HOLD_CARRY_ENV]).write_text("held")
+            time.sleep(3600)
         if keywords:
             DeviceState(self.state_dir, new.model_id, new.version, keywords, new).save()
-        if store.meta_path.exists():
-            from edge.atomic import atomic_write
-
-            meta = {**store.meta, "model": [new.model_id, new.version]}
-            atomic_write(store.meta_path, json.dumps(meta, indent=1).encode())
         self._bundle = new
         return {"keywords": len(keywords), "contexts": len(store.meta["contexts"]), "rederived": rederived}
+
+    def _adapt_store_of(self, old, new):
+        """The adapt store bound to ``old``, or to ``new`` when a carry_to already moved its pointer."""
+        from edge.adapt.store import AdaptStore
+
+        try:
+            return AdaptStore(self.state_dir, old)
+        except EdgelearnError:
+            try:
+                return AdaptStore(self.state_dir, new)
+            except EdgelearnError:
+                pass
+            raise
+
+    def unbind_adapted(self, refused) -> None:
+        """After ``refused`` (a version a carry_to may have moved the adapt pointer to) was rolled
+        back: the pointer back on this device's bundle, whose basis it was checked to share."""
+        from edge.adapt.store import AdaptStore
+
+        try:
+            store = AdaptStore(self.state_dir, refused)
+        except EdgelearnError:
+            return  # not moved (or bound to this bundle already): nothing to undo
+        if store.meta_path.exists() and store.model != [self.bundle.model_id, self.bundle.version]:
+            _bind_pointer(store, self.bundle)
 
     def _rederive(self, new, names) -> list[dict]:
         """The keywords ``names`` enrolled on bundle ``new`` from their kept clips (in a scratch

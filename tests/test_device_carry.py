@@ -93,3 +93,72 @@ def test_without_kept_clips_a_new_basis_is_refused_and_nothing_changes(enrolled,
     with pytest.raises(EdgelearnError, match="no kept enrolment clips for hey edge"):
         Device(st).carry_to(new)
     assert (st / "keywords.json").read_bytes() == before
+
+
+
+CARRY_CHILD = """
+import sys
+from edge.bundle import load_bundle
+from edge.device import Device
+st, new_dir, pub = sys.argv[1:4]
+Device(st).carry_to(load_bundle(new_dir, trusted_keys=pub))
+"""
+
+
+def kill_carry_half_way(st: Path, new, pub: Path, held: Path) -> None:
+    """``Device(st).carry_to(new)`` in a child process, kill -9 at its hold point (the adapt pointer
+    written, the keywords not)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from edge.device import HOLD_CARRY_ENV
+
+    held.unlink(missing_ok=True)
+    env = {**os.environ, HOLD_CARRY_ENV: str(held), "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-c", CARRY_CHILD, str(st), str(new.root), str(pub)], env=env)
+    try:
+        for _ in range(1200):
+            if held.exists() or p.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert held.exists(), f"the carry never reached its hold point (rc {p.poll()})"
+        p.send_signal(signal.SIGKILL)
+    finally:
+        p.wait()
+
+
+def test_a_carry_killed_between_its_two_writes_finishes_on_the_next_call_or_is_undone(enrolled, tmp_path):
+    """kill -9 after the adapt pointer moved and before the keywords did: each file is old or new;
+    the next carry_to (what the agent runs on restart) finishes the move, and a version refused
+    after all gets the pointer back (``unbind_adapted``, the agent's rollback)."""
+    from edge.adapt.store import AdaptStore
+
+    st, clips = enrolled
+    rng = np.random.default_rng(1)
+    w, y = (rng.standard_normal((4, 16000)) * 2000).astype(np.int16), ["yes", "yes", "stop", "stop"]
+    assert Device(st).adapt((w, y), steps=2, force=True)["status"] == "done"
+    old = Device(st).bundle
+    new = new_version(tmp_path, 2, change_negatives=False)
+    pub, held = tmp_path / "keys" / "rel.pub", tmp_path / "held"
+    pcm = stream(read_wav(clips[0]))
+
+    def bound() -> tuple[int, int]:
+        return (json.loads((st / "adapt" / "active.json").read_text())["model"][1],
+                json.loads((st / "keywords.json").read_text())["model_version"])
+
+    kill_carry_half_way(st, new, pub, held)
+    assert bound() == (2, old.version)
+    with pytest.raises(EdgelearnError, match="trained on bundle"):
+        AdaptStore(st, old)  # what the old version would find: the reason the agent undoes it
+    Device(st).unbind_adapted(new)  # the version is refused: back on the running one
+    assert bound() == (old.version, old.version) and AdaptStore(st, old).meta["contexts"]
+    assert [e["keyword"] for e in Device(st).detect(pcm, replay=False)] == [KW] * 3
+
+    kill_carry_half_way(st, new, pub, held)
+    res = Device(st).carry_to(new)  # the restart: finishes what the killed one began
+    assert res["keywords"] == 1 and res["contexts"] == 1 and bound() == (2, 2)
+    assert AdaptStore(st, new).meta["contexts"]
+    assert [e["keyword"] for e in Device(st, new).detect(pcm, replay=False)] == [KW] * 3

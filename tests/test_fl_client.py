@@ -152,3 +152,31 @@ def test_a_round_verifies_the_bundle_once(tmp_path):
         delta, n = c.train(task)      # a round on the bundle already installed
         c.encode(task, delta, n)
         assert calls == ["current"]
+
+
+def test_damaged_client_state_is_set_aside_and_the_next_upload_still_counts(tmp_path, capsys):
+    """fl_state.json and topk_residuals.npz are written atomically, so only outside damage breaks
+    them: the client keeps each as NAME.damaged, says so once, and goes on without reusing a
+    sequence number (it resumes at the Unix time in seconds)."""
+    import json
+
+    devs, _ = synthetic(2)
+    cfg = AggregatorConfig(clients_per_round=1, overselect=1.0, codec="topk_int8", topk_fraction=0.1)
+    state, keys = fleet(tmp_path, cfg, n=2)
+    app = build_app(state, tick_interval=0)
+    with InProcessTransport(app) as t:
+        c = FLClient(t, "dev0", keys["dev0"], tmp_path / "c0", trusted_keys=state / "keys", data=devs[0])
+        assert c.run_once(OK)["status"] == "accepted"
+        (tmp_path / "c0" / "fl_state.json").write_bytes(b'{"seq": 1')  # cut short
+        (tmp_path / "c0" / "topk_residuals.npz").write_bytes(b"PK\x03\x04 not a zip")
+        c2 = FLClient(t, "dev0", keys["dev0"], tmp_path / "c0", trusted_keys=state / "keys", data=devs[0])
+        err = capsys.readouterr().err
+        assert err.count("is damaged") == 2 and "the sequence resumes at" in err
+        assert (tmp_path / "c0" / "fl_state.json.damaged").read_bytes() == b'{"seq": 1'
+        assert (tmp_path / "c0" / "topk_residuals.npz.damaged").exists() and c2.topk.residuals == {}
+        assert c2.seq > c.seq
+        assert c2.run_once(OK)["status"] == "accepted"  # round 2: the aggregator takes the new number
+        assert json.loads((tmp_path / "c0" / "fl_state.json").read_text())["seq"] == c2.seq
+        for bad in (b'{"seq": -3}', b'{"seq": true}', b"[]"):
+            (tmp_path / "c0" / "fl_state.json").write_bytes(bad)
+            assert FLClient(t, "dev0", keys["dev0"], tmp_path / "c0", trusted_keys=state / "keys").seq > c.seq

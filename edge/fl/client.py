@@ -27,6 +27,7 @@ import json
 import os
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -62,12 +63,39 @@ class FLClient:
 
     # state that must survive a power cut: the last seq used, and top-k residuals
     def _load_state(self):
+        """Both files are written atomically, so damage comes from outside (a bad card, a hand
+        edit). A damaged file is kept beside as ``NAME.damaged``, with one warning, and the client
+        goes on: the sequence resumes at the Unix time in seconds, above any number a device
+        counting from 0 reaches (a frame a second for 56 years), so the aggregator's replay check
+        still holds and nothing is sent under a used number; lost top-k residuals only cost the
+        error feedback of the next round."""
         p = self.dir / "fl_state.json"
-        self.seq = json.loads(p.read_text())["seq"] if p.exists() else 0
+        self.seq = 0
+        if p.exists():
+            try:
+                seq = json.loads(p.read_bytes())["seq"]
+                if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2 ** 32:
+                    raise ValueError(f"seq is {seq!r}")
+                self.seq = seq
+            except (ValueError, KeyError, TypeError) as e:
+                self.seq = int(time.time())
+                self._set_aside(p, f"{e}; the sequence resumes at {self.seq}")
         r = self.dir / "topk_residuals.npz"
         if r.exists():
-            with np.load(r) as z:
-                self.topk.residuals = {k: array.array("f", z[k].astype(np.float32).tobytes()) for k in z.files}
+            try:
+                with np.load(r) as z:
+                    self.topk.residuals = {k: array.array("f", z[k].astype(np.float32).tobytes()) for k in z.files}
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+                self.topk.residuals = {}
+                self._set_aside(r, f"{e}; the next top-k update starts without error feedback")
+
+    @staticmethod
+    def _set_aside(path: Path, why: str) -> None:
+        import sys
+
+        os.replace(path, path.with_name(path.name + ".damaged"))
+        print(json.dumps({"warning": f"{path} is damaged ({why}); kept as {path.name}.damaged"}),
+              file=sys.stderr, flush=True)
 
     def _next_seq(self) -> int:
         self.seq += 1

@@ -409,9 +409,19 @@ class Device:
         km = KeywordModel(new, backend=self.backend)
         with tempfile.TemporaryDirectory(dir=self.state_dir, prefix=".rederive-") as tmp:
             scratch = DeviceState(Path(tmp), new.model_id, new.version, [], new)
+            levels = {k["name"]: k.get("sensitivity", "medium") for k in self.enrolled().keywords}
             for name in names:
-                enroll(km, scratch, name, self.enrolment_clips(name))
+                enroll(km, scratch, name, self.enrolment_clips(name), sensitivity=levels.get(name, "medium"))
             return scratch.keywords
+
+    def sensitivity(self, name: str, level: str | None = None) -> dict:
+        """Enrolled keyword ``name``'s sensitivity; with ``level`` (low: fewest false accepts,
+        medium, high: fewest misses), detect it at that level from now on (every level's thresholds
+        were set at enrolment). Returns {"keyword", "sensitivity", "sensitivities": {level:
+        {"threshold", "bank_false_accept_rate"}}}."""
+        from edge.enroll import keyword_sensitivity
+
+        return keyword_sensitivity(self.enrolled(), name, level)
 
     def enrolment_clips(self, name: str):
         """The clips keyword ``name`` was enrolled from, as the device kept them (``ENROLMENT_DIR``),
@@ -426,11 +436,12 @@ class Device:
             return None
 
     # -- enroll ----------------------------------------------------------------------------------
-    def enroll(self, name: str, clips, *, replace: bool = False) -> dict:
+    def enroll(self, name: str, clips, *, replace: bool = False, sensitivity: str = "medium") -> dict:
         """Learn keyword ``name`` from 3-10 clips (WAV paths or int16 arrays): prototype, head and
         open-set threshold from the bundle's negative bank, and the second-stage templates
         (``edge.enroll.enroll``); saves the state; returns the report (``outliers``: clips left
-        out because they do not sound like the others)."""
+        out because they do not sound like the others). ``sensitivity``: low, medium or high
+        (``edge.enroll.SENSITIVITIES``; every level is calibrated, ``sensitivity`` switches)."""
         from edge.audio import read_wav
         from edge.enroll import enroll
 
@@ -442,7 +453,8 @@ class Device:
         clips = list(clips)
         names = [str(c) if _is_path(c) else f"clip {i + 1}" for i, c in enumerate(clips)]
         pcm = [read_wav(c, min_samples=1) if _is_path(c) else c for c in clips]
-        rep = enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace)
+        rep = enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace,
+                     sensitivity=sensitivity)
         # kept on the device (never uploaded) so that a version with a new encoder can enrol it again
         path = self.state_dir / ENROLMENT_DIR / f"{_slug(rep['keyword'])}.npz"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -604,7 +616,9 @@ class Device:
         from edge.agent import read_status
 
         out = {"bundle": f"{bundle.model_id} v{bundle.version}", "keywords": state.names(),
-               "verifier": verifier_status(state.keywords, bundle), "adapt": adapt.meta, "replay": replay,
+               "verifier": verifier_status(state.keywords, bundle),
+               "sensitivity": {k["name"]: k.get("sensitivity", "medium") for k in state.keywords},
+               "adapt": adapt.meta, "replay": replay,
                "last_schedule": last}
         agent = read_status(self.state_dir)  # what `device run` did last (edge/agent.py)
         if agent is not None:

@@ -50,6 +50,14 @@ MIN_CLIPS, MAX_CLIPS = 3, 10
 # rate on distorted enrolment clips per noise level, chosen together on the kws_fewshot main set
 # (the stronger stage takes more of the rejection); docs/edge-runtime.md.
 FAR_TARGET = 0.004
+# A keyword's sensitivities (`device enroll --sensitivity`, `device sensitivity`): per level, the
+# first stage's bank false-accept rate and the second stage's pass rate on the distorted enrolment
+# clips (levels at 20 dB and above, levels under 20 dB; None: edge.verify's PASS_TARGETS and
+# NOISY_PASS of the version). "medium" is the default the targets above were chosen for; "low" and
+# "high" were set beforehand, 4x fewer / more bank false accepts, not tuned on any benchmark, and
+# bench/kws_custom measures all three.
+SENSITIVITIES = {"low": (0.001, 0.5, 0.8), "medium": (FAR_TARGET, None, None), "high": (0.016, 0.8, 0.97)}
+DEFAULT_SENSITIVITY = "medium"
 MIN_SPEECH_S = 0.2
 MAX_CLIP_S = 2.0
 SHIFTS_S = (-0.15, -0.075, 0.0, 0.075, 0.15)
@@ -96,6 +104,7 @@ def check_keywords(kws) -> list[dict]:
         for k in ("b", "threshold"):
             if not _real(e.get(k)):
                 raise ValueError(f"{where} {k!r} is {e.get(k)!r}, not a finite number")
+        _check_sensitivity(e, where)
         if "verify" in e:
             v = e["verify"]
             if not isinstance(v, dict):
@@ -118,6 +127,36 @@ def check_keywords(kws) -> list[dict]:
     return kws
 
 
+def _check_sensitivity(e: dict, where: str) -> None:
+    level, table = e.get("sensitivity", DEFAULT_SENSITIVITY), e.get("sensitivities", {})
+    if level not in SENSITIVITIES:
+        raise ValueError(f"{where} sensitivity {level!r} is not one of {', '.join(SENSITIVITIES)}")
+    if not isinstance(table, dict) or any(k not in SENSITIVITIES or not isinstance(v, dict) or not _real(
+            v.get("threshold")) for k, v in table.items()):
+        raise ValueError(f"{where} 'sensitivities' is not a table of levels with thresholds")
+    for k, v in table.items():
+        lv = v.get("verify_levels")
+        if lv is not None and not (isinstance(lv, list) and lv and all(
+                isinstance(p, list) and len(p) == 2 and all(_real(x) for x in p) for p in lv)):
+            raise ValueError(f"{where} sensitivity {k!r} verifier levels are not (range, threshold) pairs")
+    if level != DEFAULT_SENSITIVITY and level not in table:
+        raise ValueError(f"{where} is set to sensitivity {level!r}, which its entry has no thresholds for")
+
+
+def at_sensitivity(e: dict) -> dict:
+    """Entry ``e`` with the thresholds of its chosen sensitivity in the fields the detector reads
+    (``threshold``; the verifier's ``levels`` and ``threshold``)."""
+    level = e.get("sensitivity", DEFAULT_SENSITIVITY)
+    if level == DEFAULT_SENSITIVITY:
+        return e
+    lv = e["sensitivities"][level]
+    out = {**e, "threshold": lv["threshold"]}
+    if "verify" in e and lv.get("verify_levels"):
+        out["verify"] = {**e["verify"], "levels": lv["verify_levels"],
+                         "threshold": max(t for _, t in lv["verify_levels"])}
+    return out
+
+
 class CustomKeywords:
     """Scores of enrolled keywords from embeddings: sigmoid(w . e/|e| + b), and their second stage.
 
@@ -125,6 +164,7 @@ class CustomKeywords:
     it (or with ``verify=False``) only the first stage runs."""
 
     def __init__(self, entries: list[dict], bundle=None, verify: bool = True):
+        entries = [at_sensitivity(e) for e in entries]
         self.names = [e["name"] for e in entries]
         self.w = np.array([e["w"] for e in entries], np.float32).reshape(len(entries), -1)
         self.b = np.array([e["b"] for e in entries], np.float32)
@@ -326,10 +366,13 @@ def negative_bank(bundle) -> np.ndarray:
 
 
 def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_names=None,
-           far_target: float = FAR_TARGET, replace: bool = False, seed: int = 0, verify: bool | None = None) -> dict:
+           far_target: float = FAR_TARGET, replace: bool = False, seed: int = 0, verify: bool | None = None,
+           sensitivity: str = DEFAULT_SENSITIVITY) -> dict:
     """Learn keyword ``name`` from clips; saves the state; returns a report dict.
     ``verify``: also build the second stage (``edge.verify``; needs the bundle's backbone);
-    None: when the bundle has a backbone partition."""
+    None: when the bundle has a backbone partition. ``sensitivity``: the level detection uses
+    (``SENSITIVITIES``; every level's thresholds are kept, ``keyword_sensitivity`` switches)."""
+    check_level(sensitivity)
     clip_names = clip_names or [f"clip {i + 1}" for i in range(len(clips))]
     if not MIN_CLIPS <= len(clips) <= MAX_CLIPS:
         raise EdgelearnError(f"{len(clips)} enrolment clips given, need {MIN_CLIPS}-{MAX_CLIPS}",
@@ -359,7 +402,17 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
     threshold = max(0.5, float(np.quantile(neg_scores, 1.0 - far_target)))
     entry = {"name": norm, "prototype": [round(v, 6) for v in P.prototype([embs[i] for i in keep])],
              "w": [round(float(v), 6) for v in w], "b": round(b, 6), "threshold": round(threshold, 6),
-             "clips": len(keep), "outliers": [clip_names[i] for i in outliers]}
+             "clips": len(keep), "outliers": [clip_names[i] for i in outliers], "sensitivity": sensitivity,
+             "sensitivities": {}}
+    ladder = {}
+    for level, (far, p_quiet, p_noisy) in SENSITIVITIES.items():
+        if level == DEFAULT_SENSITIVITY:
+            continue
+        t = max(0.5, float(np.quantile(neg_scores, 1.0 - far)))
+        entry["sensitivities"][level] = {"threshold": round(t, 6), "bank_false_accept_rate":
+                                         round(float((neg_scores >= t).mean()), 5)}
+        if p_quiet is not None:
+            ladder[level] = (p_quiet, p_noisy)
     report_verify = {}
     if verify is None:
         verify = any(p.get("role") == "backbone" for p in km.bundle.partitions)
@@ -370,8 +423,11 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
         ver = V.Verifier(km.bundle)
         kept = np.stack([windows[i] for i in keep])
         templates = ver.templates(kept, km.scale)
-        levels, dist, passed = ver.calibrate(kept, templates, km.scale, rng)
+        levels, dist, passed, by_level = ver.calibrate(kept, templates, km.scale, rng, ladder=ladder)
         entry["verify"] = V.pack(templates, ver.qparams, levels, dist, ver.version)
+        for level, lv in by_level.items():
+            entry["sensitivities"][level]["verify_levels"] = [[round(float(r), 4), round(float(t), 6)]
+                                                              for r, t in lv]
         report_verify = {"verify_threshold_quiet": round(levels[-1][1], 4),
                          "verify_threshold_noisy": round(levels[0][1], 4),
                          "verify_enrolment_pass_rate": round(float(passed.mean()), 3)}
@@ -381,4 +437,44 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
             "outliers": [{"clip": clip_names[i], "cosine": round(float(cos[i]), 3)} for i in outliers],
             "threshold": round(threshold, 4),
             "enrolment_pass_rate": round(float((pos_scores >= threshold).mean()), 3),
-            "bank_false_accept_rate": round(float((neg_scores >= threshold).mean()), 5), **report_verify}
+            "bank_false_accept_rate": round(float((neg_scores >= threshold).mean()), 5), **report_verify,
+            "sensitivity": sensitivity, "sensitivities": sensitivity_table(entry)}
+
+
+def check_level(level) -> str:
+    if level not in SENSITIVITIES:
+        raise EdgelearnError(f"sensitivity {level!r} is not one of {', '.join(SENSITIVITIES)}",
+                             fix="pass low (fewest false accepts), medium (the default) or high (fewest misses)")
+    return level
+
+
+def sensitivity_table(e: dict) -> dict:
+    """{level: {"threshold", "bank_false_accept_rate"}} of entry ``e`` (medium: its own fields)."""
+    out = {}
+    for level in SENSITIVITIES:
+        if level == DEFAULT_SENSITIVITY:
+            out[level] = {"threshold": e["threshold"]}
+        elif level in e.get("sensitivities", {}):
+            lv = e["sensitivities"][level]
+            out[level] = {"threshold": lv["threshold"], "bank_false_accept_rate": lv.get("bank_false_accept_rate")}
+    return out
+
+
+def keyword_sensitivity(state: DeviceState, name: str, level: str | None = None) -> dict:
+    """Keyword ``name``'s sensitivity and every level's thresholds; with ``level``, detect it at
+    that level from now on (the state saved atomically)."""
+    if level is not None:
+        check_level(level)
+    norm = name.strip().lower()
+    entry = next((k for k in state.keywords if k["name"] == norm), None)
+    if entry is None:
+        raise EdgelearnError(f"no keyword {norm!r} is enrolled (enrolled: {', '.join(state.names()) or 'none'})",
+                             fix="enrol it first with `edgelearn device enroll`")
+    if level is not None:
+        if level != DEFAULT_SENSITIVITY and level not in entry.get("sensitivities", {}):
+            raise EdgelearnError(f"keyword {norm!r} was enrolled before sensitivities existed: it has medium only",
+                                 fix="enrol it again (`edgelearn device enroll --replace`) to get low and high")
+        entry["sensitivity"] = level
+        state.save()
+    return {"keyword": norm, "sensitivity": entry.get("sensitivity", DEFAULT_SENSITIVITY),
+            "sensitivities": sensitivity_table(entry)}

@@ -206,14 +206,16 @@ class Verifier:
         return np.min(d, axis=0)
 
     def calibrate(self, windows: np.ndarray, templates: list[np.ndarray], scale, rng,
-                  pass_target: float | None = None, levels_db=None,
-                  noisy_pass: float | None = None) -> tuple[list[list[float]], np.ndarray, np.ndarray]:
+                  pass_target: float | None = None, levels_db=None, noisy_pass: float | None = None,
+                  ladder: dict | None = None) -> tuple[list[list[float]], np.ndarray, np.ndarray]:
         """Thresholds per noise level from leave-one-out distances of the distorted enrolment
         windows (``pass_target``: default ``PASS_TARGETS`` of this bundle's version; ``levels_db``
         and ``noisy_pass``, the pass target of levels under 20 dB: ``LEVELS_DB`` and ``NOISY_PASS``
         of the version, else ``SNR_LEVELS_DB`` and none). Returns
         (levels: [[noise range, threshold], ...] by rising range, every distance, whether each
-        passes at the threshold its own window is given)."""
+        passes at the threshold its own window is given). ``ladder``: {name: (pass_target,
+        noisy_pass)}; then a fourth item, {name: levels} from the same distances (the keyword's
+        sensitivities, ``edge.enroll.SENSITIVITIES``)."""
         pass_target = PASS_TARGETS[self.version] if pass_target is None else pass_target
         levels_db = LEVELS_DB.get(self.version, SNR_LEVELS_DB) if levels_db is None else tuple(levels_db)
         noisy_pass = NOISY_PASS.get(self.version) if noisy_pass is None else noisy_pass
@@ -228,11 +230,18 @@ class Verifier:
                 rng_of[lv].append(noise_range(feats))
         d = {lv: np.concatenate(v) for lv, v in dist.items()}
         r = {lv: np.concatenate(v) for lv, v in rng_of.items()}
-        levels = sorted([float(np.median(r[lv])),
-                         float(np.quantile(d[lv], pass_target if lv >= 20 or noisy_pass is None
-                                           else max(pass_target, noisy_pass)))] for lv in levels_db)
+
+        def levels_for(target, noisy):
+            return sorted([float(np.median(r[lv])),
+                           float(np.quantile(d[lv], target if lv >= 20 or noisy is None else max(target, noisy)))]
+                          for lv in levels_db)
+
+        levels = levels_for(pass_target, noisy_pass)
         all_d, all_r = np.concatenate(list(d.values())), np.concatenate(list(r.values()))
-        return levels, all_d, all_d <= interpolate(levels, all_r)
+        out = levels, all_d, all_d <= interpolate(levels, all_r)
+        if ladder is None:
+            return out
+        return out + ({name: levels_for(t, n) for name, (t, n) in ladder.items()},)
 
 
 def noise_range(feats: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ def add_arguments(p) -> None:
                       ("adapt", "adapt the tail on local labelled clips (scheduler-gated)"),
                       ("calibrate", "set base-keyword thresholds by false accepts per hour on audio "
                                     "that says none of them"),
+                      ("sensitivity", "show or set an enrolled keyword's sensitivity (low, medium, high)"),
                       ("status", "show the state directory"),
                       ("run", "the device agent: detect all day, adapt when the scheduler allows, "
                               "join a federation (edge/agent.py)")):
@@ -63,6 +64,13 @@ def add_arguments(p) -> None:
             s.add_argument("--keyword", required=True, help="the new word or short phrase")
             s.add_argument("--wav", type=Path, nargs="+", required=True, help="3-10 clips of it")
             s.add_argument("--replace", action="store_true", help="re-enrol an existing keyword")
+            s.add_argument("--sensitivity", default="medium", choices=("low", "medium", "high"),
+                           help="low: fewest false accepts, high: fewest misses (every level is calibrated "
+                                "at enrolment; `device sensitivity` switches later)")
+        elif name == "sensitivity":
+            s.add_argument("--keyword", required=True, help="an enrolled keyword")
+            s.add_argument("--level", default=None, choices=("low", "medium", "high"),
+                           help="detect it at this level from now on (omit: show the levels)")
         elif name == "adapt":
             s.add_argument("--data", type=Path, help="DIR/<label>/*.wav with bundle labels")
             s.add_argument("--recipe", default=None, choices=("plain", "speaker"),
@@ -144,7 +152,7 @@ def _device(args) -> Device:
 
 def run(args) -> int:
     return {"detect": _detect, "enroll": _enroll, "adapt": _adapt, "status": _status,
-            "calibrate": _calibrate, "run": _run}[args.action](args)
+            "calibrate": _calibrate, "run": _run, "sensitivity": _sensitivity}[args.action](args)
 
 
 def _keywords(arg):
@@ -212,7 +220,7 @@ def _calibrate(args) -> int:
 
 
 def _enroll(args) -> int:
-    rep = _device(args).enroll(args.keyword, args.wav, replace=args.replace)
+    rep = _device(args).enroll(args.keyword, args.wav, replace=args.replace, sensitivity=args.sensitivity)
     for o in rep["outliers"]:
         print(f"warning: {o['clip']} does not sound like the others (cosine {o['cosine']}); left out",
               file=sys.stderr)
@@ -235,6 +243,11 @@ def _adapt(args) -> int:
                                dw4=args.dw4, ambient=args.ambient, augment=args.augment,
                                negative_share=args.negative_share, verify=args.verify, lr=args.lr,
                                force=args.force)))
+    return 0
+
+
+def _sensitivity(args) -> int:
+    print(json.dumps(_device(args).sensitivity(args.keyword, args.level)))
     return 0
 
 

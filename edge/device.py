@@ -411,7 +411,8 @@ class Device:
             scratch = DeviceState(Path(tmp), new.model_id, new.version, [], new)
             levels = {k["name"]: k.get("sensitivity", "medium") for k in self.enrolled().keywords}
             for name in names:
-                enroll(km, scratch, name, self.enrolment_clips(name), sensitivity=levels.get(name, "medium"))
+                clips, speakers = self.enrolment_clips(name, speakers=True)
+                enroll(km, scratch, name, clips, sensitivity=levels.get(name, "medium"), speakers=speakers)
             return scratch.keywords
 
     def sensitivity(self, name: str, level: str | None = None) -> dict:
@@ -423,25 +424,35 @@ class Device:
 
         return keyword_sensitivity(self.enrolled(), name, level)
 
-    def enrolment_clips(self, name: str):
+    def enrolment_clips(self, name: str, speakers: bool = False):
         """The clips keyword ``name`` was enrolled from, as the device kept them (``ENROLMENT_DIR``),
-        or None (enrolled before clips were kept, or removed)."""
+        or None (enrolled before clips were kept, or removed); with ``speakers``, (clips, one
+        speaker id per clip)."""
         import numpy as np
 
         path = self.state_dir / ENROLMENT_DIR / f"{_slug(name)}.npz"
         try:
             with np.load(path, allow_pickle=False) as z:
-                return [np.asarray(z[k], np.int16) for k in sorted(z.files, key=lambda k: int(k.split("_")[1]))]
+                keys = sorted((k for k in z.files if k.startswith("clip_")), key=lambda k: int(k.split("_")[1]))
+                clips = [np.asarray(z[k], np.int16) for k in keys]
+                who = np.asarray(z["speakers"], np.int64) if "speakers" in z.files else np.zeros(len(clips), np.int64)
         except (OSError, ValueError, KeyError, IndexError):
             return None
+        if len(who) != len(clips):
+            return None
+        return (clips, [int(v) for v in who]) if speakers else clips
 
     # -- enroll ----------------------------------------------------------------------------------
-    def enroll(self, name: str, clips, *, replace: bool = False, sensitivity: str = "medium") -> dict:
+    def enroll(self, name: str, clips, *, replace: bool = False, add: bool = False,
+               sensitivity: str | None = None) -> dict:
         """Learn keyword ``name`` from 3-10 clips (WAV paths or int16 arrays): prototype, head and
         open-set threshold from the bundle's negative bank, and the second-stage templates
         (``edge.enroll.enroll``); saves the state; returns the report (``outliers``: clips left
-        out because they do not sound like the others). ``sensitivity``: low, medium or high
-        (``edge.enroll.SENSITIVITIES``; every level is calibrated, ``sensitivity`` switches)."""
+        out because they do not sound like the others). ``add``: these clips are another person
+        saying the enrolled keyword (up to ``edge.enroll.MAX_SPEAKERS``): it is enrolled again from
+        every speaker's kept clips and these. ``sensitivity``: low, medium or high
+        (``edge.enroll.SENSITIVITIES``; every level is calibrated, ``sensitivity`` switches; None:
+        medium, or with ``add`` the keyword's own)."""
         from edge.audio import read_wav
         from edge.enroll import enroll
 
@@ -453,12 +464,30 @@ class Device:
         clips = list(clips)
         names = [str(c) if _is_path(c) else f"clip {i + 1}" for i, c in enumerate(clips)]
         pcm = [read_wav(c, min_samples=1) if _is_path(c) else c for c in clips]
-        rep = enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace,
-                     sensitivity=sensitivity)
-        # kept on the device (never uploaded) so that a version with a new encoder can enrol it again
+        speakers = [0] * len(pcm)
+        if add:
+            norm = name.strip().lower()
+            entry = next((k for k in state.keywords if k["name"] == norm), None)
+            if entry is None:
+                raise EdgelearnError(f"--add needs an enrolled keyword; {norm!r} is not one",
+                                     fix="enrol it first without --add")
+            kept = self.enrolment_clips(norm, speakers=True)
+            if kept is None:
+                raise EdgelearnError(f"the device kept no clips of {norm!r} (enrolled before it kept them)",
+                                     fix="enrol it again with --replace, then --add the other speaker")
+            new = max(kept[1]) + 1
+            names = [f"kept clip {i + 1} (speaker {w + 1})" for i, w in enumerate(kept[1])] + names
+            pcm, speakers = kept[0] + pcm, kept[1] + [new] * len(pcm)
+            sensitivity = sensitivity or entry.get("sensitivity", "medium")
+        rep = enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace or add,
+                     sensitivity=sensitivity or "medium", speakers=speakers, save=False)
+        # kept on the device (never uploaded) so that a version with a new encoder can enrol it again;
+        # written before the keyword (a kill between leaves clips the keyword is re-derived from)
         path = self.state_dir / ENROLMENT_DIR / f"{_slug(rep['keyword'])}.npz"
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, npz_bytes({f"clip_{i}": np.asarray(c, np.int16) for i, c in enumerate(pcm)}))
+        atomic_write(path, npz_bytes({**{f"clip_{i}": np.asarray(c, np.int16) for i, c in enumerate(pcm)},
+                                      "speakers": np.asarray(speakers, np.int64)}))
+        state.save()
         return rep
 
     # -- adapt -----------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ from edge.portable import proto as P
 
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
-MIN_CLIPS, MAX_CLIPS = 3, 10
+MIN_CLIPS, MAX_CLIPS = 3, 10   # per speaker
+MAX_SPEAKERS = 4               # people who enrolled one keyword (`device enroll --add`)
 # The first stage's bank false-accept rate and (edge.verify.PASS_TARGETS) the second stage's pass
 # rate on distorted enrolment clips per noise level, chosen together on the kws_fewshot main set
 # (the stronger stage takes more of the rejection); docs/edge-runtime.md.
@@ -367,27 +368,46 @@ def negative_bank(bundle) -> np.ndarray:
 
 def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_names=None,
            far_target: float = FAR_TARGET, replace: bool = False, seed: int = 0, verify: bool | None = None,
-           sensitivity: str = DEFAULT_SENSITIVITY) -> dict:
+           sensitivity: str = DEFAULT_SENSITIVITY, speakers=None, save: bool = True) -> dict:
     """Learn keyword ``name`` from clips; saves the state; returns a report dict.
     ``verify``: also build the second stage (``edge.verify``; needs the bundle's backbone);
     None: when the bundle has a backbone partition. ``sensitivity``: the level detection uses
-    (``SENSITIVITIES``; every level's thresholds are kept, ``keyword_sensitivity`` switches)."""
+    (``SENSITIVITIES``; every level's thresholds are kept, ``keyword_sensitivity`` switches).
+    ``speakers``: one id per clip when several people enrolled the phrase (3-10 clips each, up to
+    ``MAX_SPEAKERS``): outliers are found among each speaker's own clips, the head learns from all
+    of them, and the second stage keeps every speaker's templates (a window passes near any).
+    ``save``: write the state (False: the caller saves ``state`` when it is ready to)."""
     check_level(sensitivity)
     clip_names = clip_names or [f"clip {i + 1}" for i in range(len(clips))]
-    if not MIN_CLIPS <= len(clips) <= MAX_CLIPS:
-        raise EdgelearnError(f"{len(clips)} enrolment clips given, need {MIN_CLIPS}-{MAX_CLIPS}",
-                             fix="record the phrase 5 times, one clip per file")
+    speakers = np.zeros(len(clips), np.int64) if speakers is None else np.asarray(speakers, np.int64)
+    groups = [np.flatnonzero(speakers == g) for g in np.unique(speakers)]
+    if len(speakers) != len(clips) or len(groups) > MAX_SPEAKERS:
+        raise EdgelearnError(f"{len(groups)} speakers' clips given, at most {MAX_SPEAKERS} can enrol one keyword",
+                             fix="enrol the phrase for the people who use it most")
+    for g in groups:
+        if not MIN_CLIPS <= len(g) <= MAX_CLIPS:
+            who = "" if len(groups) == 1 else f" from speaker {int(speakers[g[0]]) + 1}"
+            raise EdgelearnError(f"{len(g)} enrolment clips given{who}, need {MIN_CLIPS}-{MAX_CLIPS}",
+                                 fix="record the phrase 5 times, one clip per file")
     existing = [n for n in state.names() if not (replace and n == name.strip().lower())]
     norm = check_name(name, km.labels, existing)
     windows = [prepare_clip(c, n) for c, n in zip(clips, clip_names)]
     emb, _ = km.infer(km.features(np.stack(windows)))
     embs = [list(map(float, e)) for e in emb]
-    outliers = P.find_outliers(embs)
-    cos = list(P.loo_cosines(embs))
+    outliers, cos = [], [0.0] * len(embs)
+    for g in groups:  # each person's clips against their own: two voices are not outliers of each other
+        mine = [embs[i] for i in g]
+        outliers += [int(g[j]) for j in P.find_outliers(mine)]
+        for j, c in zip(g, P.loo_cosines(mine)):
+            cos[j] = c
+    outliers.sort()
     keep = [i for i in range(len(windows)) if i not in outliers]
-    if len(keep) < MIN_CLIPS:
-        raise EdgelearnError(f"only {len(keep)} of {len(clips)} clips sound like the same phrase "
-                             f"(outliers: {[clip_names[i] for i in outliers]})",
+    short = [g for g in groups if sum(1 for i in g if i not in outliers) < MIN_CLIPS]
+    if short:
+        g = short[0]
+        n_keep = sum(1 for i in g if i not in outliers)
+        raise EdgelearnError(f"only {n_keep} of {len(g)} clips{'' if len(groups) == 1 else ' of one speaker'} "
+                             f"sound like the same phrase (outliers: {[clip_names[i] for i in outliers if i in g]})",
                              fix="record the phrase again, the same way each time")
     rng = np.random.default_rng(seed)
     pos, _ = km.infer(km.features(augment([windows[i] for i in keep], rng)))
@@ -402,7 +422,8 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
     threshold = max(0.5, float(np.quantile(neg_scores, 1.0 - far_target)))
     entry = {"name": norm, "prototype": [round(v, 6) for v in P.prototype([embs[i] for i in keep])],
              "w": [round(float(v), 6) for v in w], "b": round(b, 6), "threshold": round(threshold, 6),
-             "clips": len(keep), "outliers": [clip_names[i] for i in outliers], "sensitivity": sensitivity,
+             "clips": len(keep), "outliers": [clip_names[i] for i in outliers], "speakers": len(groups),
+             "sensitivity": sensitivity,
              "sensitivities": {}}
     ladder = {}
     for level, (far, p_quiet, p_noisy) in SENSITIVITIES.items():
@@ -432,8 +453,9 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
                          "verify_threshold_noisy": round(levels[0][1], 4),
                          "verify_enrolment_pass_rate": round(float(passed.mean()), 3)}
     state.keywords = [k for k in state.keywords if k["name"] != norm] + [entry]
-    state.save()
-    return {"keyword": norm, "clips": len(clips), "used": len(keep),
+    if save:
+        state.save()
+    return {"keyword": norm, "clips": len(clips), "used": len(keep), "speakers": len(groups),
             "outliers": [{"clip": clip_names[i], "cosine": round(float(cos[i]), 3)} for i in outliers],
             "threshold": round(threshold, 4),
             "enrolment_pass_rate": round(float((pos_scores >= threshold).mean()), 3),

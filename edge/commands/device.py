@@ -63,10 +63,15 @@ def add_arguments(p) -> None:
         elif name == "enroll":
             s.add_argument("--keyword", required=True, help="the new word or short phrase")
             s.add_argument("--wav", type=Path, nargs="+", required=True, help="3-10 clips of it")
-            s.add_argument("--replace", action="store_true", help="re-enrol an existing keyword")
-            s.add_argument("--sensitivity", default="medium", choices=("low", "medium", "high"),
-                           help="low: fewest false accepts, high: fewest misses (every level is calibrated "
-                                "at enrolment; `device sensitivity` switches later)")
+            again = s.add_mutually_exclusive_group()
+            again.add_argument("--replace", action="store_true", help="re-enrol an existing keyword")
+            again.add_argument("--add", action="store_true",
+                               help="these clips are another person saying an enrolled keyword (up to 4 people): "
+                                    "it is enrolled again from everyone's clips the device kept and these")
+            s.add_argument("--sensitivity", default=None, choices=("low", "medium", "high"),
+                           help="low: fewest false accepts, high: fewest misses (default medium, or with --add "
+                                "the keyword's own; every level is calibrated at enrolment, `device "
+                                "sensitivity` switches later)")
         elif name == "sensitivity":
             s.add_argument("--keyword", required=True, help="an enrolled keyword")
             s.add_argument("--level", default=None, choices=("low", "medium", "high"),
@@ -220,7 +225,8 @@ def _calibrate(args) -> int:
 
 
 def _enroll(args) -> int:
-    rep = _device(args).enroll(args.keyword, args.wav, replace=args.replace, sensitivity=args.sensitivity)
+    rep = _device(args).enroll(args.keyword, args.wav, replace=args.replace, add=args.add,
+                               sensitivity=args.sensitivity)
     for o in rep["outliers"]:
         print(f"warning: {o['clip']} does not sound like the others (cosine {o['cosine']}); left out",
               file=sys.stderr)

@@ -35,24 +35,35 @@ from host.aggregator.config import AggregatorConfig
 from host.aggregator.metrics import metrics_registry
 from host.aggregator.models import ModelRegistry
 from host.aggregator.rounds import Reject, RoundManager
-from host.aggregator.store import StateLock, Store
+from host.aggregator.store import StateLock, Store, open_store
 
 MAX_CHECKIN = 4096
 
 
 class Aggregator:
-    """Store + registry + round manager of one state directory."""
+    """Store + registry + round manager of one state directory (and, with ``db``, of the database
+    it names: on PostgreSQL several replicas, each with its own state directory, share one)."""
 
-    def __init__(self, state_dir, clock=time.time, signing_key=None):
+    def __init__(self, state_dir, clock=time.time, signing_key=None, db=None):
         self.dir = Path(state_dir)
-        self.cfg = AggregatorConfig.load(self.dir / "config.json")
+        shared = bool(db) and not str(db).startswith("sqlite:")
+        if shared:
+            self.dir.mkdir(parents=True, exist_ok=True)  # a new replica's local cache of files
+        else:
+            self.cfg = AggregatorConfig.load(self.dir / "config.json")
         # one process per state directory: a second would accept and close the same rounds
         self.lock = StateLock(self.dir)
         self.swept = sweep_leftovers(self.dir)
         self.store = None
         try:
-            self.store = Store(self.dir / "state.sqlite", self.cfg.synchronous)
+            self.store = open_store(db, self.dir, "full" if shared else self.cfg.synchronous)
+            if shared:
+                self.cfg = shared_config(self.store)
             key = signing_key or self.store.get_meta("signing_key")
+            if shared and not (key and Path(key).is_file()):
+                raise EdgelearnError(f"this replica has no signing key ({key} does not exist here)",
+                                     fix="pass --signing-key KEY, the aggregator key every replica of "
+                                         f"{self.store.url} signs new versions with")
             self.registry = ModelRegistry(self.dir, self.store, key)
             self.rounds = RoundManager(self.cfg, self.store, self.registry, clock)
         except BaseException:
@@ -64,6 +75,17 @@ class Aggregator:
         if self.store is not None:
             self.store.close()
         self.lock.release()
+
+
+def shared_config(store) -> AggregatorConfig:
+    """The config every replica of a shared database runs with (``init`` put it there)."""
+    import json
+
+    raw = store.get_meta("config")
+    if raw is None:
+        raise EdgelearnError(f"{store.url} holds no aggregator",
+                             fix="run `edgelearn aggregator init --db URL` first")
+    return AggregatorConfig(**json.loads(raw))
 
 
 def sweep_leftovers(state_dir: Path) -> list[str]:
@@ -161,8 +183,8 @@ class GroupCommit:
                 fut.set_result(res)
 
 
-def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_key=None) -> Starlette:
-    agg = Aggregator(state_dir, clock, signing_key)
+def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_key=None, db=None) -> Starlette:
+    agg = Aggregator(state_dir, clock, signing_key, db)
     rm, store, cfg = agg.rounds, agg.store, agg.cfg
     group = GroupCommit(rm)
     refusals: dict = {}
@@ -242,11 +264,11 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
 
     async def bundle(request: Request):
         v = request.path_params["version"]
-        row = store.one("SELECT path FROM models WHERE version=? AND status='published'", (v,))
-        if row is None or not Path(row[0]).exists():
+        path = agg.registry.bundle_file(v)  # on a shared store, fetched from the database if another replica built it
+        if path is None:
             return fail(Reject(404, "NoSuchVersion", f"model version {v} is not published",
                                "check in to learn the current version"))
-        return FileResponse(row[0], media_type="application/zip")
+        return FileResponse(path, media_type="application/zip")
 
     async def status(request: Request):
         return JSONResponse(status_of(agg))
@@ -267,7 +289,13 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
             task.cancel()
         agg.close()
 
-    app = Starlette(routes=[
+    async def storage_error(request: Request, exc: Exception):
+        # the database went away or failed mid-request: nothing was acknowledged, the client retries
+        return fail(Reject(503, "StorageError", f"the aggregator's database failed ({type(exc).__name__}: "
+                           f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})",
+                           "retry later; nothing was recorded"))
+
+    app = Starlette(exception_handlers={store.Error: storage_error}, routes=[
         Route("/v1/checkin", checkin, methods=["POST"]),
         Route("/v1/updates", updates, methods=["POST"]),
         Route("/v1/chunks", chunks, methods=["POST"]),
@@ -309,17 +337,26 @@ def _add_chunk(store, dev, fid, idx, count, flen, payload):
     return frame
 
 
-def read_status(state_dir) -> dict:
-    """``status_of`` for a state directory that another process may be serving: it only reads
-    (no lock, no round opened), so ``edgelearn aggregator status`` works beside ``serve``."""
+def read_status(state_dir, db=None) -> dict:
+    """``status_of`` for a state directory (or shared database) that another process may be serving:
+    it only reads (no lock, no round opened), so ``edgelearn aggregator status`` works beside ``serve``."""
     from types import SimpleNamespace
 
     from host.fl.strategies import make_strategy
     d = Path(state_dir)
-    cfg = AggregatorConfig.load(d / "config.json")
-    if not (d / "state.sqlite").exists():
-        raise EdgelearnError(f"{d}: holds no aggregator database", fix="run `edgelearn aggregator init` first")
-    store = Store(d / "state.sqlite", cfg.synchronous)
+    if db and not str(db).startswith("sqlite:"):
+        store = open_store(db, d)
+        try:
+            cfg = shared_config(store)
+        except BaseException:
+            store.close()
+            raise
+    else:
+        cfg = AggregatorConfig.load(d / "config.json")
+        path = Path(str(db)[len("sqlite:///"):]) if db else d / "state.sqlite"
+        if not path.exists():
+            raise EdgelearnError(f"{path}: holds no aggregator database", fix="run `edgelearn aggregator init` first")
+        store = Store(path, cfg.synchronous)
     try:
         name = make_strategy(cfg.strategy, **cfg.strategy_options).name
         if cfg.dp_noise > 0 or cfg.dp_clip > 0:
@@ -348,5 +385,6 @@ def status_of(agg: Aggregator) -> dict:
               for r in s.all("SELECT version, parent, round_id, status, accuracy, epsilon FROM models ORDER BY version")]
     return {"mode": agg.cfg.mode, "strategy": agg.rounds.strategy.name, "current_version": agg.registry.current,
             "devices": s.one("SELECT COUNT(*) FROM devices")[0], "round": agg.rounds.round,
+            "store": "postgresql" if s.shared else "sqlite",
             "group_commit": {"batches": agg.group.batches, "updates": agg.group.committed} if agg.group else None,
             "rounds": rounds, "models": models}

@@ -37,7 +37,7 @@ class AggregatorCollector:
         g.add_metric(["selection_target"], rm.selection_target() if self.agg.cfg.mode == "sync" else r["target"])
         yield g
         c = CounterMetricFamily("edgelearn_upload_bytes", "Bytes of accepted updates, over all rounds")
-        c.add_metric([], s.one("SELECT COALESCE(SUM(bytes), 0) FROM rounds")[0])
+        c.add_metric([], int(s.one("SELECT COALESCE(SUM(bytes), 0) FROM rounds")[0]))
         yield c
         c = CounterMetricFamily("edgelearn_refusals", "Requests refused since start, by status and reason",
                                 labels=["status", "error"])

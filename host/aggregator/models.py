@@ -9,6 +9,11 @@ embeddings (voices no device trains on) is recorded as ``rejected`` and the
 current version stays: the automatic rollback. Files are written (atomically)
 before the database names them, so a crash leaves at worst an unnamed file.
 
+On a shared store (PostgreSQL, several replicas) the files also live in the database (``files``:
+the held-out set, the base bundle, each version's head, strategy state and zip), written in the
+transaction that publishes the version; a replica that lacks one locally (another machine
+published it) writes it into its own state directory from there before use.
+
     reg = ModelRegistry(state_dir, store, signing_key)
     v = reg.init_from_bundle("models/kws-dscnn-s", params)
     ok, acc = reg.check(new_params)
@@ -28,6 +33,10 @@ from edge.atomic import atomic_path, atomic_write, npz_bytes
 
 HEAD_ONNX = "head.onnx"
 _BASE_EXCLUDE = ("manifest.json", "manifest.sig", "manifest.mac", HEAD_FILE, HEAD_ONNX)
+# a version number is written once; a crash before its commit leaves no row, so a retry replaces nothing
+_REPLACE = (" ON CONFLICT(version) DO UPDATE SET parent=excluded.parent, round_id=excluded.round_id, "
+            "status=excluded.status, accuracy=excluded.accuracy, epsilon=excluded.epsilon, path=excluded.path, "
+            "created=excluded.created")
 
 
 def params_bytes(params: dict) -> bytes:
@@ -45,14 +54,50 @@ class ModelRegistry:
     def __init__(self, state_dir, store, signing_key=None):
         self.dir = Path(state_dir)
         self.store = store
+        self.shared = store.shared
         self.signing_key = signing_key
         (self.dir / "models").mkdir(parents=True, exist_ok=True)
         (self.dir / "bundles").mkdir(parents=True, exist_ok=True)
         self.heldout = None
-        h = self.dir / "heldout.npz"
+        h = self._local("heldout.npz")
         if h.exists():
             with np.load(h) as z:
                 self.heldout = (z["X"].astype(np.float32), z["y"].astype(np.int64))
+
+    # --- files -------------------------------------------------------------
+    def _local(self, rel: str) -> Path:
+        """``state_dir/rel``; on a shared store first written from the database if this replica lacks it."""
+        p = self.dir / rel
+        if self.shared and not p.exists():
+            data = self.store.get_file(rel)
+            if data is not None:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(p, data)
+        return p
+
+    def _share(self, rel: str) -> None:
+        """Put ``state_dir/rel`` into the shared store (in the caller's transaction)."""
+        if self.shared:
+            self.store.put_file(rel, (self.dir / rel).read_bytes())
+
+    def _base(self) -> Path:
+        """The base bundle's directory: the path ``init`` recorded, or on a shared store this replica's
+        copy of the files ``init`` put into the database (``state_dir/base``)."""
+        if not self.shared:
+            return Path(self.store.get_meta("base_bundle"))
+        manifest = json.loads(self._local("base/manifest.json").read_text())
+        for n in manifest["files"]:
+            if n not in _BASE_EXCLUDE:
+                self._local(f"base/{n}")
+        return self.dir / "base"
+
+    def bundle_file(self, version) -> Path | None:
+        """The zip of a published version, or None."""
+        row = self.store.one("SELECT path FROM models WHERE version=? AND status='published'", (version,))
+        if row is None:
+            return None
+        p = self._local(f"bundles/v{int(version)}.zip") if self.shared else Path(row[0])
+        return p if p.exists() else None
 
     # --- versions ---------------------------------------------------------
     @property
@@ -64,10 +109,10 @@ class ModelRegistry:
 
     def params(self, version: int | None = None) -> dict:
         v = self.current if version is None else version
-        return load_params(self.dir / "models" / f"v{v}.npz")
+        return load_params(self._local(f"models/v{v}.npz"))
 
     def strategy_state(self, version: int) -> dict:
-        p = self.dir / "models" / f"v{version}.state.npz"
+        p = self._local(f"models/v{version}.state.npz")
         return load_params(p) if p.exists() else {}
 
     def zip_path(self, version: int) -> Path:
@@ -93,7 +138,7 @@ class ModelRegistry:
 
         if self.signing_key is None:
             raise EdgelearnError("the aggregator has no signing key", fix="pass --signing-key to `edgelearn aggregator`")
-        base = Path(self.store.get_meta("base_bundle"))
+        base = self._base()
         manifest = json.loads((base / "manifest.json").read_text())
         head = self.dir / "models" / f"v{version}.npz"
         files = {n: base / n for n in manifest["files"] if n not in _BASE_EXCLUDE}
@@ -117,11 +162,14 @@ class ModelRegistry:
         out = self.dir / "bundles" / f"v{version}"
         build_bundle(out, files, m, self.signing_key)
         zip_bundle(out, self.zip_path(version))
+        self._share(f"bundles/v{version}.zip")
 
     def _write(self, version: int, params: dict, state: dict | None) -> None:
         atomic_write(self.dir / "models" / f"v{version}.npz", params_bytes(params))
+        self._share(f"models/v{version}.npz")
         if state:
             atomic_write(self.dir / "models" / f"v{version}.state.npz", params_bytes(state))
+            self._share(f"models/v{version}.state.npz")
 
     def init_from_bundle(self, bundle_dir, params: dict) -> int:
         """Version base+1 = the base bundle with its head as ``head.npz`` (the federated starting point)."""
@@ -131,11 +179,14 @@ class ModelRegistry:
         with self.store.tx():
             self.store.set_meta("base_bundle", str(base))
             self.store.set_meta("model_id", m["model_id"])
+            if self.shared:  # replicas on other machines build versions from these bytes
+                for n in ["manifest.json"] + [n for n in m["files"] if n not in _BASE_EXCLUDE]:
+                    self.store.put_file(f"base/{n}", (base / n).read_bytes())
         self._write(version, params, None)
         self._build(version, params, {"parent": m["version"], "round": None})
         with self.store.tx() as c:
-            c.execute("INSERT OR REPLACE INTO models(version, parent, round_id, status, accuracy, path, created) "
-                      "VALUES(?,?,?,?,?,?,?)", (version, m["version"], None, "published",
+            c.execute("INSERT INTO models(version, parent, round_id, status, accuracy, path, created) "
+                      "VALUES(?,?,?,?,?,?,?)" + _REPLACE, (version, m["version"], None, "published",
                                                 self.accuracy(params), str(self.zip_path(version)), time.time()))
             self.store.set_meta("current_version", version)
         return version
@@ -148,8 +199,8 @@ class ModelRegistry:
         self._build(version, params, {"parent": parent, "round": round_id, "heldout_accuracy": accuracy,
                                       "epsilon": epsilon})
         c = self.store.db
-        c.execute("INSERT OR REPLACE INTO models(version, parent, round_id, status, accuracy, epsilon, path, created) "
-                  "VALUES(?,?,?,?,?,?,?,?)", (version, parent, round_id, "published", accuracy, epsilon,
+        c.execute("INSERT INTO models(version, parent, round_id, status, accuracy, epsilon, path, created) "
+                  "VALUES(?,?,?,?,?,?,?,?)" + _REPLACE, (version, parent, round_id, "published", accuracy, epsilon,
                                               str(self.zip_path(version)), time.time()))
         self.store.set_meta("current_version", version)
         return version

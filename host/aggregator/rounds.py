@@ -11,6 +11,14 @@ buffered with weight n / sqrt(1 + staleness) and every ``buffer_size`` of them
 make a new version. Every accepted update is committed (frame included)
 before it touches the in-memory running sum, and the sum is rebuilt from the
 database on start, so a crash neither loses nor double-counts an update.
+On a shared store (PostgreSQL, several replicas; ``pgstore.py``) every write
+transaction takes the database's advisory lock and, when another replica
+committed since, first re-reads what this one holds in memory (``resync``:
+the open round's row; after another replica closed the round, the new
+version, strategy state, DP accountant, arrivals); a round's running sum is
+completed from the committed rows this replica has not added (``_catch_up``)
+inside the transaction that closes it, so a round closes once, from exactly
+its accepted rows, whichever replica closes it.
 Uploads (prepare/commit, group commit) live in ``uploads.py``; secure
 aggregation rounds in ``secure.py``.
 
@@ -21,6 +29,7 @@ aggregation rounds in ``secure.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -56,6 +65,8 @@ class RoundManager(Uploads):
         self.strategy.load_state(self.reg.strategy_state(self.reg.current))
         self.round = None
         self.acc = None
+        self.added = set()   # devices whose update of the open round is in self.acc
+        self._synced = None  # the change counter this replica last re-read without the lock
         self._keys = {}
         self.secure = None
         if cfg.secure_aggregation:
@@ -65,6 +76,8 @@ class RoundManager(Uploads):
         # late uploads included: the evidence for adaptive over-selection (policy.plan_selection)
         self.arrivals = json.loads(self.store.get_meta("arrivals") or "{}")
         self.recover()
+        if self.store.shared:
+            self.store.on_stale = self.resync
 
     # --- rounds ---------------------------------------------------------------
     def _row(self, round_id):
@@ -75,19 +88,62 @@ class RoundManager(Uploads):
 
     def recover(self) -> None:
         """Load the open round and rebuild its running sum from the committed updates."""
-        r = self.store.one("SELECT round_id FROM rounds WHERE status='open' ORDER BY round_id DESC LIMIT 1")
-        if r is None:
-            with self.store.tx():
+        with self.store.tx():  # under the lock: replicas starting together open one round
+            r = self.store.one("SELECT round_id FROM rounds WHERE status='open' ORDER BY round_id DESC LIMIT 1")
+            if r is None:
                 self._open()
-            return
+                return
         self.round = self._row(r[0])
         self.acc = self.strategy.begin(self.reg.params())
-        for dev, frame, base in self.store.all("SELECT device_id, frame, base_version FROM updates "
-                                               "WHERE round_id=? ORDER BY received", (r[0],)):
-            key = self.store.one("SELECT key FROM devices WHERE device_id=?", (dev,))[0]
-            upd = decode_update(frame, key)
+        self.added = set()
+        self._add_rows(self.store.all("SELECT device_id, frame, base_version FROM updates "
+                                      "WHERE round_id=? ORDER BY received", (r[0],)))
+
+    def _add_rows(self, rows) -> None:
+        for dev, frame, base in rows:
+            upd = decode_update(bytes(frame), self.key_of(dev))
             self.acc.add({t.name: t.values for t in upd.tensors}, upd.header.num_examples,
                          self._weight(upd.header.num_examples, base))
+            self.added.add(dev)
+
+    # --- replicas (shared store) ------------------------------------------------
+    def sync(self) -> None:
+        """Before deciding anything on a shared store: re-read the shared state if another replica
+        committed since (a read without the lock; every write transaction re-checks under it)."""
+        if self.store.shared:
+            n = self.store.changed()
+            if n is not None and n != self._synced:
+                self.resync()
+                self._synced = n
+
+    def resync(self) -> None:
+        """Re-read what another replica may have changed: the open round's row and, when it closed our
+        round, the version it published, the strategy state, the DP accountant and the arrivals."""
+        r = self.store.one("SELECT round_id FROM rounds WHERE status='open' ORDER BY round_id DESC LIMIT 1")
+        if r is None:
+            return  # no round open yet (the first transaction of a new database opens it)
+        if self.round is not None and r[0] == self.round["round_id"]:
+            self.round.update(self._row(r[0]))
+        else:
+            self.strategy.load_state(self.reg.strategy_state(self.reg.current))
+            if hasattr(self.strategy, "accountant"):
+                from host.privacy.accountant import RdpAccountant
+                s = self.store.get_meta("dp_accountant")
+                self.strategy.accountant = RdpAccountant.from_state(json.loads(s)) if s else RdpAccountant()
+            self.arrivals = json.loads(self.store.get_meta("arrivals") or "{}")
+            self.round = self._row(r[0])
+            self.acc = self.strategy.begin(self.reg.params())
+            self.added = set()
+        if self.secure is not None:
+            self.secure.load()
+
+    def _catch_up(self) -> None:
+        """Add to the running sum the open round's committed updates that another replica accepted."""
+        rid = self.round["round_id"]
+        have = {d for (d,) in self.store.all("SELECT device_id FROM updates WHERE round_id=?", (rid,))}
+        for dev in sorted(have - self.added):
+            self._add_rows(self.store.all("SELECT device_id, frame, base_version FROM updates "
+                                          "WHERE round_id=? AND device_id=?", (rid, dev)))
 
     def _open(self) -> None:
         now = self.clock()
@@ -100,6 +156,7 @@ class RoundManager(Uploads):
                                             self.cfg.clients_per_round if sync else self.cfg.buffer_size))
         self.round = self._row(last + 1)
         self.acc = self.strategy.begin(self.reg.params())
+        self.added = set()
 
     def _weight(self, n, base_version):
         if self.cfg.mode == "async":
@@ -107,17 +164,21 @@ class RoundManager(Uploads):
         return None
 
     def tick(self) -> None:
-        """Close a synchronous round whose deadline passed."""
+        """Close a synchronous round whose deadline passed, or one whose quorum is in (a replica that
+        committed the last update can die before closing it)."""
+        self.sync()
         r = self.round
         if r["deadline"] is not None and self.clock() >= r["deadline"]:
             self._close("deadline")
+        elif r["accepted"] >= r["target"] and self.secure is None:
+            self._close("quorum")
         elif self.secure is not None:
             self.secure.tick()
 
     def fail_round(self, why: str) -> None:
         """Close the open round as failed (nothing aggregated) and open the next."""
         self.acc = self.strategy.begin(self.reg.params())
-        self._close(why)
+        self._close(why, aggregate=False)
 
     def publish_params(self, params: dict, note: str = "operator") -> int:
         """Publish ``params`` as version current+1 outside any round (an operator's rollout, e.g. a
@@ -135,8 +196,8 @@ class RoundManager(Uploads):
                                  fix="publish the same tensors with the same shapes")
         if not all(np.all(np.isfinite(v)) for v in new.values()):
             raise EdgelearnError("the new head holds NaN or infinite values", fix="publish finite numbers")
-        r = self.round
         with self.store.tx() as c:
+            r = self.round
             v = self.reg.publish(new, None, self.reg.accuracy(new), None, self.strategy.state())
             c.execute("UPDATE rounds SET status='failed', closed=?, note=? WHERE round_id=?",
                       (self.clock(), f"superseded by v{v} ({note})"[:200], r["round_id"]))
@@ -155,10 +216,16 @@ class RoundManager(Uploads):
         if row is not None and device_id not in h["lat"]:
             h["lat"][device_id] = round(self.clock() - row[0], 4)
 
-    def _close(self, why: str) -> None:
-        r = self.round
-        ok = self.acc.count >= (self.cfg.quorum_floor if why == "deadline" else 1)
+    def _close(self, why: str, aggregate: bool = True) -> None:
+        rid = self.round["round_id"]
         with self.store.tx() as c:
+            r = self.round
+            if r["round_id"] != rid:
+                return  # another replica closed it meanwhile (resync, at the start of this transaction)
+            if self.store.shared and aggregate:
+                self._catch_up()
+                self._merge_arrivals(rid)
+            ok = self.acc.count >= (self.cfg.quorum_floor if why == "deadline" else 1)
             if r["selected"]:
                 h = self.arrivals.setdefault(str(r["round_id"]), {"selected": 0, "lat": {}})
                 h["selected"] = r["selected"]
@@ -171,6 +238,8 @@ class RoundManager(Uploads):
             else:
                 params = self.reg.params()
                 snapshot = self.strategy.state()
+                if self.store.shared and hasattr(self.strategy, "rng"):
+                    self.strategy.rng = self._round_rng(r["round_id"])
                 new = self.strategy.apply(params, self.acc)
                 eps = None
                 if hasattr(self.strategy, "accountant"):
@@ -188,6 +257,24 @@ class RoundManager(Uploads):
                                f"{self.cfg.eval_tolerance}: rolled back", r["round_id"]))
             c.execute("DELETE FROM updates WHERE round_id=?", (r["round_id"],))
             self._open()
+
+    def _merge_arrivals(self, round_id: int) -> None:
+        """Latency evidence of the updates other replicas accepted (each notes only its own)."""
+        h = self.arrivals.setdefault(str(round_id), {"selected": self.round["selected"], "lat": {}})
+        for dev, lat in self.store.all("SELECT u.device_id, u.received - s.selected_at FROM updates u JOIN "
+                                       "selections s ON s.round_id=u.round_id AND s.device_id=u.device_id "
+                                       "WHERE u.round_id=?", (round_id,)):
+            h["lat"].setdefault(dev, round(float(lat), 4))
+
+    def _round_rng(self, round_id: int):
+        """DP noise for one round: the same whichever replica closes it, and drawn from a secret of the
+        database (``dp_seed``, made once under the lock) so that knowing the config does not reveal it."""
+        seed = self.store.get_meta("dp_seed")
+        if seed is None:
+            import secrets
+            seed = secrets.randbits(63)
+            self.store.set_meta("dp_seed", seed)
+        return np.random.default_rng([int(seed), round_id])
 
     # --- check-in -------------------------------------------------------------
     def _wait(self, reason: str) -> dict:
@@ -242,16 +329,21 @@ class RoundManager(Uploads):
     def checkin(self, device_id: str, state: dict) -> dict:
         state = validate_checkin(device_id, state)  # every field's type and range before any change
         self.tick()
-        r = self.round
         now = self.clock()
-        t = self._check_replay(device_id, state, now)
-        with self.store.tx() as c:
+        with self.store.tx() as c:  # the replay check under the lock: a replay sent to two replicas at once
+            t = self._check_replay(device_id, state, now)
             c.execute("UPDATE devices SET last_checkin=?, state=?, tier=?, checkin_time=COALESCE(?, checkin_time) "
                       "WHERE device_id=?", (now, json.dumps(state, sort_keys=True)[:2000],
                                             str(state.get("tier", "linux"))[:16], t, device_id))
         ok, reason = policy.eligible(state, self.cfg)
         if not ok:
             return self._wait(reason)
+        # on a shared store the whole selection is decided under the lock, on the round as it is now
+        with (self.store.tx() if self.store.shared else contextlib.nullcontext()):
+            return self._select(device_id, now)
+
+    def _select(self, device_id: str, now: float) -> dict:
+        r = self.round
         sel = self.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?", (r["round_id"], device_id))
         done = self.store.one("SELECT 1 FROM updates WHERE round_id=? AND device_id=?", (r["round_id"], device_id))
         if done:  # "contributed" names the round: a device that crashed before recording its upload learns it

@@ -10,7 +10,13 @@ encrypted shares, the survivor list). A phase closes when every device of the
 previous phase answered, or at its deadline (``secagg_phase_timeout``) with
 whoever did; below the threshold the round fails and reveals nothing. The
 session lives in memory: an aggregator restart aborts the secure round (the
-devices' keys are per round), it never reveals a partial sum.
+devices' keys are per round), it never reveals a partial sum. On a shared
+store (several replicas on PostgreSQL) each message is handled inside one
+locked transaction that loads the session another replica saved (``load``),
+applies the message and saves it back (``meta.secagg``), so a device may send
+each step to any replica; what a device sent stays as secret as in memory
+(masked vectors and encrypted shares only), but the session then survives a
+replica's restart.
 
     sec = SecureRounds(round_manager)
     answer = sec.message("pi-001", {"round_id": 4, "step": "state"})
@@ -19,6 +25,8 @@ devices' keys are per round), it never reveals a partial sum.
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import math
 
 import numpy as np
@@ -28,6 +36,10 @@ from host.aggregator.rounds import Reject
 from host.privacy.secagg import SecAggSession, fold_sum
 
 STEPS = ("advertise", "share", "masked", "unmask", "state")
+
+
+def _names(u):
+    return None if u is None else sorted(u)
 
 
 def layout(shapes: dict) -> tuple[list, int]:
@@ -56,12 +68,49 @@ class SecureRounds:
             self.deadline = self.rm.clock() + self.cfg.secagg_phase_timeout
         return self.session
 
+    # --- the session on a shared store ------------------------------------------------------------
+    def _locked(self):
+        """The transaction a message runs in on a shared store (loads the session if another replica saved one)."""
+        return self.rm.store.tx() if self.rm.store.shared else contextlib.nullcontext()
+
+    def save(self) -> None:
+        if not self.rm.store.shared:
+            return
+        s = self.session
+        d = None if s is None else {
+            "round_id": s.round_id, "t": s.t, "dim": s.dim, "phase": s.phase, "keys": s.keys, "shares": s.shares,
+            "masked": {k: base64.b64encode(v.astype("<u4").tobytes()).decode() for k, v in s.masked.items()},
+            "unmasks": s.unmasks, "u1": _names(s.u1), "u2": _names(s.u2), "u3": _names(s.u3),
+            "total": None if s.total is None else base64.b64encode(s.total.astype("<u4").tobytes()).decode(),
+            "deadline": self.deadline}
+        self.rm.store.set_meta("secagg", json.dumps(d))
+
+    def load(self) -> None:
+        """The session as the last replica to handle a message left it (resync calls this)."""
+        raw = self.rm.store.get_meta("secagg")
+        d = json.loads(raw) if raw else None
+        if d is None or d["round_id"] != self.rm.round["round_id"]:
+            self.session = None
+            return
+        s = SecAggSession(d["round_id"], threshold=d["t"], dim=d["dim"])
+        s.phase, s.keys, s.shares, s.unmasks = d["phase"], d["keys"], d["shares"], d["unmasks"]
+        s.masked = {k: np.frombuffer(base64.b64decode(v), "<u4").astype(np.uint32) for k, v in d["masked"].items()}
+        s.u1, s.u2, s.u3 = (None if d[k] is None else frozenset(d[k]) for k in ("u1", "u2", "u3"))
+        s.total = None if d["total"] is None else np.frombuffer(base64.b64decode(d["total"]), "<u4").astype(np.uint32)
+        self.session, self.deadline = s, d["deadline"]
+
     def message(self, dev: str, msg: dict) -> dict:
         step, rid = msg.get("step"), msg.get("round_id")
         if step not in STEPS or not isinstance(rid, int):
             raise Reject(400, "BadRequest", f"secagg message needs an integer round_id and a step in {STEPS}",
                          "send the message edge.fl builds")
         self.rm.tick()
+        with self._locked():
+            out = self._message(dev, msg, step, rid)
+            self.save()
+        return out
+
+    def _message(self, dev: str, msg: dict, step, rid) -> dict:
         if not self.rm.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?", (rid, dev)):
             raise Reject(403, "NotSelected", f"device {dev!r} was not selected for round {rid}",
                          "check in first and take part only when given a task")
@@ -107,7 +156,10 @@ class SecureRounds:
 
     def tick(self) -> None:
         if self.session is not None and self.rm.clock() >= self.deadline:
-            self.advance(force=True)
+            with self._locked():  # on a shared store: re-checked on the session as it is now
+                if self.session is not None and self.rm.clock() >= self.deadline:
+                    self.advance(force=True)
+                    self.save()
 
     def advance(self, force: bool = False) -> None:
         """Close every phase that is complete (or overdue); finish or fail the round at the end."""

@@ -18,18 +18,29 @@ from edge.portable.wire import _ID_CHARS, MAX_DEVICE_ID_LEN
 from edge.atomic import atomic_write, npz_bytes
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.models import ModelRegistry
-from host.aggregator.store import Store
+from host.aggregator.store import Store, open_store
 
 
 def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, heldout=None,
-               params: dict | None = None) -> int:
-    """Write config, keys, held-out set and model version base+1; returns that version."""
+               params: dict | None = None, db=None) -> int:
+    """Write config, keys, held-out set and model version base+1; returns that version. With ``db`` a
+    ``postgresql://`` URL, the database gets them too (config, held-out set, base bundle, version): every
+    replica serving it reads them there; only the signing key stays a file each replica is given."""
+    import json
+    from dataclasses import asdict
+
     from edge.kws import DEFAULT_BUNDLE
     from host.keys import generate_keypair
 
     d = Path(state_dir)
-    if (d / "state.sqlite").exists():
+    if (d / "state.sqlite").exists() and not db:
         raise EdgelearnError(f"{d}: already holds an aggregator", fix="choose an empty --state directory")
+    store = open_store(db, d, cfg.synchronous) if db else None
+    if store is not None and store.has_aggregator():
+        url = store.url or store.path
+        store.close()
+        raise EdgelearnError(f"{url} already holds an aggregator",
+                             fix="serve it (`edgelearn aggregator serve --db ...`) or init an empty database")
     d.mkdir(parents=True, exist_ok=True)
     bundle = Path(bundle or DEFAULT_BUNDLE)
     if signing_key is None:
@@ -41,16 +52,21 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
     if params is None:
         from host.fleet.data import extract_head
         params = extract_head(bundle)
-    store = Store(d / "state.sqlite", cfg.synchronous)
+    if store is None:
+        store = Store(d / "state.sqlite", cfg.synchronous)
     try:
         with store.tx():
             store.set_meta("signing_key", str(Path(signing_key).resolve()))
+            if store.shared:
+                store.set_meta("config", json.dumps(asdict(cfg), sort_keys=True))
+                if heldout is not None:
+                    store.put_file("heldout.npz", (d / "heldout.npz").read_bytes())
         return ModelRegistry(d, store, str(signing_key)).init_from_bundle(bundle, params)
     finally:
         store.close()
 
 
-def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "linux") -> bytes:
+def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "linux", db=None) -> bytes:
     """Register a device and its HMAC key (generated when not given); returns the key."""
     b = device_id.encode()
     if not 1 <= len(b) <= MAX_DEVICE_ID_LEN or any(c not in _ID_CHARS for c in b):
@@ -59,7 +75,7 @@ def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "
     key = secrets.token_bytes(32) if key is None else bytes(key)
     if len(key) < 16:
         raise EdgelearnError("device key is shorter than 16 bytes", fix="use 32 random bytes")
-    store = Store(Path(state_dir) / "state.sqlite")
+    store = open_store(db, state_dir)
     try:
         with store.tx() as c:
             if c.execute("SELECT 1 FROM devices WHERE device_id=?", (device_id,)).fetchone():
@@ -71,7 +87,7 @@ def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "
     return key
 
 
-def publish_version(state_dir, params: dict, note: str = "operator") -> int:
+def publish_version(state_dir, params: dict, note: str = "operator", db=None) -> int:
     """Publish ``params`` (the head's tensors, as ``head.npz`` holds them) as the next model version,
     outside any round (``RoundManager.publish_params``: the open round is superseded, the next one
     trains it, devices pull it with their next task). Needs the state lock: it refuses, in one
@@ -79,7 +95,7 @@ def publish_version(state_dir, params: dict, note: str = "operator") -> int:
     Returns the new version."""
     from host.aggregator.app import Aggregator
 
-    agg = Aggregator(state_dir)
+    agg = Aggregator(state_dir, db=db)
     try:
         return agg.rounds.publish_params(params, note)
     finally:

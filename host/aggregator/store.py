@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import sqlite3
 import stat
 from contextlib import contextmanager
@@ -112,8 +113,37 @@ class StateLock:
             self.fd = None
 
 
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (a PostgreSQL URL names who may read device keys)."""
+    url = re.sub(r"(://[^/:@]*:)[^@/]*@", r"\1***@", str(url))
+    return re.sub(r"(password=)[^&\s]*", r"\1***", url)
+
+
+def open_store(db, state_dir, synchronous: str = "full"):
+    """The store a ``--db`` URL names: ``None`` is ``STATE/state.sqlite`` (the default),
+    ``sqlite:///PATH`` a SQLite file (relative to the working directory; ``sqlite:////abs`` is absolute),
+    ``postgresql://user@host:port/db`` a PostgreSQL database shared by every replica (``PgStore``)."""
+    if not db:
+        return Store(Path(state_dir) / "state.sqlite", synchronous)
+    db = str(db)
+    if db.startswith("sqlite:///") and len(db) > len("sqlite:///"):
+        return Store(Path(db[len("sqlite:///"):]), synchronous)
+    if db.startswith(("postgresql://", "postgres://")):
+        from host.aggregator.pgstore import PgStore
+        return PgStore(db)
+    raise EdgelearnError(f"--db {redact(db)} is neither a sqlite:///PATH nor a postgresql:// URL",
+                         fix="pass sqlite:///agg/state.sqlite (the default) or postgresql://user@host:5432/dbname")
+
+
 class Store:
-    """A SQLite connection in WAL mode with the aggregator's schema and small helpers."""
+    """A SQLite connection in WAL mode with the aggregator's schema and small helpers.
+
+    ``shared`` is False: this process is the only writer, so its in-memory round state is the truth
+    (``PgStore`` is the shared one)."""
+
+    shared = False
+    Error = sqlite3.Error
+    url = None
 
     def __init__(self, path, synchronous: str = "full"):
         self.path = Path(path)
@@ -164,6 +194,9 @@ class Store:
     def set_meta(self, key: str, value) -> None:
         self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                         (key, str(value)))
+
+    def has_aggregator(self) -> bool:
+        return self.get_meta("current_version") is not None
 
     def close(self) -> None:
         self.db.close()

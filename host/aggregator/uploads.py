@@ -10,7 +10,6 @@ Split from rounds.py to keep each file about one thing; ``RoundManager`` inherit
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from typing import NamedTuple
 
 import numpy as np
@@ -46,18 +45,21 @@ class Uploads:
 
     def _fresh(self, hdr, digest):
         """The duplicate answer for an identical resend, else None; raises ReplayError for an old seq."""
-        dup = self.store.one("SELECT round_id, digest FROM updates WHERE device_id=? AND seq=?", (hdr.device_id, hdr.seq))
-        if dup is not None and bytes(dup[1]) == digest:
-            return {"status": "duplicate", "round_id": dup[0], "accepted": self.round["accepted"]}
-        check_fresh(hdr, last_seq=self.store.one("SELECT last_seq FROM devices WHERE device_id=?",
-                                                 (hdr.device_id,))[0])
+        # one query (a round trip to a database server): the identical resend, and the device's last seq
+        dup, last = self.store.one("SELECT (SELECT round_id FROM updates WHERE device_id=? AND seq=? AND digest=?), "
+                                   "(SELECT last_seq FROM devices WHERE device_id=?)",
+                                   (hdr.device_id, hdr.seq, digest, hdr.device_id))
+        if dup is not None:
+            return {"status": "duplicate", "round_id": dup, "accepted": self.round["accepted"]}
+        check_fresh(hdr, last_seq=last)
         return None
 
     def prepare(self, frame: bytes, claimed_device: str | None):
         """Everything that needs no write: authenticate, decode, validate. Returns a ``Pending`` to
         commit, or the answer to an identical resend; raises ``Reject``. The state-dependent checks are
         repeated by ``commit`` inside its transaction, because other frames may commit in between."""
-        self.tick()
+        if not self.store.shared:  # on a shared store the ticker and check-ins do (a query per frame saved)
+            self.tick()
         if self.secure is not None:
             raise Reject(409, "SecureAggregationRequired", "this aggregator takes updates only through secure "
                          "aggregation", "follow the task's secagg steps (POST /v1/secagg)")
@@ -69,10 +71,11 @@ class Uploads:
             key = self.key_of(hdr.device_id)
             verify_tag(frame, key if key is not None else (lambda _d: None), hdr.device_id)
             digest = hashlib.sha256(frame).digest()
-            dup = self._fresh(hdr, digest)
-            if dup is not None:
-                return dup
-            self._admit(hdr, self.round)
+            if not self.store.shared:  # on a shared store commit() alone asks, under the lock: the round
+                dup = self._fresh(hdr, digest)  # read here may be gone by then, and each query is a round trip
+                if dup is not None:
+                    return dup
+                self._admit(hdr, self.round)
             upd = decode_update(frame, key, max_len=self.cfg.max_frame_len)
         except we.WireError as e:
             raise Reject.from_wire(e) from None
@@ -99,13 +102,18 @@ class Uploads:
         A batch that completes the quorum commits up to it, closes the round and goes on in the next.
         """
         out, i = [None] * len(batch), 0
+        # A frame's checks raise before its first write, so a refused frame leaves nothing to undo; the
+        # savepoint stays on SQLite (local, free) and is skipped on PostgreSQL (two round trips a frame).
+        sp = not self.store.shared
         while i < len(batch):
             r, seg, nbytes, first = self.round, [], 0, i
             try:
                 with self.store.tx() as c:
+                    r = self.round  # on a shared store, as another replica may have left it (resync)
                     while i < len(batch) and r["accepted"] + len(seg) < r["target"]:
                         p = batch[i]
-                        c.execute("SAVEPOINT one")
+                        if sp:
+                            c.execute("SAVEPOINT one")
                         try:
                             ans = self._fresh(p.hdr, p.digest)
                             if ans is None:
@@ -119,16 +127,19 @@ class Uploads:
                                 seg.append((i, p, w))
                                 nbytes += len(p.frame)
                             out[i] = ans
-                            c.execute("RELEASE one")
+                            if sp:
+                                c.execute("RELEASE one")
                         except (Reject, we.WireError) as e:
-                            c.execute("ROLLBACK TO one")
-                            c.execute("RELEASE one")
+                            if sp:
+                                c.execute("ROLLBACK TO one")
+                                c.execute("RELEASE one")
                             out[i] = e if isinstance(e, Reject) else Reject.from_wire(e)
                         i += 1
                     if seg:
                         c.execute("UPDATE rounds SET accepted=accepted+?, bytes=bytes+? WHERE round_id=?",
                                   (len(seg), nbytes, r["round_id"]))
-            except sqlite3.Error as e:  # e.g. a full or failing disk: this and every later frame waits for a resend
+            except self.store.Error as e:  # a full or failing disk, a lost database connection: this and every
+                # later frame waits for a resend
                 staged = {j for j, _, _ in seg}
                 for j in range(first, len(batch)):
                     if out[j] is None or j in staged:
@@ -137,19 +148,23 @@ class Uploads:
                 break
             for j, p, w in seg:
                 self.acc.add(p.delta, p.hdr.num_examples, w)
-                if self.cfg.mode == "sync":
+                self.added.add(p.hdr.device_id)
+                if self.cfg.mode == "sync" and not self.store.shared:  # shared: _close reads it from the rows
                     self._note_arrival(r["round_id"], p.hdr.device_id, r["selected"])
                 r["accepted"] += 1
                 out[j] = {"status": "accepted", "round_id": r["round_id"], "accepted": r["accepted"]}
             if r["accepted"] >= r["target"]:
-                self._close("quorum")
+                self._close("quorum")  # on a shared store a no-op if another replica closed it first
         return out
 
     def _admit(self, hdr, r):
         """Round/selection/staleness rules; returns the FedBuff weight (None in sync mode)."""
-        contributed = self.store.one("SELECT 1 FROM updates WHERE round_id=? AND device_id=?",
-                                     (r["round_id"], hdr.device_id))
-        if self.cfg.mode == "sync":
+        sync = self.cfg.mode == "sync"
+        contributed, selected = self.store.one(
+            "SELECT EXISTS(SELECT 1 FROM updates WHERE round_id=? AND device_id=?), "
+            "EXISTS(SELECT 1 FROM selections WHERE round_id=? AND device_id=?)",
+            (r["round_id"], hdr.device_id, r["round_id"] if sync else hdr.round_id, hdr.device_id))
+        if sync:
             if hdr.round_id != r["round_id"]:
                 self._note_arrival(hdr.round_id, hdr.device_id)  # a late upload: latency evidence only
                 raise we.StaleRound(f"frame from {hdr.device_id!r} is for round {hdr.round_id}; round "
@@ -158,8 +173,7 @@ class Uploads:
             if hdr.model_version != r["model_version"]:
                 raise we.StaleModel(f"frame was trained from model v{hdr.model_version}; round {r['round_id']} "
                                     f"trains v{r['model_version']}", fix="install the current bundle and train again")
-            if not self.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?",
-                                  (r["round_id"], hdr.device_id)):
+            if not selected:
                 raise Reject(403, "NotSelected", f"device {hdr.device_id!r} was not selected for round {r['round_id']}",
                              "check in first and train only when given a task")
         else:
@@ -168,8 +182,7 @@ class Uploads:
                 raise we.StaleModel(f"frame was trained from model v{hdr.model_version}, {stale} versions behind "
                                     f"v{self.reg.current} (limit {self.cfg.max_staleness})",
                                     fix="install the current bundle and train again")
-            if not self.store.one("SELECT 1 FROM selections WHERE round_id=? AND device_id=?",
-                                  (hdr.round_id, hdr.device_id)):
+            if not selected:
                 raise Reject(403, "NotSelected", f"device {hdr.device_id!r} has no task {hdr.round_id}",
                              "check in first and train only when given a task")
         if contributed:

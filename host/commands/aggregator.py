@@ -4,6 +4,11 @@
     $ edgelearn aggregator provision --state agg/ --device pi-001 --out keys/
     $ edgelearn aggregator serve --state agg/ --port 8470
     $ edgelearn aggregator status --state agg/
+
+Replicas on PostgreSQL (any number of machines, one database; each replica its own --state):
+
+    $ edgelearn aggregator init --state agg/ --db postgresql://edgelearn@db:5432/agg
+    $ edgelearn aggregator serve --state agg-b/ --db postgresql://edgelearn@db:5432/agg --signing-key agg.key
 """
 
 from __future__ import annotations
@@ -20,10 +25,15 @@ INIT_FIELDS = ("mode", "strategy", "clients_per_round", "overselect", "max_overs
 CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS}
 
 
+DB_HELP = ("where the state lives: sqlite:///PATH (default: STATE/state.sqlite) or postgresql://user@host:port/db, "
+           "one database for any number of `serve` replicas (a password goes in ~/.pgpass or PGPASSWORD)")
+
+
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="action", required=True)
     i = sub.add_parser("init", help="create a state directory with model version base+1")
     i.add_argument("--state", required=True)
+    i.add_argument("--db", help=DB_HELP)
     i.add_argument("--bundle", help="base bundle (default: the shipped model)")
     i.add_argument("--signing-key", help="Ed25519 .key for new versions (default: a new one in STATE/keys)")
     i.add_argument("--heldout", help="npz with X (N, D) embeddings and y labels for the publication check")
@@ -36,17 +46,21 @@ def add_arguments(p) -> None:
         "checkin_max_skew": "refuse check-ins dated further than this many seconds from the aggregator clock"})
     v = sub.add_parser("provision", help="register a device and write its HMAC key file")
     v.add_argument("--state", required=True)
+    v.add_argument("--db", help=DB_HELP)
     v.add_argument("--device", required=True)
     v.add_argument("--tier", default="linux", choices=["linux", "mcu"])
     v.add_argument("--out", required=True, help="directory for DEVICE.hmac (give it to the device only)")
     s = sub.add_parser("serve", help="run the HTTP service (one process per state directory: it holds "
-                                     "STATE/aggregator.lock)")
+                                     "STATE/aggregator.lock; replicas of one --db postgresql:// each have their own)")
     s.add_argument("--state", required=True)
+    s.add_argument("--db", help=DB_HELP)
+    s.add_argument("--signing-key", help="Ed25519 .key new versions are signed with (default: the one init recorded)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8470)
     s.add_argument("--log-level", default="warning")
     t = sub.add_parser("status", help="print rounds and versions as JSON (reads only; works while serving)")
     t.add_argument("--state", required=True)
+    t.add_argument("--db", help=DB_HELP)
 
 
 def run(args) -> int:
@@ -58,7 +72,7 @@ def init(args) -> int:
 
     heldout = _heldout(args)
     cfg = config_from_args(AggregatorConfig, args, INIT_FIELDS)
-    v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout)
+    v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout, db=args.db)
     print(f"aggregator state in {args.state}: model version {v} published")
     return 0
 
@@ -92,7 +106,7 @@ def _heldout(args):
 def provision(args) -> int:
     from host.aggregator.setup import provision as register, write_device_key
 
-    path = write_device_key(args.out, args.device, register(args.state, args.device, tier=args.tier))
+    path = write_device_key(args.out, args.device, register(args.state, args.device, tier=args.tier, db=args.db))
     print(f"provisioned {args.device}; key in {path}")
     return 0
 
@@ -102,8 +116,9 @@ def serve(args) -> int:
 
     from host.aggregator.app import build_app
 
-    app = build_app(args.state)
-    print(f"aggregator: serving {args.state} on http://{args.host}:{args.port}", flush=True)
+    app = build_app(args.state, signing_key=args.signing_key, db=args.db)
+    where = app.state.aggregator.store.url or args.state  # the URL with its password redacted
+    print(f"aggregator: serving {where} on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
 
@@ -111,7 +126,7 @@ def serve(args) -> int:
 def status(args) -> int:
     from host.aggregator.app import read_status
 
-    print(json.dumps(read_status(args.state), indent=1))  # reads only: works beside a running `serve`
+    print(json.dumps(read_status(args.state, db=args.db), indent=1))  # reads only: works beside a running `serve`
     return 0
 
 

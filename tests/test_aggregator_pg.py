@@ -1,0 +1,353 @@
+"""Aggregator replicas on one PostgreSQL database (a real server from Debian's postgresql package,
+started in a temporary directory): two ``aggregator serve`` processes over HTTP take uploads and
+resends for one round, it closes once and one version is published from exactly the accepted
+updates, servable by both; a kill -9 of one replica mid-ingestion loses no acknowledged update;
+a deadline both replicas see closes the round once; DP accounting and a secure-aggregation round
+run across replicas; a bad or unreachable --db is one sentence."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aggregator_helpers import FakeClock, signed_checkin
+from edge.errors import EdgelearnError
+from edge.portable.wire import INT8, Header
+from host.aggregator.app import Aggregator, build_app
+from host.aggregator.config import AggregatorConfig
+from host.aggregator.inprocess import InProcessTransport, make_state, small_params
+from host.aggregator.models import load_params
+from host.aggregator.store import open_store
+from host.wire_numpy import decode_update, encode_update
+from pgserver import PgServer, free_port, missing_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+AWAKE = {"battery": 1.0, "charging": True}
+
+
+@pytest.fixture(scope="module")
+def pg():
+    why = missing_reason()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL tests cannot run in CI: {why}")
+        pytest.skip(why)
+    server = PgServer()
+    yield server
+    server.stop()
+
+
+def _db(pg, request) -> str:
+    return pg.database(request.node.name.lower()[:60])
+
+
+def _post(port, path, body, headers):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        c.request("POST", path, body=body, headers=headers)
+        r = c.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        c.close()
+
+
+def _get(port, path):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def _serve(state, port, url, key) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(state),
+                          "--port", str(port), "--db", url, "--signing-key", str(key)],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for _ in range(600):
+        try:
+            if _get(port, "/v1/status")[0] == 200:
+                return p
+        except OSError:
+            time.sleep(0.05)
+        if p.poll() is not None:
+            raise AssertionError(p.stderr.read().decode())
+    p.kill()
+    raise AssertionError("aggregator did not start")
+
+
+def _frame(dev, key, task, seed, seq=1, n=None):
+    rng = np.random.default_rng(seed)
+    deltas = {k: (rng.standard_normal(v.shape) * 0.05).astype(np.float32) for k, v in small_params().items()}
+    n = n or int(rng.integers(1, 30))
+    return encode_update(Header(dev, task["round_id"], task["model_version"], seq, n), list(deltas.items()),
+                         key, codec=INT8)
+
+
+def _fedavg(base, frames, keys):
+    """base + the example-weighted mean of the decoded deltas of ``frames`` {device: frame}."""
+    ups = [decode_update(f, keys[d]) for d, f in frames.items()]
+    total = sum(u.header.num_examples for u in ups)
+    return {k: base[k] + sum(np.asarray(t.values, np.float64).reshape(base[k].shape) * u.header.num_examples
+                             for u in ups for t in u.tensors if t.name == k) / total for k in base}
+
+
+def _key_path(state):
+    return next((state / "keys").glob("*.key"))
+
+
+def test_two_serve_replicas_close_one_round_from_exactly_the_accepted_updates(pg, request, tmp_path):
+    url = _db(pg, request)
+    n = 6
+    cfg = AggregatorConfig(clients_per_round=n, overselect=1.0, max_overselect=1.0, round_timeout=3600)
+    state, keys = make_state(tmp_path, cfg, n_devices=n + 2, db=url)
+    ports = [free_port(), free_port()]
+    procs = [_serve(state, ports[0], url, _key_path(state)),
+             _serve(tmp_path / "replica-b", ports[1], url, _key_path(state))]
+    try:
+        frames, answers = {}, []
+        for i, (d, k) in enumerate(sorted(keys.items())):
+            s, ans = _post(ports[i % 2], "/v1/checkin", *signed_checkin(d, k))
+            assert s == 200, ans
+            if ans["action"] == "train":
+                frames[d] = _frame(d, k, ans["task"], seed=i)
+        assert len(frames) == n  # the selection is shared: the last two were told the round is full
+        for i, (d, f) in enumerate(sorted(frames.items())):
+            hdrs = {"X-Edgelearn-Device": d, "Content-Type": "application/octet-stream"}
+            s, ans = _post(ports[i % 2], "/v1/updates", f, hdrs)
+            answers.append(ans["status"])
+            if i < n - 1:  # the resend of an accepted update to the other replica is recognised
+                s2, dup = _post(ports[(i + 1) % 2], "/v1/updates", f, hdrs)
+                assert (s2, dup["status"], dup["round_id"]) == (200, "duplicate", 1), dup
+        assert answers == ["accepted"] * n
+        st = [json.loads(_get(p, "/v1/status")[1]) for p in ports]
+        assert st[0]["current_version"] == st[1]["current_version"] == 3
+        assert st[0]["store"] == "postgresql"
+        rounds = {r["round_id"]: r for r in st[1]["rounds"]}
+        assert rounds[1]["status"] == "closed" and rounds[1]["accepted"] == n and rounds[1]["result_version"] == 3
+        assert [m["round_id"] for m in st[0]["models"]] == [None, 1]   # exactly one version from round 1
+        # both replicas serve the new version (published by one of them), byte for byte
+        a, b = _get(ports[0], "/v1/bundles/3.zip"), _get(ports[1], "/v1/bundles/3.zip")
+        assert a[0] == b[0] == 200 and a[1] == b[1]
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=30)
+    store = open_store(url, tmp_path)
+    try:
+        head = load_params(__import__("io").BytesIO(store.get_file("models/v3.npz")))
+        assert store.one("SELECT COUNT(*) FROM updates")[0] == 0
+    finally:
+        store.close()
+    want = _fedavg(small_params(), frames, keys)
+    for k in want:
+        np.testing.assert_allclose(head[k], want[k], atol=1e-5)
+
+
+def test_kill9_of_one_replica_during_ingestion_loses_no_acknowledged_update(pg, request, tmp_path):
+    url = _db(pg, request)
+    n = 40
+    cfg = AggregatorConfig(clients_per_round=n, overselect=1.0, max_overselect=1.0, round_timeout=3600)
+    state, keys = make_state(tmp_path, cfg, n_devices=n, db=url)
+    key = _key_path(state)
+    ports = [free_port(), free_port()]
+    dirs = [state, tmp_path / "replica-b"]
+    procs = [_serve(dirs[0], ports[0], url, key), _serve(dirs[1], ports[1], url, key)]
+    frames = {}
+    for i, (d, k) in enumerate(sorted(keys.items())):
+        s, ans = _post(ports[i % 2], "/v1/checkin", *signed_checkin(d, k))
+        assert s == 200 and ans["action"] == "train", ans
+        frames[d] = _frame(d, k, ans["task"], seed=100 + i)
+    acked, lock = {}, threading.Lock()
+
+    def upload(devs, first):
+        for j, d in enumerate(devs):
+            hdrs = {"X-Edgelearn-Device": d, "Content-Type": "application/octet-stream"}
+            for attempt in range(200):  # a dead replica: try the other one, as a load balancer would
+                try:
+                    s, ans = _post(ports[(first + j + attempt) % 2], "/v1/updates", frames[d], hdrs)
+                except OSError:
+                    time.sleep(0.02)
+                    continue
+                if s == 200:
+                    with lock:
+                        acked[d] = ans["status"]
+                    break
+                time.sleep(0.02)
+
+    devs = sorted(frames)
+    threads = [threading.Thread(target=upload, args=(devs[i::4], i)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        while len(acked) < n // 3:
+            time.sleep(0.005)
+        procs[0].send_signal(signal.SIGKILL)        # mid-ingestion, no warning
+        procs[0].wait()
+        procs[0] = _serve(dirs[0], ports[0], url, key)  # restarted on its own state directory
+        for t in threads:
+            t.join(timeout=120)
+        assert len(acked) == n
+        st = json.loads(_get(ports[1], "/v1/status")[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=30)
+    r1 = {r["round_id"]: r for r in st["rounds"]}[1]
+    assert (r1["status"], r1["accepted"], r1["result_version"]) == ("closed", n, 3)
+    assert [m["round_id"] for m in st["models"]] == [None, 1]
+    store = open_store(url, tmp_path)
+    try:
+        head = load_params(__import__("io").BytesIO(store.get_file("models/v3.npz")))
+        assert store.one("SELECT COUNT(*) FROM devices WHERE rounds_joined = 1")[0] == n
+    finally:
+        store.close()
+    want = _fedavg(small_params(), frames, keys)  # every update exactly once: none lost, none twice
+    for k in want:
+        np.testing.assert_allclose(head[k], want[k], atol=1e-5)
+
+
+def _replicas(tmp_path, url, cfg, n_devices, clock):
+    state, keys = make_state(tmp_path, cfg, n_devices=n_devices, db=url)
+    key = str(_key_path(state))
+    return state, keys, [Aggregator(state, clock, db=url), Aggregator(tmp_path / "b", clock, key, db=url)]
+
+
+def test_a_deadline_both_replicas_see_closes_the_round_once(pg, request, tmp_path):
+    url = _db(pg, request)
+    clock = FakeClock()
+    cfg = AggregatorConfig(clients_per_round=4, overselect=1.0, max_overselect=1.0, round_timeout=60)
+    state, keys, (a, b) = _replicas(tmp_path, url, cfg, 4, clock)
+    try:
+        sent = {}
+        for i, d in enumerate(sorted(keys)[:3]):
+            t = (a, b)[i % 2].rounds.checkin(d, AWAKE)["task"]
+            sent[d] = _frame(d, keys[d], t, seed=i)
+            assert (b, a)[i % 2].rounds.submit(sent[d], d)["status"] == "accepted"
+        clock.t += 61
+        b.rounds.tick()
+        a.rounds._close("deadline")  # a's ticker read the deadline before b's close committed: a no-op
+        a.rounds.tick()
+        rows = a.store.all("SELECT round_id, status, accepted, result_version FROM rounds ORDER BY round_id")
+        assert rows == [(1, "closed", 3, 3), (2, "open", 0, None)]
+        assert a.store.all("SELECT version, round_id FROM models ORDER BY version") == [(2, None), (3, 1)]
+        assert a.rounds.round["round_id"] == b.rounds.round["round_id"] == 2
+        want = _fedavg(small_params(), sent, keys)
+        for reg in (a.registry, b.registry):   # both hold the same version (b fetched it from the database)
+            got = reg.params(3)
+            for k in want:
+                np.testing.assert_allclose(got[k], want[k], atol=1e-5)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_dp_accounting_is_the_single_replica_one_whichever_replica_closes(pg, request, tmp_path):
+    from host.privacy.accountant import RdpAccountant
+
+    url = _db(pg, request)
+    clock = FakeClock()
+    cfg = AggregatorConfig(clients_per_round=2, overselect=1.0, max_overselect=1.0, round_timeout=600,
+                           dp_clip=1.0, dp_noise=1.1)
+    state, keys, reps = _replicas(tmp_path, url, cfg, 6, clock)
+    try:
+        for rnd in range(3):   # round k is closed by replica k % 2
+            devs = sorted(keys)[2 * rnd:2 * rnd + 2]
+            for j, d in enumerate(devs):
+                t = reps[j].rounds.checkin(d, AWAKE)["task"]
+                reps[rnd % 2].rounds.submit(_frame(d, keys[d], t, seed=10 * rnd + j, seq=rnd + 1), d)
+        eps = [e for (e,) in reps[0].store.all("SELECT epsilon FROM models WHERE round_id IS NOT NULL "
+                                               "ORDER BY version")]
+        ref = RdpAccountant()
+        want = []
+        for _ in range(3):
+            ref.step(2 / 6, 1.1)     # q = clients_per_round / population, as one replica accounts it
+            want.append(ref.epsilon(cfg.dp_delta))
+        np.testing.assert_allclose(eps, want, rtol=1e-9)
+        for r in reps:
+            r.rounds.sync()
+            assert r.rounds.round["round_id"] == 4
+            np.testing.assert_allclose(r.rounds.strategy.accountant.epsilon(cfg.dp_delta), want[-1], rtol=1e-9)
+    finally:
+        for r in reps:
+            r.close()
+
+
+class _Alternating:
+    """A device's transport that sends each request to the next replica (a round-robin balancer)."""
+
+    def __init__(self, transports):
+        self.ts, self.i = transports, 0
+
+    def request(self, method, path, body=b"", headers=None):
+        self.i += 1
+        return self.ts[self.i % len(self.ts)].request(method, path, body, headers)
+
+
+def test_a_secure_aggregation_round_across_replicas_publishes_fedavg(pg, request, tmp_path):
+    from edge.fl import FLClient
+
+    url = _db(pg, request)
+    clock = FakeClock()
+    cfg = AggregatorConfig(clients_per_round=4, overselect=1.0, max_overselect=1.0, round_timeout=600,
+                           secure_aggregation=True, secagg_phase_timeout=20)
+    state, keys = make_state(tmp_path, cfg, n_devices=4, db=url)
+    apps = [build_app(state, clock=clock, tick_interval=0, db=url),
+            build_app(tmp_path / "b", clock=clock, tick_interval=0, signing_key=str(_key_path(state)), db=url)]
+    rng = np.random.default_rng(3)
+    deltas = {d: ({k: (rng.standard_normal(v.shape) * 0.05).astype(np.float32) for k, v in small_params().items()},
+                  int(rng.integers(1, 40))) for d in keys}
+    with InProcessTransport(apps[0]) as t0, InProcessTransport(apps[1]) as t1:
+        clients = {d: FLClient(_Alternating([t0, t1]), d, k, tmp_path / "dev" / d, trusted_keys=state / "keys")
+                   for d, k in keys.items()}
+        tasks = {d: c.checkin(AWAKE)["task"] for d, c in clients.items()}
+        views = {}
+        for _ in range(8):
+            for d in sorted(keys):
+                views[d] = clients[d].secure_step(tasks[d], *deltas[d])
+        assert {v["phase"] for v in views.values()} == {"done"}, views
+        store = apps[1].state.aggregator.store
+        assert store.one("SELECT status, accepted, result_version FROM rounds WHERE round_id=1") == ("closed", 4, 3)
+        assert store.one("SELECT COUNT(*) FROM updates")[0] == 0   # nothing individual was stored
+        head = apps[0].state.aggregator.registry.params(3)
+    base, total = small_params(), sum(n for _, n in deltas.values())
+    for k in base:
+        want = base[k] + sum(dl[k].astype(np.float64) * n for dl, n in deltas.values()) / total
+        np.testing.assert_allclose(head[k], want, atol=4 * 2 ** -16 / total + 1e-6)
+
+
+def test_a_bad_or_unreachable_db_is_one_sentence_without_the_password(tmp_path):
+    with pytest.raises(EdgelearnError, match="neither a sqlite:///PATH nor a postgresql:// URL") as e:
+        open_store("mysql://root:hunter2@db/agg", tmp_path)
+    assert "hunter2" not in str(e.value)
+    with pytest.raises(EdgelearnError, match="cannot connect to PostgreSQL at postgresql://u:\\*\\*\\*@127.0.0.1") as e:
+        open_store(f"postgresql://u:hunter2@127.0.0.1:{free_port()}/agg", tmp_path)
+    assert "hunter2" not in str(e.value)
+    r = subprocess.run([sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(tmp_path / "s"),
+                        "--db", f"postgresql://u:hunter2@127.0.0.1:{free_port()}/agg"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "cannot connect to PostgreSQL" in r.stderr and "Traceback" not in r.stderr
+    assert "hunter2" not in r.stderr + r.stdout
+
+
+def test_an_empty_database_or_a_replica_without_the_signing_key_is_one_sentence(pg, request, tmp_path):
+    url = _db(pg, request)
+    with pytest.raises(EdgelearnError, match="holds no aggregator"):
+        Aggregator(tmp_path / "s", db=url)
+    state, _ = make_state(tmp_path, AggregatorConfig(clients_per_round=2), n_devices=1, db=url)
+    with pytest.raises(EdgelearnError, match="already holds an aggregator"):
+        make_state(tmp_path / "again", AggregatorConfig(clients_per_round=2), n_devices=1, db=url)
+    with pytest.raises(EdgelearnError, match="this replica has no signing key"):
+        Aggregator(tmp_path / "other-machine", db=url, signing_key=str(tmp_path / "missing.key"))

@@ -106,6 +106,7 @@ def check_keywords(kws) -> list[dict]:
             if not _real(e.get(k)):
                 raise ValueError(f"{where} {k!r} is {e.get(k)!r}, not a finite number")
         _check_sensitivity(e, where)
+        _check_speaker_heads(e, where, dim)
         if "verify" in e:
             v = e["verify"]
             if not isinstance(v, dict):
@@ -126,6 +127,26 @@ def check_keywords(kws) -> list[dict]:
             except EdgelearnError as err:
                 raise ValueError(f"{where}: {err.problem}") from None
     return kws
+
+
+def _logit(p: float) -> float:
+    p = min(max(float(p), 1e-6), 1 - 1e-6)
+    return float(np.log(p / (1 - p)))
+
+
+def _check_speaker_heads(e: dict, where: str, dim) -> None:
+    heads = e.get("speaker_heads", [])
+    if not isinstance(heads, list):
+        raise ValueError(f"{where} 'speaker_heads' is not a list")
+    for h in heads:
+        if not isinstance(h, dict) or not _real(h.get("b")) or not _real(h.get("threshold")):
+            raise ValueError(f"{where} has a speaker head without a finite 'b' and 'threshold'")
+        _vector(h.get("w"), f"{where} speaker head 'w'", dim)
+        lv = h.get("sensitivities", {})
+        if not isinstance(lv, dict) or not all(k in SENSITIVITIES and _real(v) for k, v in lv.items()):
+            raise ValueError(f"{where} speaker head 'sensitivities' is not a table of thresholds")
+        if set(lv) != set(e.get("sensitivities", {})):
+            raise ValueError(f"{where} speaker heads and the keyword have different sensitivity levels")
 
 
 def _check_sensitivity(e: dict, where: str) -> None:
@@ -152,6 +173,8 @@ def at_sensitivity(e: dict) -> dict:
         return e
     lv = e["sensitivities"][level]
     out = {**e, "threshold": lv["threshold"]}
+    if "speaker_heads" in e:
+        out["speaker_heads"] = [{**h, "threshold": h["sensitivities"][level]} for h in e["speaker_heads"]]
     if "verify" in e and lv.get("verify_levels"):
         out["verify"] = {**e["verify"], "levels": lv["verify_levels"],
                          "threshold": max(t for _, t in lv["verify_levels"])}
@@ -167,9 +190,17 @@ class CustomKeywords:
     def __init__(self, entries: list[dict], bundle=None, verify: bool = True):
         entries = [at_sensitivity(e) for e in entries]
         self.names = [e["name"] for e in entries]
-        self.w = np.array([e["w"] for e in entries], np.float32).reshape(len(entries), -1)
-        self.b = np.array([e["b"] for e in entries], np.float32)
         self.thresholds = np.array([e["threshold"] for e in entries], np.float32)
+        # one row per speaker head (``speaker_heads``: the second and later people who enrolled), its
+        # bias moved so that it crosses the keyword's threshold where it crosses its own; a keyword
+        # scores its best row
+        rows = [(k, e["w"], e["b"]) for k, e in enumerate(entries)]
+        for k, e in enumerate(entries):
+            t = _logit(e["threshold"])
+            rows += [(k, h["w"], h["b"] - _logit(h["threshold"]) + t) for h in e.get("speaker_heads", ())]
+        self._row_of = np.array([r[0] for r in rows], np.int64)
+        self.w = np.array([r[1] for r in rows], np.float32).reshape(len(rows), -1)
+        self.b = np.array([r[2] for r in rows], np.float32)
         self.verifier, self.templates, self.verify_thresholds = None, [None] * len(entries), []
         self.verify_levels = [None] * len(entries)
         if verify and bundle is not None and any("verify" in e for e in entries):
@@ -211,7 +242,12 @@ class CustomKeywords:
     def scores(self, emb: np.ndarray) -> np.ndarray:
         e = np.asarray(emb, np.float32)
         e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
-        return 1.0 / (1.0 + np.exp(-(e @ self.w.T + self.b)))
+        z = e @ self.w.T + self.b
+        if len(self._row_of) > len(self.names):
+            best = np.full((len(e), len(self.names)), -np.inf, np.float32)
+            np.maximum.at(best.T, self._row_of, z.T)
+            z = best
+        return 1.0 / (1.0 + np.exp(-z))
 
 
 class DeviceState:
@@ -411,29 +447,50 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
                              fix="record the phrase again, the same way each time")
     rng = np.random.default_rng(seed)
     pos, _ = km.infer(km.features(augment([windows[i] for i in keep], rng)))
+    per_clip = len(pos) // len(keep)  # augment's copies of each clip, in clip order
     bank = negative_bank(km.bundle)
     others = [np.asarray(k["prototype"], np.float32) for k in state.keywords
               if k["name"] != norm and "prototype" in k]
     neg = np.concatenate([bank] + ([np.stack(others)] if others else []))
-    w, b = train_head(pos, neg)
-    ck = CustomKeywords([{"name": norm, "w": w, "b": b, "threshold": 0.5}])
-    neg_scores = ck.scores(bank)[:, 0]
-    pos_scores = ck.scores(pos)[:, 0]
-    threshold = max(0.5, float(np.quantile(neg_scores, 1.0 - far_target)))
+    # One first-stage head per speaker (a linear head between two voices scores both lower): the
+    # keyword fires when any does; each is set to its share of the bank false-accept rate.
+    heads = []
+    for g in groups:
+        rows = np.concatenate([np.arange(m * per_clip, (m + 1) * per_clip) for m, i in enumerate(keep) if i in g])
+        w, b = train_head(pos[rows], neg)
+        ck = CustomKeywords([{"name": norm, "w": w, "b": b, "threshold": 0.5}])
+        heads.append({"w": w, "b": b, "bank": ck.scores(bank)[:, 0], "pos": ck.scores(pos[rows])[:, 0]})
+
+    def thresholds(far):
+        return [max(0.5, float(np.quantile(h["bank"], 1.0 - far / len(heads)))) for h in heads]
+
+    def bank_far(ts):
+        return float(np.mean(np.any([h["bank"] >= t for h, t in zip(heads, ts)], axis=0)))
+
+    ts = thresholds(far_target)
+    threshold = ts[0]
+    pos_pass = np.concatenate([h["pos"] >= t for h, t in zip(heads, ts)])
     entry = {"name": norm, "prototype": [round(v, 6) for v in P.prototype([embs[i] for i in keep])],
-             "w": [round(float(v), 6) for v in w], "b": round(b, 6), "threshold": round(threshold, 6),
+             "w": [round(float(v), 6) for v in heads[0]["w"]], "b": round(heads[0]["b"], 6),
+             "threshold": round(threshold, 6),
              "clips": len(keep), "outliers": [clip_names[i] for i in outliers], "speakers": len(groups),
              "sensitivity": sensitivity,
              "sensitivities": {}}
-    ladder = {}
+    ladder, by_head = {}, [{} for _ in heads]
     for level, (far, p_quiet, p_noisy) in SENSITIVITIES.items():
+        lt = ts if level == DEFAULT_SENSITIVITY else thresholds(far)
+        for h, t in zip(by_head, lt):
+            h[level] = round(t, 6)
         if level == DEFAULT_SENSITIVITY:
             continue
-        t = max(0.5, float(np.quantile(neg_scores, 1.0 - far)))
-        entry["sensitivities"][level] = {"threshold": round(t, 6), "bank_false_accept_rate":
-                                         round(float((neg_scores >= t).mean()), 5)}
+        entry["sensitivities"][level] = {"threshold": round(lt[0], 6), "bank_false_accept_rate": round(bank_far(lt), 5)}
         if p_quiet is not None:
             ladder[level] = (p_quiet, p_noisy)
+    if len(heads) > 1:
+        entry["speaker_heads"] = [{"w": [round(float(v), 6) for v in h["w"]], "b": round(h["b"], 6),
+                                   "threshold": t[DEFAULT_SENSITIVITY],
+                                   "sensitivities": {k: v for k, v in t.items() if k != DEFAULT_SENSITIVITY}}
+                                  for h, t in zip(heads[1:], by_head[1:])]
     report_verify = {}
     if verify is None:
         verify = any(p.get("role") == "backbone" for p in km.bundle.partitions)
@@ -458,8 +515,8 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
     return {"keyword": norm, "clips": len(clips), "used": len(keep), "speakers": len(groups),
             "outliers": [{"clip": clip_names[i], "cosine": round(float(cos[i]), 3)} for i in outliers],
             "threshold": round(threshold, 4),
-            "enrolment_pass_rate": round(float((pos_scores >= threshold).mean()), 3),
-            "bank_false_accept_rate": round(float((neg_scores >= threshold).mean()), 5), **report_verify,
+            "enrolment_pass_rate": round(float(pos_pass.mean()), 3),
+            "bank_false_accept_rate": round(bank_far(ts), 5), **report_verify,
             "sensitivity": sensitivity, "sensitivities": sensitivity_table(entry)}
 
 

@@ -77,3 +77,31 @@ def test_refusals_change_nothing(voices, tmp_path):
     res = subprocess.run([sys.executable, "-m", "edge.cli", "device", "enroll", "--state", str(st), "--keyword", KW,
                           "--wav", "a.wav", "--add", "--replace"], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode != 0 and "not allowed with argument" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_each_speaker_has_a_first_stage_head_and_any_one_fires_the_keyword(voices, tmp_path):
+    """A keyword's first stage is one logistic head per speaker, each at its share of the bank
+    false-accept rate: the keyword's score crosses its threshold exactly when some head crosses its own."""
+    from edge.enroll import CustomKeywords, StateError
+
+    st = tmp_path / "st"
+    Device(st).enroll(KW, voices["rms"][:5])
+    Device(st).enroll(KW, voices["awb"][:5], add=True)
+    doc = json.loads((st / "keywords.json").read_text())
+    e = doc["keywords"][0]
+    assert len(e["speaker_heads"]) == 1
+    from edge.enroll import augment, prepare_clip
+
+    km = Device(st).keyword_model()
+    clips = [prepare_clip(c, "clip") for v in ("rms", "awb") for c in voices[v]]
+    emb = km.infer(km.features(augment(clips, np.random.default_rng(0), snrs_db=(10.0, 0.0))))[0]
+    ck = CustomKeywords([e])
+    unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    own = [1 / (1 + np.exp(-(unit @ np.asarray(h["w"]) + h["b"]))) >= h["threshold"]
+           for h in [e] + e["speaker_heads"]]
+    assert np.array_equal(ck.scores(emb)[:, 0] >= e["threshold"], np.any(own, axis=0))
+    assert own[0].sum() and own[1].sum() and (own[1] & ~own[0]).sum()  # the second head adds hits
+    e["speaker_heads"][0]["w"] = e["speaker_heads"][0]["w"][:-1]  # damaged by hand
+    (st / "keywords.json").write_text(json.dumps(doc))
+    with pytest.raises(StateError, match="speaker head 'w'"):
+        Device(st).enrolled()

@@ -75,12 +75,20 @@ class PgServer:
             os.chown(self.dir, pw.pw_uid, pw.pw_gid)
             self.prefix = ["runuser", "-u", "postgres", "--"]
         self._run("initdb", "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync")
+        self.start()
+
+    def start(self) -> None:
         # fsync on for the running server: commits are durable, as the aggregator's guarantees assume
         opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=on "
                 f"-c synchronous_commit=on -c max_connections=100")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "server.log"), "-o", opts, "-w", "-t", "60",
                   "start")
         self.started = True
+
+    def halt(self) -> None:
+        """Stop the server (immediate mode: as a crash looks to its clients); ``start`` brings it back."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        self.started = False
 
     def _run(self, tool, *args):
         r = subprocess.run([*self.prefix, str(self.bin / tool), *args], capture_output=True, text=True, cwd=self.dir)

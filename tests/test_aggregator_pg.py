@@ -254,6 +254,32 @@ def test_a_deadline_both_replicas_see_closes_the_round_once(pg, request, tmp_pat
         b.close()
 
 
+def test_files_of_a_publication_that_never_committed_do_not_shadow_the_published_version(pg, request, tmp_path):
+    from host.aggregator.models import params_bytes
+
+    url = _db(pg, request)
+    clock = FakeClock()
+    cfg = AggregatorConfig(clients_per_round=2, overselect=1.0, max_overselect=1.0, round_timeout=600)
+    state, keys = make_state(tmp_path, cfg, n_devices=2, db=url)
+    # what a replica killed inside its close leaves: v3's head written, the transaction never committed
+    bogus = {k: np.full_like(v, 7.0) for k, v in small_params().items()}
+    (state / "models" / "v3.npz").write_bytes(params_bytes(bogus))
+    a = Aggregator(state, clock, db=url)   # restarted on that state directory
+    b = Aggregator(tmp_path / "b", clock, str(_key_path(state)), db=url)
+    try:
+        sent = {}
+        for d in sorted(keys):
+            sent[d] = _frame(d, keys[d], b.rounds.checkin(d, AWAKE)["task"], seed=len(sent))
+            b.rounds.submit(sent[d], d)
+        assert b.registry.current == 3
+        want, got = _fedavg(small_params(), sent, keys), a.registry.params(3)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], atol=1e-5)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_dp_accounting_is_the_single_replica_one_whichever_replica_closes(pg, request, tmp_path):
     from host.privacy.accountant import RdpAccountant
 
@@ -326,6 +352,28 @@ def test_a_secure_aggregation_round_across_replicas_publishes_fedavg(pg, request
     for k in base:
         want = base[k] + sum(dl[k].astype(np.float64) * n for dl, n in deltas.values()) / total
         np.testing.assert_allclose(head[k], want, atol=4 * 2 ** -16 / total + 1e-6)
+
+
+def test_the_database_going_away_is_a_503_and_the_replica_carries_on_when_it_is_back(pg, request, tmp_path):
+    url = _db(pg, request)
+    cfg = AggregatorConfig(clients_per_round=2, overselect=1.0, max_overselect=1.0, round_timeout=3600)
+    state, keys = make_state(tmp_path, cfg, n_devices=2, db=url)
+    app = build_app(state, tick_interval=0, db=url)
+    (d0, k0), (d1, k1) = sorted(keys.items())
+    with InProcessTransport(app) as t:
+        s, raw = t.request("POST", "/v1/checkin", *signed_checkin(d0, k0))
+        assert s == 200 and json.loads(raw)["action"] == "train"
+        pg.halt()
+        try:
+            s, raw = t.request("POST", "/v1/checkin", *signed_checkin(d1, k1))
+            assert s == 503 and json.loads(raw)["error"] == "StorageError", raw
+        finally:
+            pg.start()
+        body, hdrs = signed_checkin(d1, k1, {"time": 5.0})  # a new check-in (the refused one changed nothing)
+        s, raw = t.request("POST", "/v1/checkin", body, hdrs)
+        assert s == 200 and json.loads(raw)["action"] == "train", raw
+        status = json.loads(t.request("GET", "/v1/status")[1])
+        assert status["round"]["selected"] == 2
 
 
 def test_a_bad_or_unreachable_db_is_one_sentence_without_the_password(tmp_path):

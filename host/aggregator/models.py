@@ -58,6 +58,8 @@ class ModelRegistry:
         self.signing_key = signing_key
         (self.dir / "models").mkdir(parents=True, exist_ok=True)
         (self.dir / "bundles").mkdir(parents=True, exist_ok=True)
+        if self.shared:
+            self.drop_cache()  # what a killed process left may be a version that never committed
         self.heldout = None
         h = self._local("heldout.npz")
         if h.exists():
@@ -90,6 +92,22 @@ class ModelRegistry:
             if n not in _BASE_EXCLUDE:
                 self._local(f"base/{n}")
         return self.dir / "base"
+
+    def drop_cache(self, version: int | None = None) -> None:
+        """Forget this replica's local copies (of ``version``, or of every version): on a shared store
+        the database is the truth, and a copy written for a publication that did not commit (a failed
+        or killed close) must not shadow the version another replica publishes under that number."""
+        import shutil
+
+        for sub in ("models", "bundles"):
+            d = self.dir / sub
+            for p in list(d.iterdir()) if d.is_dir() else []:
+                if version is not None and p.name != f"v{version}" and not p.name.startswith(f"v{version}."):
+                    continue
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
 
     def bundle_file(self, version) -> Path | None:
         """The zip of a published version, or None."""

@@ -77,7 +77,13 @@ class PgStore:
         self.on_stale = None   # called inside a write transaction when another replica committed since ours
         self.seen = None       # the change counter after this replica's last committed transaction
         self._depth = 0
-        self._connect()
+        try:
+            self._connect()
+        except psycopg.Error as e:
+            why = " ".join(line.strip() for line in str(e).strip().splitlines()) or type(e).__name__
+            raise EdgelearnError(f"cannot connect to PostgreSQL at {self.url}: {why}",
+                                 fix="start the server, check the host, port, user and database in --db "
+                                     "(a password goes in ~/.pgpass or PGPASSWORD, not the URL)") from None
         # under the lock, so replicas starting together do not race on CREATE; no arguments, so
         # psycopg sends the statements as one script
         with self.conn.transaction():
@@ -85,15 +91,10 @@ class PgStore:
             self.db.execute(pg_schema())
 
     def _connect(self) -> None:
+        """(Re)connect; a failure is a ``psycopg.Error`` (serving answers 503 and tries again next time)."""
         import psycopg
 
-        try:
-            self.conn = psycopg.connect(self._url, autocommit=True, connect_timeout=self._timeout)
-        except psycopg.Error as e:
-            why = " ".join(line.strip() for line in str(e).strip().splitlines()) or type(e).__name__
-            raise EdgelearnError(f"cannot connect to PostgreSQL at {self.url}: {why}",
-                                 fix="start the server, check the host, port, user and database in --db "
-                                     "(a password goes in ~/.pgpass or PGPASSWORD, not the URL)") from None
+        self.conn = psycopg.connect(self._url, autocommit=True, connect_timeout=self._timeout)
         # a replica that hangs while holding the lock must not stall the others forever: its idle
         # transaction is ended by the server, and a wait for the lock gives up (503, the client resends)
         self.conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
@@ -112,8 +113,7 @@ class PgStore:
             finally:
                 self._depth -= 1
             return
-        if self.conn.closed or self.conn.broken:
-            self._connect()
+        self._ready()
         c = self.db
         c.execute("BEGIN")
         self._depth = 1
@@ -143,15 +143,20 @@ class PgStore:
 
     def changed(self) -> int | None:
         """The change counter now (read without the lock), or None if it equals this replica's."""
-        if self.conn.closed or self.conn.broken:
-            self._connect()
         n = self.one("SELECT n FROM changes WHERE id = 1")[0]
         return None if n == self.seen else n
 
+    def _ready(self) -> None:
+        """Outside a transaction, re-open a connection the server dropped (a restart, a network cut)."""
+        if not self._depth and (self.conn.closed or self.conn.broken):
+            self._connect()
+
     def one(self, sql: str, args=()):
+        self._ready()
         return self.db.execute(sql, args).fetchone()
 
     def all(self, sql: str, args=()):
+        self._ready()
         return self.db.execute(sql, args).fetchall()
 
     def get_meta(self, key: str, default=None):

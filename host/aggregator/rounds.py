@@ -196,7 +196,7 @@ class RoundManager(Uploads):
                                  fix="publish the same tensors with the same shapes")
         if not all(np.all(np.isfinite(v)) for v in new.values()):
             raise EdgelearnError("the new head holds NaN or infinite values", fix="publish finite numbers")
-        with self.store.tx() as c:
+        with self._publishing(), self.store.tx() as c:
             r = self.round
             v = self.reg.publish(new, None, self.reg.accuracy(new), None, self.strategy.state())
             c.execute("UPDATE rounds SET status='failed', closed=?, note=? WHERE round_id=?",
@@ -216,7 +216,26 @@ class RoundManager(Uploads):
         if row is not None and device_id not in h["lat"]:
             h["lat"][device_id] = round(self.clock() - row[0], 4)
 
+    @contextlib.contextmanager
+    def _publishing(self):
+        """On a shared store, a publication that fails (or whose commit is in doubt) leaves no local
+        files behind to shadow what another replica publishes under that version number."""
+        try:
+            yield
+        except BaseException:
+            if self.store.shared:
+                try:
+                    v = self.reg.current + 1
+                except Exception:  # the database is gone too: forget every local copy
+                    v = None
+                self.reg.drop_cache(v)
+            raise
+
     def _close(self, why: str, aggregate: bool = True) -> None:
+        with self._publishing():
+            self._close_tx(why, aggregate)
+
+    def _close_tx(self, why: str, aggregate: bool) -> None:
         rid = self.round["round_id"]
         with self.store.tx() as c:
             r = self.round

@@ -280,6 +280,35 @@ def test_files_of_a_publication_that_never_committed_do_not_shadow_the_published
         b.close()
 
 
+def test_fedbuff_buffers_fill_across_replicas_and_each_makes_one_version(pg, request, tmp_path):
+    url = _db(pg, request)
+    clock = FakeClock()
+    cfg = AggregatorConfig(mode="async", buffer_size=3, max_concurrency=10, round_timeout=600)
+    state, keys, reps = _replicas(tmp_path, url, cfg, 6, clock)
+    try:
+        sent = {}
+        for i, d in enumerate(sorted(keys)):
+            t = reps[i % 2].rounds.checkin(d, AWAKE)["task"]
+            sent[d] = _frame(d, keys[d], t, seed=20 + i)
+        for i, (d, f) in enumerate(sorted(sent.items())):
+            assert reps[(i + 1) % 2].rounds.submit(f, d)["status"] == "accepted"
+        rows = reps[0].store.all("SELECT round_id, status, accepted, result_version FROM rounds ORDER BY round_id")
+        assert rows == [(1, "closed", 3, 3), (2, "closed", 3, 4), (3, "open", 0, None)]
+        # the second buffer: trained from v2, one version behind v3 (weight n / sqrt(2), onto v3)
+        first = dict(sorted(sent.items())[:3])
+        v3 = _fedavg(small_params(), first, keys)
+        ups = [decode_update(f, keys[d]) for d, f in sorted(sent.items())[3:]]
+        w = [u.header.num_examples / np.sqrt(2) for u in ups]
+        got = reps[1].registry.params(4)
+        for k in v3:
+            want = v3[k] + sum(wi * np.asarray(t.values, np.float64).reshape(v3[k].shape)
+                               for wi, u in zip(w, ups) for t in u.tensors if t.name == k) / sum(w)
+            np.testing.assert_allclose(got[k], want, atol=1e-5)
+    finally:
+        for r in reps:
+            r.close()
+
+
 def test_dp_accounting_is_the_single_replica_one_whichever_replica_closes(pg, request, tmp_path):
     from host.privacy.accountant import RdpAccountant
 

@@ -2,6 +2,8 @@
 
     $ edgelearn fleet simulate --devices 30 --rounds 10 --out fleet-out
     $ edgelearn fleet simulate --task shipped-head --devices 9 --rounds 12 --out fleet-voices
+    $ edgelearn fleet simulate --ray local --devices 20000 --clients-per-round 10000 --rounds 3
+    $ edgelearn fleet simulate --ray 10.0.0.5:6379 --devices 100000 --clients-per-round 10000 --ray-batch 200
 """
 
 from __future__ import annotations
@@ -9,13 +11,15 @@ from __future__ import annotations
 from host.aggregator.config import CODECS
 from host.config_args import add_config_arguments, config_from_args
 from host.fl.strategies import STRATEGIES
-from host.fleet.simulate import TASKS, SimConfig
+from host.fleet.ray_sim import RayOptions
+from host.fleet.simulate import PARTITIONS, TASKS, SimConfig
 
 # the SimConfig fields `fleet simulate` offers as options, in --help order
 SIM_FIELDS = ("devices", "rounds", "mode", "strategy", "codec", "clients_per_round", "drop_rate", "slow_fraction",
-              "time_scale", "task", "eval_tolerance", "seed", "mcu_devices")
+              "time_scale", "task", "eval_tolerance", "seed", "mcu_devices", "partition")
 CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS,
-           "task": tuple(t for t in TASKS if t)}
+           "task": tuple(t for t in TASKS if t), "partition": PARTITIONS}
+RAY_FIELDS = ("ray_batch", "ray_task_cpus", "ray_task_memory_mb", "ray_in_flight")
 
 
 def add_arguments(p) -> None:
@@ -33,9 +37,21 @@ def add_arguments(p) -> None:
         "task": "shipped-head: users speaking voices the shipped model never trained on (Flite, in their own "
                 "rooms), federating from the shipped classifier with their labelled clips, negatives and "
                 "confident detections (bench/fl_voices.py); empty: the corpus embeddings task"})
-    add_config_arguments(s, SimConfig, SIM_FIELDS[11:], help={
+    add_config_arguments(s, SimConfig, SIM_FIELDS[11:], choices=CHOICES, help={
         "mcu_devices": "also run this many boards (real firmware on the MicroPython unix port) federating the "
-                       "MCU model with their own aggregator"})
+                       "MCU model with their own aggregator",
+        "partition": "noniid: a voice's clips split between the devices that share it (at most a few hundred "
+                     "devices); derived: each device's rows from its index and the seed (any population; "
+                     "what --ray always uses)"})
+    s.add_argument("--ray", metavar="local|ADDRESS", default=None,
+                   help="run the devices as batched Ray tasks: local (a new one-machine Ray), auto (the cluster "
+                        "`ray start` left here) or HOST:PORT of a cluster's head; devices are derived from their "
+                        "index when scheduled, so --devices can be 100,000")
+    add_config_arguments(s, RayOptions, RAY_FIELDS, help={
+        "ray_batch": "with --ray: devices per Ray task (they train one after another, deliver by due time)",
+        "ray_task_cpus": "with --ray: CPUs one task (one device at a time) asks Ray for; fractions allowed",
+        "ray_task_memory_mb": "with --ray: memory one task asks Ray for (0: none)",
+        "ray_in_flight": "with --ray: tasks submitted at once (0: two per CPU of the cluster)"})
 
 
 def run(args) -> int:
@@ -52,7 +68,17 @@ def run(args) -> int:
             raise EdgelearnError(f"{out}: exists and is not a fleet output", fix="choose an empty --out")
         shutil.rmtree(out)
     cfg = config_from_args(SimConfig, args, SIM_FIELDS, fresh_head=not args.shipped_head)
-    res = simulate(cfg, out)
+    if args.ray:
+        from host.fleet.ray_sim import simulate_ray
+
+        cfg.partition = "derived"  # on Ray every device is derived from its index
+        res = simulate_ray(cfg, out, address=args.ray, opts=config_from_args(RayOptions, args, RAY_FIELDS))
+    else:
+        res = simulate(cfg, out)
     paths = write_report(res, out)
     print("\n".join(summary(res, paths["html"], mcu_json=out / "mcu" / "mcu.json")))
+    if args.ray:
+        nodes = res["ray"]["nodes"]
+        print(f"fleet: {sum(nodes.values()):,} device cycles in {res['ray']['tasks']} Ray tasks on {len(nodes)} "
+              f"node(s); {len(res['participation']):,} of {cfg.devices:,} devices joined a round")
     return 0

@@ -66,6 +66,7 @@ class SimConfig:
     seed: int = 0
     mcu_devices: int = 0             # also run this many boards on the MicroPython unix port (host/fleet/mcu.py)
     mcu_reports: int = 3
+    partition: str = "noniid"        # "derived": rows from each device's index + seed (host.fleet.population)
     extra: dict = field(default_factory=dict)
 
 
@@ -86,9 +87,9 @@ class Device:
                 "temperature": 30.0}
 
 
-def _serve(app, port):
+def _serve(app, port, host="127.0.0.1"):
     import uvicorn
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="error",
                                            access_log=False, lifespan="on"))
     th = threading.Thread(target=server.run, daemon=True)
     th.start()
@@ -98,6 +99,39 @@ def _serve(app, port):
 
 
 TASKS = ("", "fresh-head", "shipped-head")
+PARTITIONS = ("noniid", "derived")
+
+def aggregator_config(cfg: SimConfig):
+    """The aggregator settings of a simulated fleet: the simulation's, its deadline and retry hints
+    in wall seconds (scaled by ``time_scale``), then ``cfg.extra`` (any other setting, or an override)."""
+    from host.aggregator.config import AggregatorConfig
+
+    s = cfg.time_scale
+    settings = dict(mode=cfg.mode, strategy=cfg.strategy, codec=cfg.codec,
+                    clients_per_round=cfg.clients_per_round, overselect=cfg.overselect,
+                    buffer_size=cfg.buffer_size, round_timeout=cfg.round_timeout * s,
+                    min_retry=1.0 * s, max_retry=600 * s, local_epochs=cfg.local_epochs,
+                    learning_rate=cfg.learning_rate, eval_tolerance=cfg.eval_tolerance,
+                    max_concurrency=int(cfg.clients_per_round * cfg.overselect) if cfg.mode == "async" else 30,
+                    fairness_window=10, max_rounds_per_window=10, synchronous="normal", seed=cfg.seed,
+                    secagg_phase_timeout=cfg.round_timeout * s / 4)
+    return AggregatorConfig(**{**settings, **cfg.extra})
+
+
+def serve_aggregator(state, cfg: SimConfig, host: str = "127.0.0.1"):
+    """The aggregator of ``state`` served by uvicorn in a thread of this process on a free port of
+    ``host``; (app, server, thread, port). Stop it with ``server.should_exit = True; thread.join()``."""
+    import socket
+
+    from host.aggregator.app import build_app
+
+    with socket.socket() as so:
+        so.bind((host, 0))
+        port = so.getsockname()[1]
+    app = build_app(state, tick_interval=max(0.02, 0.5 * cfg.time_scale))
+    server, th = _serve(app, port, host)
+    return app, server, th, port
+
 
 
 def final_head(out_dir, version: int | None = None) -> dict:
@@ -129,34 +163,27 @@ def device_trainer(cfg: SimConfig, labels):
 def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=None) -> dict:
     """Run the fleet until ``cfg.rounds`` rounds have closed; returns rounds, devices and bytes.
     ``fleet``: the shipped-head task's prepared devices (``voice_fleet``), else made here."""
-    import socket
     from concurrent.futures import ThreadPoolExecutor
 
-    from edge.fl import FLClient, FLError
-    from host.aggregator.app import build_app, status_of
-    from host.aggregator.config import AggregatorConfig
+    from edge.fl import FLClient
+    from host.aggregator.app import status_of
     from host.aggregator.inprocess import make_state, small_params
+    from host.fleet.cycle import Stats, Trained, begin, finish
     from host.fleet.data import extract_head, load_embeddings, partition_noniid
 
     from edge.errors import EdgelearnError
 
     if cfg.task not in TASKS:
         raise EdgelearnError(f"fleet task {cfg.task!r} is unknown", fix="use shipped-head, or leave it empty")
+    if cfg.partition not in PARTITIONS:
+        raise EdgelearnError(f"fleet partition {cfg.partition!r} is unknown", fix="use noniid or derived")
     shipped = cfg.task == "shipped-head"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = data or load_embeddings(progress=progress)
     held = data.rows(cfg.heldout_split if shipped else "test")
     s = cfg.time_scale
-    settings = dict(mode=cfg.mode, strategy=cfg.strategy, codec=cfg.codec,
-                    clients_per_round=cfg.clients_per_round, overselect=cfg.overselect,
-                    buffer_size=cfg.buffer_size, round_timeout=cfg.round_timeout * s,
-                    min_retry=1.0 * s, max_retry=600 * s, local_epochs=cfg.local_epochs,
-                    learning_rate=cfg.learning_rate, eval_tolerance=cfg.eval_tolerance,
-                    max_concurrency=int(cfg.clients_per_round * cfg.overselect) if cfg.mode == "async" else 30,
-                    fairness_window=10, max_rounds_per_window=10, synchronous="normal", seed=cfg.seed,
-                    secagg_phase_timeout=cfg.round_timeout * s / 4)
-    acfg = AggregatorConfig(**{**settings, **cfg.extra})  # extra: any other aggregator setting, or an override
+    acfg = aggregator_config(cfg)
     if shipped:
         params = extract_head()
         if fleet is None:
@@ -168,16 +195,17 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
         trainer = device_trainer(cfg, fleet[0]["device"].bundle.labels)
     else:
         params = small_params(cfg.seed) if cfg.fresh_head else extract_head()
-        parts = partition_noniid(data, cfg.devices, seed=cfg.seed)
+        if cfg.partition == "derived":  # each device's rows from its index and the seed (host.fleet.population)
+            from host.fleet.population import PartitionIndex
+            index = PartitionIndex(data, cfg.seed)
+            parts = [index.rows(i) for i in range(cfg.devices)]
+        else:
+            parts = partition_noniid(data, cfg.devices, seed=cfg.seed)
         local = [(data.X[p], data.y[p]) for p in parts]
         trainer = None
     state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params,
                              heldout=(data.X[held], data.y[held]))
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        port = so.getsockname()[1]
-    app = build_app(state, tick_interval=max(0.02, 0.5 * s))
-    server, th = _serve(app, port)
+    app, server, th, port = serve_aggregator(state, cfg)
     agg = app.state.aggregator
     rng = np.random.default_rng(cfg.seed)
     devices = []
@@ -186,8 +214,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
                      data=local[i], trainer=trainer, seed=cfg.seed * 1000 + i)
         devices.append(Device(i, c, np.random.default_rng([cfg.seed, i]), cfg))
     t0 = time.monotonic()
-    stats = {"uploads": 0, "drops": 0, "errors": 0, "waits": 0, "latencies": []}
-    lock = threading.Lock()
+    stats = Stats()
     stop = threading.Event()
 
     def closed_rounds():
@@ -199,58 +226,18 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
             if d.next_at > now_sim:
                 time.sleep(min(0.05, (d.next_at - now_sim) * s))
                 continue
-            st = d.state(now_sim)
-            try:
-                ans = d.client.checkin(st)
-            except FLError as e:
-                with lock:
-                    stats["errors"] += 1
-                    stats.setdefault("refused", {}).setdefault(f"checkin:{e.reason or e.status}", 0)
-                    stats["refused"][f"checkin:{e.reason or e.status}"] += 1
-                d.next_at = now_sim + 5
-                continue
-            if ans.get("action") != "train":
-                with lock:
-                    stats["waits"] += 1
-                d.next_at = now_sim + float(ans.get("retry_after", 5 * s)) / s
-                continue
-            task = ans["task"]
-            t_task = time.monotonic()
-            lat = cfg.median_latency * float(np.exp(d.rng.normal(0, cfg.latency_sigma))) * (10 if d.slow else 1)
-            try:
-                delta, n = d.client.train(task)
-                frame = None if "secagg" in task else d.client.encode(task, delta, n)
-            except FLError as e:
-                with lock:
-                    stats.setdefault("refused", {}).setdefault(f"train:{e.reason or e.status}", 0)
-                    stats["refused"][f"train:{e.reason or e.status}"] += 1
-                d.next_at = now_sim + 5
+            got = begin(d.client, d.state(now_sim), cfg, d.rng, d.slow, stats)
+            if not isinstance(got, Trained):  # ("wait" | "retry", simulated seconds)
+                d.next_at = now_sim + got[1]
                 continue
             d.battery = max(0.0, d.battery - 0.02)
             # the device's compute and radio time; our real training time is part of it
-            time.sleep(max(0.0, lat * s - (time.monotonic() - t_task)))
-            with lock:
-                stats["latencies"].append(round((time.monotonic() - t_task) / s, 3))
-            if d.rng.random() < cfg.drop_rate:  # trained, then lost power or network: never uploads
-                with lock:
-                    stats["drops"] += 1
+            time.sleep(got.remaining(cfg))
+            outcome = finish(d.client, got, cfg, d.rng, stats)
+            if outcome == "dropped":
                 d.next_at = (time.monotonic() - t0) / s + cfg.round_timeout
                 continue
-            try:
-                if frame is None:  # secure aggregation: the four-phase exchange instead of one frame
-                    view = d.client.run_secure(task, delta, n, poll=max(0.01, 0.5 * s), timeout=cfg.round_timeout * s * 2)
-                    if view["phase"] != "done":
-                        raise FLError(f"secure round {task['round_id']} {view['phase']}", reason="SecAggFailed")
-                else:
-                    d.client.upload(frame, int(task.get("chunk_size", 0)))
-                d.joined += 1
-                with lock:
-                    stats["uploads"] += 1
-            except FLError as e:
-                with lock:
-                    stats["errors"] += 1  # e.g. 410: the round closed while this device trained
-                    stats.setdefault("refused", {}).setdefault(e.reason or str(e.status), 0)
-                    stats["refused"][e.reason or str(e.status)] += 1
+            d.joined += outcome == "uploaded"
             d.next_at = (time.monotonic() - t0) / s + d.rng.uniform(1, 5)
 
     mcu = None
@@ -278,6 +265,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
             f.result()
         pool.shutdown()
         status = status_of(agg)
+        stats = stats.as_dict()
         server.should_exit = True
         th.join(timeout=10)
     if progress:

@@ -270,12 +270,13 @@ class Device:
         return _events(det, source, mic, store)
 
     def detector(self, *, keywords=None, threshold=None, sensitivity: float | None = None, stride: int = 4,
-                 confirm: float = 0.9, replay: bool = True, enrolled=None):
+                 confirm: float = 0.9, replay: bool = True, enrolled=None, levels: dict | None = None):
         """(``edge.detect.Detector``, the tail replay store it feeds or None) for the state's keywords,
         active model and operating points (the options are ``detect``'s): what ``detect`` streams
         through, and what the agent swaps when the model changes (``Detector.continue_from``).
         ``enrolled``: names of the enrolled keywords to detect (None: every one; the Wyoming
-        server's ``detect`` names, edge/wyoming.py)."""
+        server's ``detect`` names, edge/wyoming.py). ``levels``: {enrolled keyword: sensitivity} to
+        detect at instead of their own (``calibrate`` measures each level)."""
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
                                  fix="pass threshold=T, or sensitivity=FA_PER_HOUR after `calibrate`")
@@ -284,11 +285,12 @@ class Device:
 
         bundle = self.bundle
         state = self.enrolled()
-        if enrolled is not None:
+        if enrolled is not None or levels:
             from edge.enroll import DeviceState
 
-            state = DeviceState(state.root, state.model_id, state.version,
-                                [k for k in state.keywords if k["name"] in set(enrolled)], bundle)
+            kws = [k for k in state.keywords if enrolled is None or k["name"] in set(enrolled)]
+            kws = [{**k, "sensitivity": (levels or {}).get(k["name"], k.get("sensitivity", "medium"))} for k in kws]
+            state = DeviceState(state.root, state.model_id, state.version, kws, bundle)
         self.recover()
         km, head = self.models()
         if keywords == "all":
@@ -415,14 +417,15 @@ class Device:
                 enroll(km, scratch, name, clips, sensitivity=levels.get(name, "medium"), speakers=speakers)
             return scratch.keywords
 
-    def sensitivity(self, name: str, level: str | None = None) -> dict:
+    def sensitivity(self, name: str, level: str | None = None, max_fa_h: float | None = None) -> dict:
         """Enrolled keyword ``name``'s sensitivity; with ``level`` (low: fewest false accepts,
         medium, high: fewest misses), detect it at that level from now on (every level's thresholds
         were set at enrolment). Returns {"keyword", "sensitivity", "sensitivities": {level:
-        {"threshold", "bank_false_accept_rate"}}}."""
+        {"threshold", "bank_false_accept_rate"[, "fa_per_hour"]}}}. ``max_fa_h``: instead of a level,
+        the most sensitive one ``calibrate`` measured at or under this many false accepts per hour."""
         from edge.enroll import keyword_sensitivity
 
-        return keyword_sensitivity(self.enrolled(), name, level)
+        return keyword_sensitivity(self.enrolled(), name, level, max_fa_h)
 
     def enrolment_clips(self, name: str, speakers: bool = False):
         """The clips keyword ``name`` was enrolled from, as the device kept them (``ENROLMENT_DIR``),
@@ -620,7 +623,43 @@ class Device:
         table = {"for": calibrated_for(bundle, self.state_dir), "hours": hours,
                  "files": [str(p) for p in wavs], "points": points}
         save_points(self.state_dir, table)
+        custom = self._calibrate_enrolled(wavs, hours)
+        if custom:
+            table["enrolled"] = custom
         return table
+
+    def _calibrate_enrolled(self, wavs, hours: float) -> dict:
+        """False accepts per hour of every enrolled keyword at each of its sensitivities (both
+        stages, as detection runs them) on ``wavs``; kept in each entry (``fa_per_hour``, with the
+        hours measured) and returned as {keyword: {level: rate}}. Enrolling again drops them."""
+        from edge.audio import open_wav
+        from edge.enroll import SENSITIVITIES
+
+        state = self.enrolled()
+        if not state.keywords:
+            return {}
+        counts = {k["name"]: {} for k in state.keywords}
+        for level in SENSITIVITIES:
+            names = [k["name"] for k in state.keywords if level == "medium" or level in k.get("sensitivities", {})]
+            if not names:
+                continue
+            det, _ = self.detector(keywords=[], replay=False, enrolled=names, levels={n: level for n in names})
+            n = dict.fromkeys(names, 0)
+            for path in wavs:
+                det.reset()
+                with open_wav(path, min_samples=16000) as w:
+                    for chunk in w.chunks(16000 * 60):
+                        for ev in det.push(chunk):
+                            n[ev["keyword"]] += 1
+                for ev in det.flush():
+                    n[ev["keyword"]] += 1
+            for name, c in n.items():
+                counts[name][level] = round(c / hours, 3)
+        for k in state.keywords:
+            k["fa_per_hour"] = counts[k["name"]]
+            k["fa_calibrated_hours"] = round(hours, 4)
+        state.save()
+        return counts
 
     # -- status ----------------------------------------------------------------------------------
     def status(self) -> dict:

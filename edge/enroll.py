@@ -163,6 +163,9 @@ def _check_sensitivity(e: dict, where: str) -> None:
             raise ValueError(f"{where} sensitivity {k!r} verifier levels are not (range, threshold) pairs")
     if level != DEFAULT_SENSITIVITY and level not in table:
         raise ValueError(f"{where} is set to sensitivity {level!r}, which its entry has no thresholds for")
+    fa = e.get("fa_per_hour", {})
+    if not isinstance(fa, dict) or not all(k in SENSITIVITIES and _real(v) and v >= 0 for k, v in fa.items()):
+        raise ValueError(f"{where} 'fa_per_hour' is not a table of measured rates by level")
 
 
 def at_sensitivity(e: dict) -> dict:
@@ -528,20 +531,46 @@ def check_level(level) -> str:
 
 
 def sensitivity_table(e: dict) -> dict:
-    """{level: {"threshold", "bank_false_accept_rate"}} of entry ``e`` (medium: its own fields)."""
+    """{level: {"threshold", "bank_false_accept_rate"[, "fa_per_hour"]}} of entry ``e`` (medium: its
+    own fields; ``fa_per_hour``: measured by `device calibrate` on the place's own audio)."""
     out = {}
+    measured = e.get("fa_per_hour") or {}
     for level in SENSITIVITIES:
         if level == DEFAULT_SENSITIVITY:
             out[level] = {"threshold": e["threshold"]}
         elif level in e.get("sensitivities", {}):
             lv = e["sensitivities"][level]
             out[level] = {"threshold": lv["threshold"], "bank_false_accept_rate": lv.get("bank_false_accept_rate")}
+        else:
+            continue
+        if level in measured:
+            out[level]["fa_per_hour"] = measured[level]
+            out[level]["measured_hours"] = e.get("fa_calibrated_hours")
     return out
 
 
-def keyword_sensitivity(state: DeviceState, name: str, level: str | None = None) -> dict:
+def most_sensitive_within(e: dict, max_fa_h: float) -> str:
+    """The most sensitive level whose false accepts `device calibrate` measured are at most
+    ``max_fa_h`` per hour; an EdgelearnError when none was measured or none is within it."""
+    measured = e.get("fa_per_hour") or {}
+    if not measured:
+        raise EdgelearnError(f"no false-accept rates were measured for {e['name']!r}",
+                             fix="run `edgelearn device calibrate --state ST --wav everyday.wav` first (an hour "
+                                 "or more of the place's audio that never says the keyword)")
+    ok = [lv for lv in SENSITIVITIES if lv in measured and measured[lv] <= max_fa_h]
+    if not ok:
+        raise EdgelearnError(f"{e['name']!r} measured {min(measured.values())} false accepts per hour at best, "
+                             f"over {max_fa_h}", fix="allow more, or enrol it again with more or cleaner clips")
+    return ok[-1]  # SENSITIVITIES runs from low to high
+
+
+def keyword_sensitivity(state: DeviceState, name: str, level: str | None = None,
+                        max_fa_h: float | None = None) -> dict:
     """Keyword ``name``'s sensitivity and every level's thresholds; with ``level``, detect it at
-    that level from now on (the state saved atomically)."""
+    that level from now on (the state saved atomically); with ``max_fa_h``, at the most sensitive
+    level `device calibrate` measured at or under that many false accepts per hour."""
+    if level is not None and max_fa_h is not None:
+        raise EdgelearnError("give a level or a false-accept rate, not both", fix="pass --level or --max-fa-per-hour")
     if level is not None:
         check_level(level)
     norm = name.strip().lower()
@@ -549,6 +578,8 @@ def keyword_sensitivity(state: DeviceState, name: str, level: str | None = None)
     if entry is None:
         raise EdgelearnError(f"no keyword {norm!r} is enrolled (enrolled: {', '.join(state.names()) or 'none'})",
                              fix="enrol it first with `edgelearn device enroll`")
+    if max_fa_h is not None:
+        level = most_sensitive_within(entry, float(max_fa_h))
     if level is not None:
         if level != DEFAULT_SENSITIVITY and level not in entry.get("sensitivities", {}):
             raise EdgelearnError(f"keyword {norm!r} was enrolled before sensitivities existed: it has medium only",

@@ -121,3 +121,36 @@ def test_the_level_survives_a_version_that_enrols_the_keyword_again(state, tmp_p
     res = Device(st).carry_to(new_version(tmp_path, 2, change_negatives=True))
     assert res["rederived"] == [KW] and entry(st)["sensitivity"] == "low"
     assert "low" in entry(st)["sensitivities"]
+
+
+def test_calibrate_measures_every_level_on_the_places_audio_and_picks_by_rate(state, clips, tmp_path):
+    """`device calibrate` on everyday audio also counts each enrolled keyword's false accepts per
+    hour at each level (both stages, as detection runs them); `--max-fa-per-hour R` then picks the
+    most sensitive level measured at or under R. The audio here says the keyword twice a minute, so
+    the counts are known to be positive at every level that hears it."""
+    from edge.audio import write_wav
+    from test_enroll_verify import in_stream
+
+    st, _ = state
+    rng = np.random.default_rng(5)
+    parts = []
+    for i in range(4):  # ~2 minutes: noise with the keyword said in it 4 times
+        parts += [(rng.standard_normal(16000 * 25) * 200).astype(np.int16), in_stream(clips[i % len(clips)])]
+    wav = tmp_path / "place.wav"
+    write_wav(wav, np.concatenate(parts))
+    table = Device(st).calibrate([wav], targets=[2.0])
+    measured = table["enrolled"][KW]
+    assert set(measured) == set(SENSITIVITIES)
+    hours = table["hours"]
+    assert measured["low"] <= measured["medium"] <= measured["high"]
+    assert measured["high"] * hours >= 3  # the keyword is said 4 times: high hears most of them
+    shown = Device(st).sensitivity(KW)["sensitivities"]
+    assert shown["high"]["fa_per_hour"] == measured["high"] and shown["high"]["measured_hours"] > 0
+    assert Device(st).sensitivity(KW, max_fa_h=measured["high"])["sensitivity"] == "high"
+    if measured["low"] < measured["high"]:
+        assert Device(st).sensitivity(KW, max_fa_h=measured["low"])["sensitivity"] in ("low", "medium")
+    with pytest.raises(EdgelearnError, match="at best"):
+        Device(st).sensitivity(KW, max_fa_h=min(measured.values()) - 1.0)
+    Device(st).enroll(KW, clips, replace=True)  # new thresholds: the old measurement no longer holds
+    with pytest.raises(EdgelearnError, match="no false-accept rates were measured"):
+        Device(st).sensitivity(KW, max_fa_h=5.0)

@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
                       ("enroll", "learn a custom keyword from 3-10 clips"),
                       ("adapt", "adapt the tail on local labelled clips (scheduler-gated)"),
                       ("calibrate", "set base-keyword thresholds by false accepts per hour on audio "
-                                    "that says none of them"),
+                                    "that says none of them, and measure each enrolled keyword's levels"),
                       ("sensitivity", "show or set an enrolled keyword's sensitivity (low, medium, high)"),
                       ("status", "show the state directory"),
                       ("run", "the device agent: detect all day, adapt when the scheduler allows, "
@@ -74,8 +74,12 @@ def add_arguments(p) -> None:
                                 "sensitivity` switches later)")
         elif name == "sensitivity":
             s.add_argument("--keyword", required=True, help="an enrolled keyword")
-            s.add_argument("--level", default=None, choices=("low", "medium", "high"),
-                           help="detect it at this level from now on (omit: show the levels)")
+            pick = s.add_mutually_exclusive_group()
+            pick.add_argument("--level", default=None, choices=("low", "medium", "high"),
+                              help="detect it at this level from now on (omit both: show the levels)")
+            pick.add_argument("--max-fa-per-hour", type=float, default=None, metavar="R",
+                              help="the most sensitive level `device calibrate` measured at or under R false "
+                                   "accepts per hour on the place's audio")
         elif name == "adapt":
             s.add_argument("--data", type=Path, help="DIR/<label>/*.wav with bundle labels")
             s.add_argument("--recipe", default=None, choices=("plain", "speaker"),
@@ -253,7 +257,7 @@ def _adapt(args) -> int:
 
 
 def _sensitivity(args) -> int:
-    print(json.dumps(_device(args).sensitivity(args.keyword, args.level)))
+    print(json.dumps(_device(args).sensitivity(args.keyword, args.level, args.max_fa_per_hour)))
     return 0
 
 

@@ -59,6 +59,10 @@ class AggregatorConfig:
     dp_clip: float = 0.0
     dp_noise: float = 0.0
     dp_delta: float = 1e-5
+    # True: DP noise drawn from the public `seed` (the same for every aggregator with this config), for
+    # reproducible experiments and benchmarks ONLY: whoever knows the config can subtract the noise.
+    # False (default): drawn from a secret the database holds (meta `dp_seed`, made at init).
+    dp_reproducible: bool = False
     # secure aggregation (pairwise masking, Linux clients; sync rounds with FedAvg-family strategies)
     secure_aggregation: bool = False
     secagg_threshold: float = 0.6      # of the devices that advertised keys; always more than half

@@ -57,8 +57,9 @@ class RoundManager(Uploads):
             from host.privacy.accountant import RdpAccountant
             from host.privacy.dp import DPStrategy
             n_dev = self.store.one("SELECT COUNT(*) FROM devices")[0]
+            # its generator is replaced by the round's own (``_round_rng``) before each aggregation
             self.strategy = DPStrategy(self.strategy, cfg.dp_clip or 1.0, cfg.dp_noise, cfg.clients_per_round,
-                                       population=max(n_dev, cfg.clients_per_round), seed=cfg.seed)
+                                       population=max(n_dev, cfg.clients_per_round))
             s = self.store.get_meta("dp_accountant")
             if s:
                 self.strategy.accountant = RdpAccountant.from_state(json.loads(s))
@@ -257,12 +258,14 @@ class RoundManager(Uploads):
             else:
                 params = self.reg.params()
                 snapshot = self.strategy.state()
-                if self.store.shared and hasattr(self.strategy, "rng"):
+                if hasattr(self.strategy, "rng"):
                     self.strategy.rng = self._round_rng(r["round_id"])
                 new = self.strategy.apply(params, self.acc)
                 eps = None
                 if hasattr(self.strategy, "accountant"):
                     eps = self.strategy.accountant.epsilon(self.cfg.dp_delta)
+                    if not math.isfinite(eps):
+                        eps = None  # clipping without noise (dp_noise=0) guarantees nothing; JSON has no inf
                     self.store.set_meta("dp_accountant", json.dumps(self.strategy.accountant.state()))
                 publish, acc, cur = self.reg.check(new, self.cfg.eval_tolerance)
                 if publish:
@@ -286,12 +289,17 @@ class RoundManager(Uploads):
             h["lat"].setdefault(dev, round(float(lat), 4))
 
     def _round_rng(self, round_id: int):
-        """DP noise for one round: the same whichever replica closes it, and drawn from a secret of the
-        database (``dp_seed``, made once under the lock) so that knowing the config does not reveal it."""
+        """DP noise for one round, a function of (seed, round id) alone: the same whichever replica
+        closes it and after a restart (a round re-closed after a crash adds the same noise to the same
+        sum), and never the same for two rounds. The seed is a secret of the database (``dp_seed``,
+        made by ``init_state``, or here under the lock for a database made before it), so knowing the
+        config does not reveal the noise; ``dp_reproducible`` uses the public ``cfg.seed`` instead."""
+        if self.cfg.dp_reproducible:
+            return np.random.default_rng([int(self.cfg.seed), round_id])
         seed = self.store.get_meta("dp_seed")
         if seed is None:
-            import secrets
-            seed = secrets.randbits(63)
+            from host.aggregator.setup import new_dp_seed
+            seed = new_dp_seed()
             self.store.set_meta("dp_seed", seed)
         return np.random.default_rng([int(seed), round_id])
 

@@ -57,6 +57,7 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
     try:
         with store.tx():
             store.set_meta("signing_key", str(Path(signing_key).resolve()))
+            store.set_meta("dp_seed", new_dp_seed())  # DP noise's secret (rounds._round_rng), made once
             if store.shared:
                 store.set_meta("config", json.dumps(asdict(cfg), sort_keys=True))
                 if heldout is not None:
@@ -64,6 +65,12 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
         return ModelRegistry(d, store, str(signing_key)).init_from_bundle(bundle, params)
     finally:
         store.close()
+
+
+def new_dp_seed() -> int:
+    """The database's secret DP seed (meta ``dp_seed``, 63 bits from the OS's CSPRNG): the 0600 SQLite
+    file or the PostgreSQL database holds it; it is never logged, in config.json or in /v1/status."""
+    return secrets.randbits(63)
 
 
 def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "linux", db=None) -> bytes:

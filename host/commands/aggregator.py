@@ -14,6 +14,7 @@ Replicas on PostgreSQL (any number of machines, one database; each replica its o
 from __future__ import annotations
 
 import json
+import sys
 
 from host.aggregator.config import CODECS, AggregatorConfig
 from host.config_args import add_config_arguments, config_from_args
@@ -21,7 +22,8 @@ from host.fl.strategies import STRATEGIES
 
 # the AggregatorConfig fields `aggregator init` offers as options (the rest keep their defaults)
 INIT_FIELDS = ("mode", "strategy", "clients_per_round", "overselect", "max_overselect", "round_timeout",
-               "buffer_size", "codec", "dp_clip", "dp_noise", "secure_aggregation", "checkin_max_skew")
+               "buffer_size", "codec", "dp_clip", "dp_noise", "dp_reproducible", "secure_aggregation",
+               "checkin_max_skew")
 CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS}
 
 
@@ -43,7 +45,9 @@ def add_arguments(p) -> None:
         "overselect": "select at least this many times the quorum",
         "max_overselect": "... and at most this many, as observed drop-outs and latency demand",
         "secure_aggregation": "pairwise-masked sums only (Linux clients; sync mode; not with trimmed_mean/median)",
-        "checkin_max_skew": "refuse check-ins dated further than this many seconds from the aggregator clock"})
+        "checkin_max_skew": "refuse check-ins dated further than this many seconds from the aggregator clock",
+        "dp_reproducible": "draw DP noise from the config's public seed (reproducible experiments ONLY: whoever "
+                           "knows the config can subtract it); default: a secret the database keeps"})
     v = sub.add_parser("provision", help="register a device and write its HMAC key file")
     v.add_argument("--state", required=True)
     v.add_argument("--db", help=DB_HELP)
@@ -119,6 +123,10 @@ def serve(args) -> int:
     app = build_app(args.state, signing_key=args.signing_key, db=args.db)
     where = app.state.aggregator.store.url or args.state  # the URL with its password redacted
     print(f"aggregator: serving {where} on http://{args.host}:{args.port}", flush=True)
+    cfg = app.state.aggregator.cfg
+    if cfg.dp_reproducible and cfg.dp_noise > 0:
+        print("aggregator: warning: dp_reproducible is set, so the DP noise follows the config's public seed and "
+              "protects nothing; for experiments only", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shlex
 import subprocess
 import sys
 import threading
@@ -101,6 +102,7 @@ class AgentConfig:
     network: str = "wifi"
     extra_env: dict = field(default_factory=dict)
     wyoming: str | None = None     # also serve the keywords to Home Assistant here (tcp://HOST:PORT)
+    zeroconf: object = False       # announce that server on mDNS: True (default name) or a name
 
 
 def read_status(state_dir) -> dict | None:
@@ -122,6 +124,8 @@ def service_unit(state_dir, cfg: AgentConfig, exe: str | None = None) -> str:
         extra += f" --aggregator {cfg.aggregator} --device-id {cfg.device_id} --device-key {Path(cfg.device_key).resolve()}"
     if cfg.wyoming:
         extra += f" --wyoming {cfg.wyoming}"
+        if cfg.zeroconf:
+            extra += " --zeroconf" + ("" if cfg.zeroconf is True else f" {shlex.quote(str(cfg.zeroconf))}")
     if not cfg.adapt:
         extra += " --no-adapt"
     if exe is None:
@@ -367,9 +371,9 @@ class Agent:
         self.status["state"] = "running"
         self._write_status()
         det, replay = self._detector()
-        if self.cfg.wyoming:
-            self._serve_wyoming()
         try:
+            if self.cfg.wyoming:  # inside: a server that cannot start (port taken, mDNS) ends the run cleanly
+                self._serve_wyoming()
             for chunk in source:
                 for ev in det.push(chunk):
                     self._emit(ev)
@@ -404,8 +408,11 @@ class Agent:
         from edge.wyoming import WakeServer
 
         self.wyoming = WakeServer(self.device, self.cfg.wyoming, keywords=self.cfg.keywords,
-                                  threshold=self.cfg.threshold, sensitivity=self.cfg.sensitivity).start()
+                                  threshold=self.cfg.threshold, sensitivity=self.cfg.sensitivity,
+                                  zeroconf=self.cfg.zeroconf).start()
         self.status["wyoming"] = self.wyoming.uri
+        if self.wyoming.zeroconf is not None:
+            self.status["zeroconf"] = self.wyoming.zeroconf.service
 
     def _emit(self, ev: dict) -> None:
         self.status["detections"] += 1

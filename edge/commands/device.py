@@ -151,6 +151,8 @@ def add_arguments(p) -> None:
                            help="also serve the keywords to Home Assistant as a Wyoming wake-word service at "
                                 "tcp://HOST:PORT (edgelearn wyoming, in this process); alone, without a local "
                                 "audio source, the agent serves only its satellites")
+            from edge.commands.wyoming import add_zeroconf_argument
+            add_zeroconf_argument(s)
             s.add_argument("--sysfs-root", type=Path, default=Path("/"))
 
 
@@ -180,6 +182,9 @@ def _run(args) -> int:
     if not (args.mic or args.wav or args.stdin or args.print_unit or args.wyoming):
         raise EdgelearnError("device run needs audio", fix="pass --mic, --wav F or --stdin, or --wyoming URI "
                                                            "to hear Home Assistant's satellites")
+    if args.zeroconf and not args.wyoming:
+        raise EdgelearnError("--zeroconf announces the Wyoming server, and this agent serves none",
+                             fix="pass --wyoming tcp://HOST:PORT with --zeroconf")
     source = ("mic" if args.mic or args.print_unit else "stdin" if args.stdin else str(args.wav) if args.wav
               else "none")
     cfg = AgentConfig(source=source,
@@ -187,7 +192,7 @@ def _run(args) -> int:
                       sensitivity=args.sensitivity, confirm=args.confirm, data=args.data, strategy=args.strategy,
                       adapt_every_s=args.adapt_every, adapt=not args.no_adapt, aggregator=args.aggregator,
                       device_id=args.device_id, device_key=args.device_key, checkin_every_s=args.checkin_every,
-                      network=args.network, wyoming=args.wyoming)
+                      network=args.network, wyoming=args.wyoming, zeroconf=args.zeroconf)
     if args.print_unit:
         print(service_unit(args.state, cfg), end="")
         return 0

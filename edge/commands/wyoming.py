@@ -1,10 +1,12 @@
 """``edgelearn wyoming``: the device's keywords as a Wyoming wake-word service (Home Assistant).
 
-    $ edgelearn wyoming --uri tcp://0.0.0.0:10400 --state /var/lib/edgelearn
-    {"uri": "tcp://0.0.0.0:10400", "models": ["hey edge", "yes", "no", ...]}
+    $ edgelearn wyoming --uri tcp://0.0.0.0:10400 --state /var/lib/edgelearn --zeroconf
+    {"uri": "tcp://0.0.0.0:10400", "models": ["hey edge", "yes", "no", ...],
+     "zeroconf": "b827eb12ab34._wyoming._tcp.local."}
 
-Then in Home Assistant: Settings -> Devices & services -> Add integration -> Wyoming Protocol, the
-board's address and port 10400; the keywords are wake words of a voice assistant's pipeline.
+Then in Home Assistant: Settings -> Devices & services, where the announced server (``--zeroconf
+[NAME]``, mDNS) is "Discovered"; without it, Add integration -> Wyoming Protocol, the board's
+address and port 10400. The keywords are wake words of a voice assistant's pipeline.
 Enrol with ``edgelearn device enroll`` (same ``--state``) while it runs: the new keyword is offered
 from the next ``describe`` on. Parsing and printing only: the server is ``edge.wyoming.WakeServer``.
 """
@@ -26,8 +28,16 @@ def add_arguments(p) -> None:
     level.add_argument("--threshold", type=float, default=None, help="base keyword threshold (default 0.7)")
     level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
                        help="per-keyword thresholds from `device calibrate`")
+    add_zeroconf_argument(p)
     p.add_argument("--keywords", default=None,
                    help="comma-separated base keywords to offer, or 'all' (default: the bundle's commands)")
+
+
+def add_zeroconf_argument(p) -> None:
+    """``--zeroconf [NAME]`` (``edgelearn wyoming`` and ``device run --wyoming``)."""
+    p.add_argument("--zeroconf", nargs="?", const=True, default=False, metavar="NAME",
+                   help="announce the server on mDNS as NAME._wyoming._tcp.local. so Home Assistant discovers it "
+                        "(tcp:// only; NAME default: this machine's MAC address in hex)")
 
 
 def run(args) -> int:
@@ -37,7 +47,14 @@ def run(args) -> int:
     kws = None if not args.keywords else "all" if args.keywords == "all" else \
         [w.strip() for w in args.keywords.split(",") if w.strip()]
     device = Device(args.state, args.bundle, backend=args.backend, trusted_keys=args.pubkey)
-    server = WakeServer(device, args.uri, keywords=kws, threshold=args.threshold, sensitivity=args.sensitivity)
-    server.serve_forever(on_ready=lambda: print(json.dumps({"uri": server.uri, "models": server.models()}),
-                                                flush=True))
+    server = WakeServer(device, args.uri, keywords=kws, threshold=args.threshold, sensitivity=args.sensitivity,
+                        zeroconf=args.zeroconf)
+
+    def ready():
+        out = {"uri": server.uri, "models": server.models()}
+        if server.zeroconf is not None:
+            out["zeroconf"] = server.zeroconf.service
+        print(json.dumps(out), flush=True)
+
+    server.serve_forever(on_ready=ready)
     return 0

@@ -26,6 +26,7 @@ others verify their installed copy when training loads it).
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import socket
@@ -110,8 +111,10 @@ class _Worker:
         # device state lives in tmpfs when there is one: it is thrown away after the device's round,
         # and the client's fsyncs (seq, bundle pointer) would otherwise bound a worker's devices per second
         shm = Path("/dev/shm")
-        self.root = Path(tempfile.mkdtemp(prefix=f"edgelearn-fleet-{os.getpid()}-",
-                                          dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
+        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        _sweep(base)
+        self.root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base))
+        atexit.register(shutil.rmtree, self.root, True)
         (self.root / "keys").mkdir()
         (self.root / "keys" / "aggregator.pub").write_text(ctx["public_key"])
         d = ctx["data"]
@@ -134,6 +137,18 @@ class _Worker:
 
 
 _WORKER: dict = {}
+_PREFIX = "edgelearn-fleet-"
+
+
+def _sweep(base: Path) -> None:
+    """Remove what workers that were killed (a cancelled task, a stopped cluster) left in ``base``:
+    their directories are named after their pid."""
+    if not Path("/proc/self").exists():
+        return  # no way to tell a live worker's directory from a dead one's
+    for d in base.glob(f"{_PREFIX}*-*"):
+        pid = d.name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def run_batch(ctx: dict, ids: list, epoch: int) -> dict:

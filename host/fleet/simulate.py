@@ -7,7 +7,11 @@ non-IID data (one voice, a subset of the words; corpus embeddings cached by
 a daily window, a heavy-tailed (log-normal) training+upload latency, a chance
 of dropping out after training, and a slow minority. Simulated seconds are
 scaled by ``time_scale`` so an hour of fleet time takes ~a minute; the
-aggregator's deadline and retry hints are scaled the same way.
+aggregator's deadline and retry hints are scaled the same way. A device's cycle (check in, train,
+latency, drop-out or upload) is ``host.fleet.cycle``, which the Ray simulator (``ray_sim.py``,
+``fleet simulate --ray``) runs too; ``partition="derived"`` gives every device its rows and key
+from its index and the seed (``host.fleet.population``), as on Ray. This one runs a thread and a
+client per device of the population: for a few hundred; past that, Ray.
 
     res = simulate(SimConfig(devices=40, rounds=10), out_dir="fleet-out")
     res["rounds"][-1]["accuracy"]
@@ -66,7 +70,7 @@ class SimConfig:
     seed: int = 0
     mcu_devices: int = 0             # also run this many boards on the MicroPython unix port (host/fleet/mcu.py)
     mcu_reports: int = 3
-    partition: str = "noniid"        # "derived": rows from each device's index + seed (host.fleet.population)
+    partition: str = "noniid"        # "derived": rows and key from each device's index + seed (host.fleet.population)
     extra: dict = field(default_factory=dict)
 
 
@@ -203,8 +207,13 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
             parts = partition_noniid(data, cfg.devices, seed=cfg.seed)
         local = [(data.X[p], data.y[p]) for p in parts]
         trainer = None
-    state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params,
-                             heldout=(data.X[held], data.y[held]))
+    if cfg.partition == "derived":  # the derived population's keys too, provisioned in bulk
+        from host.fleet.population import device_id, device_key, init_population
+        state = init_population(out, acfg, cfg.devices, cfg.seed, params, (data.X[held], data.y[held]))
+        keys = {device_id(i): device_key(cfg.seed, i) for i in range(cfg.devices)}
+    else:
+        state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params,
+                                 heldout=(data.X[held], data.y[held]))
     app, server, th, port = serve_aggregator(state, cfg)
     agg = app.state.aggregator
     rng = np.random.default_rng(cfg.seed)

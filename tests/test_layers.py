@@ -33,8 +33,9 @@ MICROPYTHON = {
 }
 EDGE_THIRD_PARTY = {"numpy", "cryptography", "ai_edge_litert", "tflite_runtime", "onnxruntime", "tflite_micro",
                     # the Wyoming protocol (edge/wyoming.py, `edgelearn wyoming`): pure Python, the
-                    # optional `wyoming` extra; the server runs on the device
-                    "wyoming"}
+                    # optional `wyoming` extra; the server runs on the device; zeroconf (same extra):
+                    # its mDNS announcement for Home Assistant's discovery (edge/wyoming_mdns.py)
+                    "wyoming", "zeroconf"}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:

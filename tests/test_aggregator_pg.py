@@ -428,3 +428,64 @@ def test_an_empty_database_or_a_replica_without_the_signing_key_is_one_sentence(
         make_state(tmp_path / "again", AggregatorConfig(clients_per_round=2), n_devices=1, db=url)
     with pytest.raises(EdgelearnError, match="this replica has no signing key"):
         Aggregator(tmp_path / "other-machine", db=url, signing_key=str(tmp_path / "missing.key"))
+
+
+def test_a_batch_costs_the_same_statements_whatever_its_size_and_answers_as_one_by_one(pg, request, tmp_path):
+    """Group commit on PostgreSQL: the checks of a batch are one query and its writes one statement per
+    table (pipelined), so the statements per transaction do not grow with the batch; a resend, a
+    device's second frame, an unselected device and the quorum inside one batch are answered as if
+    the frames had come one by one."""
+    from host.aggregator.pgstore import _Db
+    from host.aggregator.rounds import Reject
+
+    url = _db(pg, request)
+    cfg = AggregatorConfig(clients_per_round=40, overselect=1.2, max_overselect=1.2, round_timeout=600)
+    state, keys = make_state(tmp_path, cfg, n_devices=50, db=url)
+    agg = Aggregator(state, FakeClock(), db=url)
+    calls = []
+    real_execute, real_many = _Db.execute, _Db.executemany
+    try:
+        rm = agg.rounds
+        frames = {}
+        for i, d in enumerate(sorted(keys)[:45]):
+            frames[d] = _frame(d, keys[d], rm.checkin(d, AWAKE)["task"], seed=i)
+        devs = sorted(frames)
+
+        def counted(batch):  # the statements of commit() (prepare's key look-ups run outside the lock)
+            prepared = [rm.prepare(frames[d], d) if isinstance(d, str) else rm.prepare(d[1], d[0]) for d in batch]
+            calls.clear()
+            _Db.execute = lambda self, *a: calls.append(a[0]) or real_execute(self, *a)
+            _Db.executemany = lambda self, *a: calls.append(a[0]) or real_many(self, *a)
+            try:
+                return rm.commit(prepared)
+            finally:
+                _Db.execute, _Db.executemany = real_execute, real_many
+
+        small = counted(devs[:3])
+        n_small = len(calls)
+        t = rm.round
+        second = _frame(devs[4], keys[devs[4]], {"round_id": t["round_id"], "model_version": t["model_version"]},
+                        seed=99, seq=2)
+        unselected = sorted(keys)[49]
+        stranger = _frame(unselected, keys[unselected], {"round_id": t["round_id"],
+                                                          "model_version": t["model_version"]}, seed=98)
+        big = counted([*devs[3:20], devs[3], (devs[4], second), (unselected, stranger), *devs[20:30]])
+        assert len(calls) == n_small, calls          # 27 frames cost what 3 did
+        assert [a["status"] for a in small] == ["accepted"] * 3
+        assert big[17]["status"] == "duplicate" and big[17]["round_id"] == 1
+        assert isinstance(big[18], Reject) and big[18].error == "AlreadyContributed"
+        assert isinstance(big[19], Reject) and big[19].error == "NotSelected"
+        assert [a["status"] for a in big[:17] + big[20:]] == ["accepted"] * 27
+        # the quorum (40) inside the next batch: 10 close round 1, the other 5 are for a closed round
+        last = rm.commit([rm.prepare(frames[d], d) for d in devs[30:45]])
+        assert [a["status"] for a in last[:10]] == ["accepted"] * 10
+        assert all(isinstance(a, Reject) and a.error == "StaleRound" for a in last[10:])
+        assert agg.store.one("SELECT status, accepted FROM rounds WHERE round_id=1") == ("closed", 40)
+        assert agg.store.one("SELECT COUNT(*) FROM devices WHERE rounds_joined=1 AND last_round=1")[0] == 40
+        want = _fedavg(small_params(), {d: frames[d] for d in devs[:40]}, keys)
+        got = agg.registry.params()
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], atol=1e-5)
+    finally:
+        _Db.execute, _Db.executemany = real_execute, real_many
+        agg.close()

@@ -62,6 +62,11 @@ class _Db:
             return self.conn.execute(sql)
         return self.conn.execute(_sql(sql), tuple(args))
 
+    def executemany(self, sql: str, rows) -> None:
+        """One statement for many rows, sent in pipeline mode (psycopg: one round trip, not one a row)."""
+        with self.conn.cursor() as cur:
+            cur.executemany(_sql(sql), [tuple(r) for r in rows])
+
 
 class PgStore:
     """One psycopg 3 connection (autocommit outside ``tx``) with the Store interface."""
@@ -115,11 +120,14 @@ class PgStore:
             return
         self._ready()
         c = self.db
-        c.execute("BEGIN")
         self._depth = 1
         try:
-            c.execute("SELECT pg_advisory_xact_lock(?)", (LOCK_KEY,))
-            n = c.execute("UPDATE changes SET n = n + 1 WHERE id = 1 RETURNING n").fetchone()[0]
+            # one round trip (a simple query runs its statements in order: the lock before the counter)
+            cur = c.execute(f"BEGIN; SELECT pg_advisory_xact_lock({LOCK_KEY}); "
+                            "UPDATE changes SET n = n + 1 WHERE id = 1 RETURNING n")
+            cur.nextset()
+            cur.nextset()
+            n = cur.fetchone()[0]
             stale = self.seen != n - 1
             self.seen = n
             if stale and self.on_stale is not None:

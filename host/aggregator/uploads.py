@@ -4,7 +4,7 @@ group-committed transactions (host/aggregator/app.py ``GroupCommit`` batches the
 Split from rounds.py to keep each file about one thing; ``RoundManager`` inherits ``Uploads``.
 
     p = mgr.prepare(frame, "pi-001")          # Pending, or the answer to an identical resend
-    answers = mgr.commit([p, ...])            # one transaction, one fsync
+    answers = mgr.commit([p, ...])            # one transaction, one fsync, a few statements per batch
 """
 
 from __future__ import annotations
@@ -43,12 +43,25 @@ class Uploads:
             raise res
         return res
 
-    def _fresh(self, hdr, digest):
+    def _facts(self, items, r) -> list:
+        """What the state-dependent checks of each (header, digest) need, in one query (one round trip
+        to a database server, whatever the batch): (the round of an identical committed frame or None,
+        the device's last seq, whether it contributed to round ``r``, whether it was selected: for
+        ``r`` in sync mode, for its task's round in async mode)."""
+        sync = self.cfg.mode == "sync"
+        args = []
+        for i, (hdr, digest) in enumerate(items):
+            args += (i, hdr.device_id, hdr.seq, digest, r["round_id"] if sync else hdr.round_id)
+        return self.store.all(
+            f"WITH b(i, dev, seq, digest, task) AS (VALUES {','.join(['(?,?,?,?,?)'] * len(items))}) SELECT "
+            "(SELECT u.round_id FROM updates u WHERE u.device_id=b.dev AND u.seq=b.seq AND u.digest=b.digest), "
+            "(SELECT d.last_seq FROM devices d WHERE d.device_id=b.dev), "
+            "EXISTS(SELECT 1 FROM updates u WHERE u.round_id=? AND u.device_id=b.dev), "
+            "EXISTS(SELECT 1 FROM selections s WHERE s.round_id=b.task AND s.device_id=b.dev) FROM b ORDER BY b.i",
+            (*args, r["round_id"]))
+
+    def _fresh(self, hdr, dup, last):
         """The duplicate answer for an identical resend, else None; raises ReplayError for an old seq."""
-        # one query (a round trip to a database server): the identical resend, and the device's last seq
-        dup, last = self.store.one("SELECT (SELECT round_id FROM updates WHERE device_id=? AND seq=? AND digest=?), "
-                                   "(SELECT last_seq FROM devices WHERE device_id=?)",
-                                   (hdr.device_id, hdr.seq, digest, hdr.device_id))
         if dup is not None:
             return {"status": "duplicate", "round_id": dup, "accepted": self.round["accepted"]}
         check_fresh(hdr, last_seq=last)
@@ -72,10 +85,11 @@ class Uploads:
             verify_tag(frame, key if key is not None else (lambda _d: None), hdr.device_id)
             digest = hashlib.sha256(frame).digest()
             if not self.store.shared:  # on a shared store commit() alone asks, under the lock: the round
-                dup = self._fresh(hdr, digest)  # read here may be gone by then, and each query is a round trip
-                if dup is not None:
-                    return dup
-                self._admit(hdr, self.round)
+                dup, last, contributed, selected = self._facts([(hdr, digest)], self.round)[0]  # read here
+                ans = self._fresh(hdr, dup, last)  # may be gone by then, and each query is a round trip
+                if ans is not None:
+                    return ans
+                self._admit(hdr, self.round, contributed, selected)
             upd = decode_update(frame, key, max_len=self.cfg.max_frame_len)
         except we.WireError as e:
             raise Reject.from_wire(e) from None
@@ -102,40 +116,42 @@ class Uploads:
         A batch that completes the quorum commits up to it, closes the round and goes on in the next.
         """
         out, i = [None] * len(batch), 0
-        # A frame's checks raise before its first write, so a refused frame leaves nothing to undo; the
-        # savepoint stays on SQLite (local, free) and is skipped on PostgreSQL (two round trips a frame).
-        sp = not self.store.shared
         while i < len(batch):
             r, seg, nbytes, first = self.round, [], 0, i
             try:
                 with self.store.tx() as c:
                     r = self.round  # on a shared store, as another replica may have left it (resync)
+                    taken = {}  # device -> (seq, digest) accepted in this transaction
+                    # every check first, from one query per chunk of as many frames as the quorum still
+                    # needs; a refused frame writes nothing, so the writes of the accepted ones are one
+                    # statement per table (a round trip each on PostgreSQL, not four a frame)
                     while i < len(batch) and r["accepted"] + len(seg) < r["target"]:
-                        p = batch[i]
-                        if sp:
-                            c.execute("SAVEPOINT one")
-                        try:
-                            ans = self._fresh(p.hdr, p.digest)
-                            if ans is None:
-                                w = self._admit(p.hdr, r)
-                                c.execute("INSERT INTO updates(round_id, device_id, seq, base_version, num_examples, "
-                                          "digest, frame, received) VALUES(?,?,?,?,?,?,?,?)",
-                                          (r["round_id"], p.hdr.device_id, p.hdr.seq, p.hdr.model_version,
-                                           p.hdr.num_examples, p.digest, p.frame, self.clock()))
-                                c.execute("UPDATE devices SET last_seq=?, rounds_joined=rounds_joined+1, last_round=? "
-                                          "WHERE device_id=?", (p.hdr.seq, r["round_id"], p.hdr.device_id))
-                                seg.append((i, p, w))
-                                nbytes += len(p.frame)
-                            out[i] = ans
-                            if sp:
-                                c.execute("RELEASE one")
-                        except (Reject, we.WireError) as e:
-                            if sp:
-                                c.execute("ROLLBACK TO one")
-                                c.execute("RELEASE one")
-                            out[i] = e if isinstance(e, Reject) else Reject.from_wire(e)
-                        i += 1
+                        chunk = batch[i:i + r["target"] - r["accepted"] - len(seg)]
+                        for p, (dup, last, contributed, selected) in zip(chunk, self._facts(
+                                [(p.hdr, p.digest) for p in chunk], r)):
+                            dev = p.hdr.device_id
+                            if dev in taken:  # a device's second frame in one batch: as if its first were committed
+                                dup = r["round_id"] if taken[dev] == (p.hdr.seq, p.digest) else None
+                                last, contributed = taken[dev][0], True
+                            try:
+                                ans = self._fresh(p.hdr, dup, last)
+                                if ans is None:
+                                    seg.append((i, p, self._admit(p.hdr, r, contributed, selected)))
+                                    taken[dev] = (p.hdr.seq, p.digest)
+                                    nbytes += len(p.frame)
+                                out[i] = ans
+                            except (Reject, we.WireError) as e:
+                                out[i] = e if isinstance(e, Reject) else Reject.from_wire(e)
+                            i += 1
                     if seg:
+                        now = self.clock()
+                        c.executemany("INSERT INTO updates(round_id, device_id, seq, base_version, num_examples, "
+                                      "digest, frame, received) VALUES(?,?,?,?,?,?,?,?)",
+                                      [(r["round_id"], p.hdr.device_id, p.hdr.seq, p.hdr.model_version,
+                                        p.hdr.num_examples, p.digest, p.frame, now) for _, p, _ in seg])
+                        c.executemany("UPDATE devices SET last_seq=?, rounds_joined=rounds_joined+1, last_round=? "
+                                      "WHERE device_id=?", [(p.hdr.seq, r["round_id"], p.hdr.device_id)
+                                                            for _, p, _ in seg])
                         c.execute("UPDATE rounds SET accepted=accepted+?, bytes=bytes+? WHERE round_id=?",
                                   (len(seg), nbytes, r["round_id"]))
             except self.store.Error as e:  # a full or failing disk, a lost database connection: this and every
@@ -157,13 +173,10 @@ class Uploads:
                 self._close("quorum")  # on a shared store a no-op if another replica closed it first
         return out
 
-    def _admit(self, hdr, r):
-        """Round/selection/staleness rules; returns the FedBuff weight (None in sync mode)."""
+    def _admit(self, hdr, r, contributed, selected):
+        """Round/selection/staleness rules (``_facts`` read the state); returns the FedBuff weight
+        (None in sync mode)."""
         sync = self.cfg.mode == "sync"
-        contributed, selected = self.store.one(
-            "SELECT EXISTS(SELECT 1 FROM updates WHERE round_id=? AND device_id=?), "
-            "EXISTS(SELECT 1 FROM selections WHERE round_id=? AND device_id=?)",
-            (r["round_id"], hdr.device_id, r["round_id"] if sync else hdr.round_id, hdr.device_id))
         if sync:
             if hdr.round_id != r["round_id"]:
                 self._note_arrival(hdr.round_id, hdr.device_id)  # a late upload: latency evidence only

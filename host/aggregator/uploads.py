@@ -21,6 +21,9 @@ from host.fl.strategies import StrategyError
 from host.wire_numpy import decode_update
 
 
+CHECK_CHUNK = 1000  # frames checked by one query: 5 parameters each, well under SQLite's and PostgreSQL's limits
+
+
 class Pending(NamedTuple):
     """A frame that passed every check that needs no write, waiting for its transaction."""
     hdr: object
@@ -126,7 +129,7 @@ class Uploads:
                     # needs; a refused frame writes nothing, so the writes of the accepted ones are one
                     # statement per table (a round trip each on PostgreSQL, not four a frame)
                     while i < len(batch) and r["accepted"] + len(seg) < r["target"]:
-                        chunk = batch[i:i + r["target"] - r["accepted"] - len(seg)]
+                        chunk = batch[i:i + min(CHECK_CHUNK, r["target"] - r["accepted"] - len(seg))]
                         for p, (dup, last, contributed, selected) in zip(chunk, self._facts(
                                 [(p.hdr, p.digest) for p in chunk], r)):
                             dev = p.hdr.device_id

@@ -81,11 +81,14 @@ class RoundManager(Uploads):
             self.store.on_stale = self.resync
 
     # --- rounds ---------------------------------------------------------------
-    def _row(self, round_id):
-        r = self.store.one("SELECT round_id, model_version, status, opened, deadline, target, selected, accepted "
-                           "FROM rounds WHERE round_id=?", (round_id,))
-        return None if r is None else dict(zip(("round_id", "model_version", "status", "opened", "deadline",
-                                                 "target", "selected", "accepted"), r))
+    _COLS = ("round_id", "model_version", "status", "opened", "deadline", "target", "selected", "accepted")
+
+    def _row(self, round_id=None):
+        """The round's row as a dict (``round_id`` None: the open round's, or None when none is open)."""
+        where = "round_id=?" if round_id is not None else "status='open' ORDER BY round_id DESC LIMIT 1"
+        r = self.store.one(f"SELECT {', '.join(self._COLS)} FROM rounds WHERE {where}",
+                           () if round_id is None else (round_id,))
+        return None if r is None else dict(zip(self._COLS, r))
 
     def recover(self) -> None:
         """Load the open round and rebuild its running sum from the committed updates."""
@@ -120,11 +123,11 @@ class RoundManager(Uploads):
     def resync(self) -> None:
         """Re-read what another replica may have changed: the open round's row and, when it closed our
         round, the version it published, the strategy state, the DP accountant and the arrivals."""
-        r = self.store.one("SELECT round_id FROM rounds WHERE status='open' ORDER BY round_id DESC LIMIT 1")
-        if r is None:
+        row = self._row()  # one query (a round trip): on two busy replicas nearly every transaction asks
+        if row is None:
             return  # no round open yet (the first transaction of a new database opens it)
-        if self.round is not None and r[0] == self.round["round_id"]:
-            self.round.update(self._row(r[0]))
+        if self.round is not None and row["round_id"] == self.round["round_id"]:
+            self.round.update(row)
         else:
             self.strategy.load_state(self.reg.strategy_state(self.reg.current))
             if hasattr(self.strategy, "accountant"):
@@ -132,7 +135,7 @@ class RoundManager(Uploads):
                 s = self.store.get_meta("dp_accountant")
                 self.strategy.accountant = RdpAccountant.from_state(json.loads(s)) if s else RdpAccountant()
             self.arrivals = json.loads(self.store.get_meta("arrivals") or "{}")
-            self.round = self._row(r[0])
+            self.round = row
             self.acc = self.strategy.begin(self.reg.params())
             self.added = set()
         if self.secure is not None:

@@ -122,3 +122,4 @@ def test_derived_population_is_a_function_of_index_and_seed(tmp_path):
     finally:
         store.close()
     assert len(keys) == 30 and bytes(keys["dev17"]) == device_key(3, 17) != device_key(4, 17)
+

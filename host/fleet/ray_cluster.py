@@ -140,6 +140,22 @@ class LocalCluster:
     def rss_mib(self) -> float:
         return rss_mib(self.pids())
 
+    def kill_node(self) -> set:
+        """SIGKILL a node that is not the head (its raylet and everything under it: workers, agents),
+        as a machine that loses power would; returns the pids killed."""
+        procs = _procs()
+        raylets = [p for p, (_, cmd) in procs.items() if "raylet/raylet" in cmd and str(self.tmp) in cmd
+                   and "__internal_head__" not in cmd]
+        if not raylets:
+            raise EdgelearnError("this cluster has no node besides the head to kill", fix="start it with nodes >= 2")
+        tree = process_tree(raylets[:1], procs)
+        for p in tree:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return tree
+
     def stop(self) -> None:
         """End this cluster's processes (SIGTERM, then SIGKILL after 10 s) and remove its directory."""
         pids = self.pids()

@@ -14,7 +14,9 @@ fresh state directory removed after its round, so memory is flat in the number o
 round: the driver holds counters, a worker one batch. Devices check in in a permutation of the
 population (``VisitOrder``), a new one each time a round closes.
 
-Per-task resources: ``ray_task_cpus`` (fractions allowed) and ``ray_task_memory_mb`` are a batch's, which
+A task whose worker or node dies is counted in ``ray.lost`` (its devices dropped out: the
+aggregator's deadline and over-selection cover them, as for any drop-out) and the run goes on on
+the nodes left. Per-task resources: ``ray_task_cpus`` (fractions allowed) and ``ray_task_memory_mb`` are a batch's, which
 is one device's too (its devices run one at a time). Within a worker process, devices share the
 verified bundle files of the newest version the worker installed (hard links into each device's
 store; the first device of each version on a worker downloads, verifies and smoke-checks it, the
@@ -85,6 +87,10 @@ def connect(address: str):
             if address != "auto" and not address.startswith("ray://"):
                 _reachable(address)
             ray.init(address=address, **kw)
+    except ray.exceptions.AuthenticationError:
+        raise EdgelearnError(f"the Ray cluster at {address} refused this driver's token (missing or not the "
+                             "cluster's)", fix="set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN) "
+                             "to the token the cluster was started with") from None
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise EdgelearnError(f"cannot join the Ray cluster at {address!r} ({str(e).splitlines()[0][:160]})",
                              fix="start one with `ray start --head` and pass its address, or use --ray local") from None
@@ -260,14 +266,21 @@ def simulate_ray(cfg, out_dir, address: str = "local", opts: RayOptions | None =
     in_flight = opts.ray_in_flight or max(2, int(2 * cpus / opts.ray_task_cpus))
     batch = max(1, min(opts.ray_batch, -(-cfg.devices // (2 * in_flight))))  # a small fleet spreads over the tasks
     stats, nodes, joined = Stats(keep_latencies=5000), {}, {}
-    bytes_up, n_tasks = 0, 0
+    bytes_up, n_tasks, sizes, lost = 0, 0, {}, {"tasks": 0, "devices": 0, "last": None}
 
     def closed_rounds():
         return agg.store.one("SELECT COUNT(*) FROM rounds WHERE status IN ('closed','rejected')")[0]
 
     def collect(ref):
         nonlocal bytes_up
-        r = ray.get(ref)
+        n = sizes.pop(ref, 0)
+        try:
+            r = ray.get(ref)
+        except ray.exceptions.RayError as e:  # its worker or node died: its devices dropped out mid-round
+            lost["tasks"] += 1
+            lost["devices"] += n
+            lost["last"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            return
         stats.merge(r["stats"])
         nodes[r["node"]] = nodes.get(r["node"], 0) + r["devices"]
         for i in r["joined"]:
@@ -288,7 +301,9 @@ def simulate_ray(cfg, out_dir, address: str = "local", opts: RayOptions | None =
                     epoch += 1
                     order = VisitOrder(cfg.devices, cfg.seed, epoch)
                     continue
-                pending.append(task.remote(ctx, ids, epoch))
+                ref = task.remote(ctx, ids, epoch)
+                pending.append(ref)
+                sizes[ref] = len(ids)
                 n_tasks += 1
             ready, pending = ray.wait(pending, num_returns=1, timeout=0.25)
             for ref in ready:
@@ -325,5 +340,5 @@ def simulate_ray(cfg, out_dir, address: str = "local", opts: RayOptions | None =
             "initial_accuracy": status["models"][0]["accuracy"], "models": status["models"],
             "wall_seconds": time.monotonic() - t_wall, "final_version": max(m["version"] for m in status["models"]),
             "ray": {"address": address, "nodes": nodes, "tasks": n_tasks, "batch": batch,
-                    "task_cpus": opts.ray_task_cpus, "task_memory_mb": opts.ray_task_memory_mb, "in_flight": in_flight,
+                    "task_cpus": opts.ray_task_cpus, "task_memory_mb": opts.ray_task_memory_mb, "in_flight": in_flight, "lost": lost,
                     "participation_note": "devices that joined at least one round; the others are never materialised"}}

@@ -23,7 +23,7 @@ wheel-check: setup
 model: setup
 	$(PY) -m edge.cli model --out models/kws-dscnn-s
 
-bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python .venv-wyoming-oww/bin/python .venv-mww/bin/python
+bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python .venv-wyoming-oww/bin/python .venv-mww/bin/python .venv-flower/bin/python
 	$(PY) -m edge.cli bench
 
 # MLServer pins starlette < 0.47 and breaks with uvloop >= 0.22, so the
@@ -44,6 +44,11 @@ bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python .venv-wyoming-ow
 .venv-mww/bin/python:
 	python3 -m venv .venv-mww
 	.venv-mww/bin/python -m pip install -q pymicro-wakeword==2.5.0 pymicro-features==2.0.2
+
+# bench/fleet_scale's reference: Flower's simulation engine (it pins its own Ray), in its own virtualenv.
+.venv-flower/bin/python:
+	python3 -m venv .venv-flower
+	.venv-flower/bin/pip install -q 'flwr[simulation]==1.42.0'
 
 # The keyword-spotting peers (PocketSphinx keyphrase spotting, ...) live in their own virtualenv
 # too, never in edgelearn's dependencies: bench/peers/README.md.

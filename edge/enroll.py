@@ -413,8 +413,10 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
     None: when the bundle has a backbone partition. ``sensitivity``: the level detection uses
     (``SENSITIVITIES``; every level's thresholds are kept, ``keyword_sensitivity`` switches).
     ``speakers``: one id per clip when several people enrolled the phrase (3-10 clips each, up to
-    ``MAX_SPEAKERS``): outliers are found among each speaker's own clips, the head learns from all
-    of them, and the second stage keeps every speaker's templates (a window passes near any).
+    ``MAX_SPEAKERS``): outliers are found among each speaker's own clips, each speaker gets a
+    first-stage head of their own (``speaker_heads``, each at its share of ``far_target``; the
+    keyword fires when any does), and the second stage keeps every speaker's templates (a window
+    passes near any).
     ``save``: write the state (False: the caller saves ``state`` when it is ready to)."""
     check_level(sensitivity)
     clip_names = clip_names or [f"clip {i + 1}" for i in range(len(clips))]

@@ -110,19 +110,25 @@ def _rss(pid) -> float:
     return float("nan")
 
 
-def _serve(state, port):
-    p = subprocess.Popen([sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(state),
-                          "--port", str(port)], cwd=ROOT, stdout=subprocess.DEVNULL)
+def _serve(state, port, *extra):
+    """`aggregator serve` (``extra``: more options, e.g. ``--db URL``), once it answers /v1/status."""
     import http.client
-    for _ in range(400):
+
+    p = subprocess.Popen([sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(state),
+                          "--port", str(port), *map(str, extra)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    for _ in range(1200):
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             c.request("GET", "/v1/status")
             c.getresponse().read()
             return p
         except OSError:
+            if p.poll() is not None:
+                raise RuntimeError(f"aggregator exited: {p.stderr.read().decode()[-2000:]}") from None
             time.sleep(0.05)
-    raise RuntimeError("server did not start")
+    p.kill()
+    raise RuntimeError("aggregator did not start")
 
 
 def _stack() -> str:

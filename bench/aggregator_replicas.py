@@ -22,7 +22,6 @@ published model against FedAvg of the round's frames computed here.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import io
 import json
 import os
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.aggregator_ingest import _cpu, _load, _run, _stack, _status  # noqa: E402
+from bench.aggregator_ingest import _serve as _serve_one  # noqa: E402
 from bench.common import row, write_results  # noqa: E402
 from edge.portable.wire import INT8, Header  # noqa: E402
 from host.wire_numpy import encode_update  # noqa: E402
@@ -79,22 +79,7 @@ def _prepare(d: Path, n: int, db, cfg_kw, prefix="dev", seed=0):
 
 
 def _serve(state, port, db=None, key=None):
-    cmd = [sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(state), "--port", str(port)]
-    if db:
-        cmd += ["--db", db, "--signing-key", str(key)]
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    for _ in range(1200):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/v1/status")
-            c.getresponse().read()
-            return p
-        except OSError:
-            if p.poll() is not None:
-                raise RuntimeError(f"aggregator exited: {p.stderr.read().decode()[-2000:]}")
-            time.sleep(0.05)
-    p.kill()
-    raise RuntimeError("aggregator did not start")
+    return _serve_one(state, port, *(("--db", db, "--signing-key", key) if db else ()))
 
 
 def _stop(procs):

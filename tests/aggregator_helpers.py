@@ -39,13 +39,26 @@ def signed_checkin(device_id: str, key: bytes, state: dict | None = None) -> tup
                   "X-Edgelearn-Mac": hmac.new(key, body, hashlib.sha256).hexdigest()}
 
 
-def serve_cmd(state, port):
-    return [sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(state), "--port", str(port)]
+def serve_cmd(state, port, *extra):
+    return [sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(state), "--port", str(port),
+            *map(str, extra)]
 
 
-def start(state: Path, port: int) -> subprocess.Popen:
-    """Start the aggregator and wait until it answers /v1/status (killed if it never does)."""
-    p = subprocess.Popen(serve_cmd(state, port), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def post(port, path, body, headers, timeout: float = 20):
+    """(status, JSON answer) of one POST to a serving aggregator."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", path, body=body, headers=headers)
+        r = c.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        c.close()
+
+
+def start(state: Path, port: int, *extra) -> subprocess.Popen:
+    """Start the aggregator (``extra``: more `serve` options, e.g. ``--db URL``) and wait until it
+    answers /v1/status (killed if it never does)."""
+    p = subprocess.Popen(serve_cmd(state, port, *extra), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     for _ in range(600):
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)

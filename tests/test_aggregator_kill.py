@@ -3,8 +3,6 @@ or counted twice, and the round's aggregate equals FedAvg over exactly one updat
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import signal
 import socket
@@ -15,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator_helpers import signed_checkin, start
+from aggregator_helpers import post, signed_checkin, start
 from edge.portable.wire import INT8, Header
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.models import load_params
@@ -31,16 +29,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def post(port, path, body, headers):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        c.request("POST", path, body=body, headers=headers)
-        r = c.getresponse()
-        return r.status, json.loads(r.read())
-    finally:
-        c.close()
 
 
 @pytest.mark.slow

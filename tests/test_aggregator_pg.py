@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator_helpers import FakeClock, signed_checkin
+from aggregator_helpers import FakeClock, signed_checkin, start
+from aggregator_helpers import post as _post
+from ci_helpers import unavailable
 from edge.errors import EdgelearnError
 from edge.portable.wire import INT8, Header
 from host.aggregator.app import Aggregator, build_app
@@ -39,9 +40,7 @@ AWAKE = {"battery": 1.0, "charging": True}
 def pg():
     why = missing_reason()
     if why:
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL tests cannot run in CI: {why}")
-        pytest.skip(why)
+        unavailable(why, "the PostgreSQL tests")
     server = PgServer()
     yield server
     server.stop()
@@ -49,16 +48,6 @@ def pg():
 
 def _db(pg, request) -> str:
     return pg.database(request.node.name.lower()[:60])
-
-
-def _post(port, path, body, headers):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-    try:
-        c.request("POST", path, body=body, headers=headers)
-        r = c.getresponse()
-        return r.status, json.loads(r.read())
-    finally:
-        c.close()
 
 
 def _get(port, path):
@@ -72,19 +61,7 @@ def _get(port, path):
 
 
 def _serve(state, port, url, key) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "edge.cli", "aggregator", "serve", "--state", str(state),
-                          "--port", str(port), "--db", url, "--signing-key", str(key)],
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    for _ in range(600):
-        try:
-            if _get(port, "/v1/status")[0] == 200:
-                return p
-        except OSError:
-            time.sleep(0.05)
-        if p.poll() is not None:
-            raise AssertionError(p.stderr.read().decode())
-    p.kill()
-    raise AssertionError("aggregator did not start")
+    return start(state, port, "--db", url, "--signing-key", key)
 
 
 def _frame(dev, key, task, seed, seq=1, n=None):

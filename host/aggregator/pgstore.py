@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 
 from edge.errors import EdgelearnError
-from host.aggregator.store import SCHEMA, redact
+from host.aggregator.store import SCHEMA, MetaQueries, redact
 
 LOCK_KEY = 0x65646C6E  # "edln": the advisory lock every write transaction of an aggregator database takes
 LOCK_TIMEOUT_MS = 30_000      # a round's close (signing and zipping a bundle) holds the lock well under this
@@ -68,7 +68,7 @@ class _Db:
             cur.executemany(_sql(sql), [tuple(r) for r in rows])
 
 
-class PgStore:
+class PgStore(MetaQueries):
     """One psycopg 3 connection (autocommit outside ``tx``) with the Store interface."""
 
     shared = True
@@ -166,17 +166,6 @@ class PgStore:
     def all(self, sql: str, args=()):
         self._ready()
         return self.db.execute(sql, args).fetchall()
-
-    def get_meta(self, key: str, default=None):
-        r = self.one("SELECT value FROM meta WHERE key=?", (key,))
-        return default if r is None else r[0]
-
-    def set_meta(self, key: str, value) -> None:
-        self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                        (key, str(value)))
-
-    def has_aggregator(self) -> bool:
-        return self.get_meta("current_version") is not None
 
     # --- files shared by every replica (models/, bundles/, the held-out set, the base bundle) -------
     def put_file(self, name: str, data: bytes) -> None:

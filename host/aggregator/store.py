@@ -135,7 +135,22 @@ def open_store(db, state_dir, synchronous: str = "full"):
                          fix="pass sqlite:///agg/state.sqlite (the default) or postgresql://user@host:5432/dbname")
 
 
-class Store:
+class MetaQueries:
+    """The ``meta`` table's helpers, on top of a store's ``one`` and ``db`` (SQLite and PostgreSQL)."""
+
+    def get_meta(self, key: str, default=None):
+        r = self.one("SELECT value FROM meta WHERE key=?", (key,))
+        return default if r is None else r[0]
+
+    def set_meta(self, key: str, value) -> None:
+        self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                        (key, str(value)))
+
+    def has_aggregator(self) -> bool:
+        return self.get_meta("current_version") is not None
+
+
+class Store(MetaQueries):
     """A SQLite connection in WAL mode with the aggregator's schema and small helpers.
 
     ``shared`` is False: this process is the only writer, so its in-memory round state is the truth
@@ -187,16 +202,6 @@ class Store:
     def all(self, sql: str, args=()):
         return self.db.execute(sql, args).fetchall()
 
-    def get_meta(self, key: str, default=None):
-        r = self.one("SELECT value FROM meta WHERE key=?", (key,))
-        return default if r is None else r[0]
-
-    def set_meta(self, key: str, value) -> None:
-        self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                        (key, str(value)))
-
-    def has_aggregator(self) -> bool:
-        return self.get_meta("current_version") is not None
 
     def close(self) -> None:
         self.db.close()

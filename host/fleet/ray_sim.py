@@ -319,9 +319,12 @@ def simulate_ray(cfg, out_dir, address: str = "local", opts: RayOptions | None =
                       f"{r['target']}  closed {seen}/{cfg.rounds}  uploads {stats['uploads']} drops "
                       f"{stats['drops']} late/errors {stats['errors']}  tasks {n_tasks}", end="",
                       file=sys.stderr, flush=True)
-        for ref in pending:  # what was running when the last round closed finishes against the next one
-            collect(ref)
+        while pending:  # what was running when the last round closed finishes against the next one
+            collect(pending.pop())
     finally:
+        # only what was never collected (an error or Ctrl-C above): force-cancelling tasks already
+        # finished and fetched crashed Ray's core worker in the driver ("Tried to complete task that
+        # was not pending")
         for ref in pending:
             ray.cancel(ref, force=True)
         status = status_of(agg)

@@ -348,10 +348,10 @@ class Agent:
         if self.cfg.data is None:
             return None
         if self._clips is None:
-            from edge.device import _load_data
+            from edge.device_data import load_labelled
 
             try:
-                self._clips = _load_data(self.device.keyword_model(), self.cfg.data)
+                self._clips = load_labelled(self.device.keyword_model(), self.cfg.data)
             except EdgelearnError:
                 return None
         return self._clips

@@ -26,6 +26,7 @@ import os
 import time
 from pathlib import Path
 
+from edge.device_data import ambient_of, is_path, load_labelled
 from edge.errors import EdgelearnError
 
 DEFAULT_CONTEXT = "default"
@@ -162,10 +163,6 @@ def check_distill(distill: float) -> float:
     if not 0.0 <= distill <= 1.0:
         raise EdgelearnError(f"--distill {distill} is outside 0..1", fix="pass a weight between 0 and 1")
     return distill
-
-
-def _is_path(x) -> bool:
-    return isinstance(x, (str, os.PathLike))
 
 
 
@@ -465,8 +462,8 @@ class Device:
 
         state = self.enrolled()
         clips = list(clips)
-        names = [str(c) if _is_path(c) else f"clip {i + 1}" for i, c in enumerate(clips)]
-        pcm = [read_wav(c, min_samples=1) if _is_path(c) else c for c in clips]
+        names = [str(c) if is_path(c) else f"clip {i + 1}" for i, c in enumerate(clips)]
+        pcm = [read_wav(c, min_samples=1) if is_path(c) else c for c in clips]
         speakers = [0] * len(pcm)
         if add:
             norm = name.strip().lower()
@@ -534,8 +531,8 @@ class Device:
         sched = self.scheduler()
         store = self.recover(sched)
         km = self.keyword_model()
-        windows, y = _load_data(km, data)
-        amb = _ambient(ambient)
+        windows, y = load_labelled(km, data)
+        amb = ambient_of(ambient)
         steps = r["steps"]
         if not force:
             d = sched.decide()
@@ -609,7 +606,7 @@ class Device:
             raise EdgelearnError(f"targets {targets!r} are not numbers", fix="pass e.g. [0.5, 1, 2]") from None
         if not targets or min(targets) <= 0:
             raise EdgelearnError("--targets needs rates above 0 false accepts per hour", fix="pass e.g. 0.5,1,2")
-        wavs = [wavs] if _is_path(wavs) else list(wavs)
+        wavs = [wavs] if is_path(wavs) else list(wavs)
         bundle = self.bundle
         km, head = self.models()
         det = Detector(km, head=head)
@@ -723,7 +720,7 @@ def _events(det, source, mic, replay):
         if mic:
             yield from _mic_events(det)
             return
-        if _is_path(source) or hasattr(source, "read"):
+        if is_path(source) or hasattr(source, "read"):
             from edge.audio import open_wav
 
             # streamed in 0.1 s chunks (as a mic would be): memory stays bounded at any length
@@ -758,72 +755,3 @@ def _mic_events(det):
             yield from det.push(np.frombuffer(chunk[: len(chunk) // 2 * 2], "<i2"))
     finally:
         proc.terminate()
-
-
-def _load_data(km, data):
-    """``data`` -> (windows (N, 16000) int16, label indices (N,)): a directory DIR/<label>/*.wav, or
-    (clips, labels)."""
-    import numpy as np
-
-    from edge.audio import read_wav
-    from edge.features import fit_to_window
-
-    if isinstance(data, tuple) and len(data) == 2 and not _is_path(data[0]):
-        return _labelled_arrays(km, *data)
-    root = None if data is None else Path(data)
-    if root is None or not root.is_dir():
-        raise EdgelearnError(f"--data {root} is not a directory", fix="pass DIR with DIR/<label>/*.wav")
-    xs, ys = [], []
-    for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        if d.name not in km.labels:
-            raise EdgelearnError(f"{d}: {d.name!r} is not a label of the bundle", fix=f"use one of {km.labels}")
-        for f in sorted(d.glob("*.wav")):
-            xs.append(fit_to_window(read_wav(f, min_samples=1600)))
-            ys.append(km.labels.index(d.name))
-    if not xs:
-        raise EdgelearnError(f"no WAV clips under {root}/<label>/", fix="add labelled clips")
-    return np.stack(xs), np.array(ys)
-
-
-def _ambient(ambient):
-    """``ambient`` (WAV paths, or (N, 16000) int16 windows, or None) -> windows or None."""
-    import numpy as np
-
-    if ambient is None:
-        return None
-    if isinstance(ambient, np.ndarray):
-        if ambient.ndim != 2 or ambient.shape[1] != 16000:
-            raise EdgelearnError(f"ambient windows of shape {ambient.shape}", fix="pass (N, 16000) int16 windows")
-        return ambient if len(ambient) else None
-    from edge.adapt.ambient import ambient_windows
-
-    paths = [ambient] if _is_path(ambient) else list(ambient)
-    return ambient_windows(paths) if paths else None
-
-
-def _labelled_arrays(km, clips, labels):
-    import numpy as np
-
-    from edge.audio import to_int16
-    from edge.features import fit_to_window
-
-    clips, labels = list(clips), list(labels)
-    if not clips or len(clips) != len(labels):
-        raise EdgelearnError(f"adapt got {len(clips)} clips and {len(labels)} labels",
-                             fix="pass (clips, labels) with one label per clip")
-    ys = []
-    for lab in labels:
-        if isinstance(lab, str) and lab in km.labels:
-            ys.append(km.labels.index(lab))
-        elif isinstance(lab, (int, np.integer)) and not isinstance(lab, bool) and 0 <= lab < len(km.labels):
-            ys.append(int(lab))
-        else:
-            raise EdgelearnError(f"{lab!r} is not a label of the bundle", fix=f"use one of {km.labels} or its index")
-    xs = []
-    for i, c in enumerate(clips):
-        c = np.asarray(c)
-        if c.ndim != 1 or len(c) < 1600:
-            raise EdgelearnError(f"clip {i + 1} is not at least 0.1 s of mono 16 kHz samples (shape {c.shape})",
-                                 fix="pass one 1-D int16 array per clip")
-        xs.append(fit_to_window(c if c.dtype == np.int16 else to_int16(c)))
-    return np.stack(xs), np.array(ys)

@@ -89,12 +89,21 @@ def to_float(samples) -> np.ndarray:
     raise TypeError(f"audio must be int16 PCM or float in [-1, 1], got dtype {a.dtype}")
 
 
-def frames_to_mfcc(frames: np.ndarray, mel_fb: np.ndarray | None = None) -> np.ndarray:
-    """(..., FRAME_LENGTH) float32 frames -> (..., N_MFCC) float32 MFCC."""
+def frames_to_mel(frames: np.ndarray, mel_fb: np.ndarray | None = None) -> np.ndarray:
+    """(..., FRAME_LENGTH) float32 frames -> (..., N_MELS) float32 mel energies (before the log)."""
     spec = np.fft.rfft(frames * _WINDOW, n=N_FFT, axis=-1)
     power = (spec.real * spec.real + spec.imag * spec.imag).astype(np.float32)
-    mel = power @ (_MEL if mel_fb is None else mel_fb)
+    return power @ (_MEL if mel_fb is None else mel_fb)
+
+
+def mel_to_mfcc(mel: np.ndarray) -> np.ndarray:
+    """(..., N_MELS) mel energies -> (..., N_MFCC) float32 MFCC: log with the floor, then the DCT."""
     return (np.log(np.maximum(mel, LOG_FLOOR)) @ _DCT).astype(np.float32)
+
+
+def frames_to_mfcc(frames: np.ndarray, mel_fb: np.ndarray | None = None) -> np.ndarray:
+    """(..., FRAME_LENGTH) float32 frames -> (..., N_MFCC) float32 MFCC."""
+    return mel_to_mfcc(frames_to_mel(frames, mel_fb))
 
 
 def frame(signal: np.ndarray) -> np.ndarray:

@@ -41,16 +41,13 @@ def denoised_mfcc(quantile: float | None, floor: float, range_db: float | None =
         x = F.to_float(samples)
         if x.shape[-1] != F.WINDOW_SAMPLES:
             raise ValueError("the denoised front end is defined per 1 s window")
-        frames = F.frame(x)
-        spec = np.fft.rfft(frames * F._WINDOW, n=F.N_FFT, axis=-1)
-        power = (spec.real * spec.real + spec.imag * spec.imag).astype(np.float32)
-        amp = np.sqrt(power @ (F._MEL if mel_fb is None else mel_fb))
+        amp = np.sqrt(F.frames_to_mel(F.frame(x), mel_fb))
         if quantile is not None:
             noise = np.quantile(amp, quantile, axis=-2, keepdims=True)
             amp = np.maximum(amp - noise, floor * amp)
         if range_db is not None:   # nothing deeper than range_db under the window's loudest cell
             amp = np.maximum(amp, amp.max(axis=(-2, -1), keepdims=True) * 10 ** (-range_db / 20))
-        return (np.log(np.maximum(amp * amp, F.LOG_FLOOR)) @ F._DCT).astype(np.float32)
+        return F.mel_to_mfcc(amp * amp)
 
     return mfcc
 
@@ -218,7 +215,7 @@ def main(argv=None) -> int:
         windowed = not a.plain
         report["stream"] = stream_report(KerasVariant(out), windowed)
     name = "noisy_report.json" if not a.evaluate else "noisy_report_eval.json"
-    if out.is_relative_to(Path("build")) or not a.evaluate:
+    if (out / "model.keras").exists():   # a build of this script (never the shipped bundle's folder)
         (out / name).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     return 0

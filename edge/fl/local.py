@@ -75,9 +75,9 @@ def local_examples(device, clips=None, *, augment: int = 0, ambient=None, detect
     xs, ys, src = [], [], []
     windows = y = None
     if clips is not None:
-        from edge.device import _load_data
+        from edge.device_data import load_labelled
 
-        windows, y = _load_data(km, clips)
+        windows, y = load_labelled(km, clips)
     if windows is not None or (ambient is not None and len(ambient)):
         if windows is None:
             windows, y = np.zeros((0, 16000), np.int16), np.zeros(0, np.int64)

@@ -33,10 +33,12 @@ bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python .venv-wyoming-ow
 	.venv-mlserver/bin/pip install -q mlserver==1.7.1 onnxruntime 'uvloop<0.22'
 
 # bench/wyoming_latency's reference, Home Assistant's openWakeWord server (it pins its own wyoming
-# and tflite-runtime), in its own virtualenv too.
+# and tflite-runtime), in its own virtualenv too. numpy < 2: its tflite-runtime-nightly wheel is
+# built against numpy 1, and under numpy 2 the server's feature thread dies at its first chunk
+# (it then answers every stream, detecting nothing).
 .venv-wyoming-oww/bin/python:
 	python3 -m venv .venv-wyoming-oww
-	.venv-wyoming-oww/bin/pip install -q wyoming-openwakeword==1.8.2
+	.venv-wyoming-oww/bin/pip install -q wyoming-openwakeword==1.8.2 'numpy<2'
 
 # bench/esphome_export's reference and the check that an `edgelearn export esphome` model loads where
 # ESPHome users test theirs: pymicro-wakeword (microWakeWord's released models, TFLite's C library)

@@ -1,21 +1,23 @@
 """Wyoming wake-word servers over loopback TCP: detection latency and CPU per second of audio.
 
-Ours: ``edgelearn wyoming`` (edge/wyoming.py) with the chirp keyword of tests/devstate_helpers.py
-enrolled, on a stream of noise with the keyword said every ``GAP_S`` seconds (so where each keyword
-ends is known from how the stream was built). Reference: wyoming-openwakeword (Home Assistant's
-openWakeWord add-on, its ``hey_jarvis`` model) in its own virtualenv (``make .venv-wyoming-oww``),
-on the same kind of stream with "hey jarvis" said by espeak-ng instead of the chirp (it cannot
-detect our chirp; espeak-ng's voice is what this machine can say). Each server runs as its own
-process; the client is the ``wyoming`` library's ``AsyncTcpClient``, sending Home Assistant's
-events (detect, audio-start, 1,024-sample audio-chunks at real time, audio-stop).
+Both servers get the same streams: noise with espeak-ng saying "hey jarvis" every ``GAP_S``
+seconds (so where each phrase ends is known from how the stream was built). Ours: ``edgelearn
+wyoming`` (edge/wyoming.py) with "hey jarvis" enrolled from five *other* espeak-ng renders (other
+rates and pitches), as a user enrols from a few recordings. Reference: wyoming-openwakeword (Home
+Assistant's openWakeWord add-on, its released ``hey_jarvis`` model) in its own virtualenv (``make
+.venv-wyoming-oww``). Each server runs as its own process (its log in a file: a reference that
+fails to run its model, as wyoming-openwakeword 1.8.2 did under numpy 2, stops the bench with its
+log instead of being measured idle); the client is the ``wyoming`` library's ``AsyncTcpClient``,
+sending Home Assistant's events (detect, audio-start, 1,024-sample audio-chunks at real time,
+audio-stop).
 
-- latency: from the moment the chunk holding the keyword's last sample was sent to the arrival of
-  its ``detection`` (p50, p99 over every keyword of every client);
+- latency: from the moment the chunk holding the phrase's last sample was sent to the arrival of
+  its ``detection`` (p50, p99 over every phrase of every client);
 - CPU per second of audio per connected client: the server process's CPU time (all threads,
   /proc) while the streams run, over audio seconds x clients, with 1 and with ``CLIENTS`` clients
   streaming at once;
-- the detections found of the keywords said, and ours' timestamp error (``timestamp`` against the
-  keyword's true end).
+- the detections found of the phrases said, and ours' timestamp error (``timestamp`` against the
+  phrase's true end).
 
     $ edgelearn bench wyoming_latency
 """
@@ -47,26 +49,23 @@ CLIENTS = 4
 TICK_HZ = os.sysconf("SC_CLK_TCK")
 
 
-def _chirp(i: int, rng) -> np.ndarray:
-    """tests/devstate_helpers.make_keyword_clips: a 0.5 s 400->700 Hz chirp between 0.125 s of silence."""
-    t = np.arange(8000) / 16000
-    f = 400 + 300 * t / t[-1]
-    x = np.sin(2 * np.pi * np.cumsum(f) / 16000) * 8000 * (1 + 0.05 * i)
-    return (np.r_[np.zeros(2000), x, np.zeros(2000)] + rng.standard_normal(12000) * 50).astype(np.int16)
+PHRASE = "hey jarvis"
+SAY = (150, 50)                                            # espeak-ng rate (wpm) and pitch of the streams
+ENROL = ((135, 40), (145, 60), (160, 45), (170, 55), (140, 50))  # the five renders ours enrols from
 
 
-def _espeak(text: str, tmp: Path) -> np.ndarray | None:
-    """``text`` said by espeak-ng at 16 kHz (None without espeak-ng)."""
-    if shutil.which("espeak-ng") is None:
-        return None
+def _espeak(text: str, tmp: Path, rate: int = 150, pitch: int = 50) -> np.ndarray:
+    """``text`` said by espeak-ng (en-us) at 16 kHz."""
     from edge.audio import read_wav
 
-    out = tmp / "say.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(out), text], check=True, capture_output=True)
-    if shutil.which("sox"):
-        subprocess.run(["sox", str(out), "-r", "16000", "-c", "1", "-b", "16", str(tmp / "say16.wav")], check=True)
-        return read_wav(tmp / "say16.wav")
-    raise RuntimeError("sox is needed to resample espeak-ng's 22.05 kHz output")
+    for tool in ("espeak-ng", "sox"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"{tool} is needed (espeak-ng says the phrase, sox resamples its 22.05 kHz output)")
+    out, out16 = tmp / "say.wav", tmp / "say16.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", str(rate), "-p", str(pitch), "-w", str(out), text],
+                   check=True, capture_output=True)
+    subprocess.run(["sox", str(out), "-r", "16000", "-c", "1", "-b", "16", str(out16)], check=True)
+    return read_wav(out16)
 
 
 def _stream(kw: np.ndarray, seconds: float, seed: int, end_in_clip: int) -> tuple[np.ndarray, list[float]]:
@@ -195,12 +194,14 @@ def _run(port: int, pid: int, streams, names, ping: bool) -> dict:
             "setup_cpu_ms_per_client": cpu["setup"] / len(streams) * 1e3}
 
 
-def _start(cmd, port: int, env=None) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _start(cmd, port: int, log: Path, env=None) -> subprocess.Popen:
+    """The server, its output in ``log`` (a pipe nobody reads would fill and stall it)."""
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[:3]} exited: {proc.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"{cmd[:3]} exited: {log.read_text(errors='replace')[-2000:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return proc
@@ -219,6 +220,15 @@ def _stop(proc):
         proc.wait()
 
 
+def _check_log(log: Path, name: str) -> None:
+    """A server that logged a traceback did not run what it was asked to: its figures would be an
+    idle server's."""
+    text = log.read_text(errors="replace")
+    if "Traceback" in text:
+        raise RuntimeError(f"{name} failed while streaming, so its figures are not its model's; its log "
+                           f"({log}):\n{text[-2000:]}")
+
+
 def _pct(xs, q):
     return round(float(np.percentile(xs, q)) * 1e3, 1) if xs else None
 
@@ -227,46 +237,43 @@ def main():
     from edge.device import Device
 
     tmp = Path(tempfile.mkdtemp(prefix="wyoming-bench-"))
-    rng = np.random.default_rng(1)
-    clips = [_chirp(i, rng) for i in range(5)]
-    Device(tmp / "st").enroll("hey edge", clips)
-    kw = _chirp(0, np.random.default_rng(7))
-    ours_streams = [_stream(kw, SECONDS, seed, end_in_clip=10000) for seed in range(CLIENTS)]
+    said = _espeak(PHRASE, tmp, *SAY)
+    Device(tmp / "st").enroll(PHRASE, [_espeak(PHRASE, tmp, r, p) for r, p in ENROL])
+    from edge import features as F
+    from edge.enroll import speech_bounds
 
-    port = _free_port()
+    b = speech_bounds(said)  # frames: the phrase ends with its last loud frame's last sample
+    end = b[1] * F.HOP_LENGTH + F.FRAME_LENGTH if b else len(said)
+    streams = [_stream((said.astype(np.float64) * 0.9).astype(np.int16), SECONDS, 100 + s, end)
+               for s in range(CLIENTS)]
+    warm = [(p[:5 * RATE], e) for p, e in streams[:1]]
+
+    port, log = _free_port(), tmp / "ours.log"
     proc = _start([sys.executable, "-m", "edge.cli", "wyoming", "--uri", f"tcp://127.0.0.1:{port}",
-                   "--state", str(tmp / "st")], port)
+                   "--state", str(tmp / "st")], port, log)
     try:
-        _run(port, proc.pid, [(p[:5 * RATE], e) for p, e in ours_streams[:1]], ["hey edge"], True)  # warm-up
-        ours1 = _run(port, proc.pid, ours_streams[:1], ["hey edge"], True)
-        oursN = _run(port, proc.pid, ours_streams, ["hey edge"], True)
+        _run(port, proc.pid, warm, [PHRASE], True)  # warm-up
+        ours1 = _run(port, proc.pid, streams[:1], [PHRASE], True)
+        oursN = _run(port, proc.pid, streams, [PHRASE], True)
     finally:
         _stop(proc)
+    _check_log(log, "edgelearn wyoming")
 
     ref1 = refN = None
     ref_note = "not installed (make .venv-wyoming-oww)"
     if OWW.exists():
-        said = _espeak("hey jarvis", tmp)
-        if said is not None:
-            from edge.enroll import speech_bounds
-
-            b = speech_bounds(said)
-            end = b[1] if b else len(said)
-            ref_streams = [_stream((said.astype(np.float64) * 0.9).astype(np.int16), SECONDS, 100 + s, end)
-                           for s in range(CLIENTS)]
-        else:
-            ref_streams = [_stream(np.zeros(1, np.int16), SECONDS, 100 + s, 1) for s in range(CLIENTS)]
-        port = _free_port()
+        port, log = _free_port(), tmp / "reference.log"
         proc = _start([str(OWW), "-m", "wyoming_openwakeword", "--uri", f"tcp://127.0.0.1:{port}",
-                       "--preload-model", "hey_jarvis"], port, env={k: v for k, v in os.environ.items()
-                                                                    if k != "PYTHONPATH"})
+                       "--preload-model", "hey_jarvis"], port, log,
+                      env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
         try:
-            _run(port, proc.pid, [(p[:5 * RATE], e) for p, e in ref_streams[:1]], ["hey_jarvis"], False)  # warm-up
-            ref1 = _run(port, proc.pid, ref_streams[:1], ["hey_jarvis"], False)
-            refN = _run(port, proc.pid, ref_streams, ["hey_jarvis"], False)
+            _run(port, proc.pid, warm, ["hey_jarvis"], False)  # warm-up
+            ref1 = _run(port, proc.pid, streams[:1], ["hey_jarvis"], False)
+            refN = _run(port, proc.pid, streams, ["hey_jarvis"], False)
         finally:
             _stop(proc)
-        ref_note = "wyoming-openwakeword hey_jarvis (espeak-ng 'hey jarvis')"
+        _check_log(log, "wyoming-openwakeword")
+        ref_note = "wyoming-openwakeword hey_jarvis (same streams)"
 
     both = lambda r: (r["lat"] if r else [])  # noqa: E731
     lat_ours = ours1["lat"] + oursN["lat"]

@@ -70,6 +70,12 @@ class AggregatorConfig:
     secagg_phase_timeout: float = 30.0
     # publication
     eval_tolerance: float = 0.01       # reject an aggregate that loses more held-out accuracy than this
+    # what is lost: "accuracy" (plain, over the held-out set) or "balanced" (the mean of each label's
+    # recall: a held-out set that is mostly one label, e.g. `_unknown_`, otherwise hides the others)
+    eval_metric: str = "accuracy"
+    # lost against what: "current" (the version the round started from; small losses can add up over
+    # rounds) or "start" (the first version the aggregator published: the model federation began with)
+    eval_against: str = "current"
     synchronous: str = "full"          # SQLite: "full" survives a power cut, "normal" a process crash
     seed: int = 0
 
@@ -77,6 +83,10 @@ class AggregatorConfig:
         problems = []
         if self.mode not in ("sync", "async"):
             problems.append(f"mode={self.mode!r} (use sync or async)")
+        if self.eval_metric not in ("accuracy", "balanced"):
+            problems.append(f"eval_metric={self.eval_metric!r} (use accuracy or balanced)")
+        if self.eval_against not in ("current", "start"):
+            problems.append(f"eval_against={self.eval_against!r} (use current or start)")
         if self.clients_per_round < 1 or self.buffer_size < 1:
             problems.append("clients_per_round and buffer_size must be >= 1")
         if self.overselect < 1 or self.max_overselect < self.overselect:

@@ -60,11 +60,13 @@ class ModelRegistry:
         (self.dir / "bundles").mkdir(parents=True, exist_ok=True)
         if self.shared:
             self.drop_cache()  # what a killed process left may be a version that never committed
-        self.heldout = None
+        self.heldout, self.classes = None, None
         h = self._local("heldout.npz")
         if h.exists():
             with np.load(h) as z:
                 self.heldout = (z["X"].astype(np.float32), z["y"].astype(np.int64))
+                if "classes" in z.files:  # label id -> reported class (e.g. 35 words -> 12 classes)
+                    self.classes = z["classes"].astype(np.int64)
 
     # --- files -------------------------------------------------------------
     def _local(self, rel: str) -> Path:
@@ -136,19 +138,37 @@ class ModelRegistry:
     def zip_path(self, version: int) -> Path:
         return self.dir / "bundles" / f"v{version}.zip"
 
-    def accuracy(self, params: dict) -> float | None:
+    def accuracy(self, params: dict, metric: str = "accuracy") -> float | None:
+        """The held-out score of ``params``: plain accuracy, or (``balanced``) the mean of each class's
+        recall over the classes the held-out set has. With a ``classes`` map in ``heldout.npz``, labels
+        and predictions are first folded into the classes they are reported as (a device reporting
+        the 12-class task names any of the 25 other words `_unknown_`)."""
         if self.heldout is None:
             return None
         X, y = self.heldout
-        return float(np.mean(np.argmax(head_logits(params, X), axis=1) == y))
+        pred = np.argmax(head_logits(params, X), axis=1)
+        if self.classes is not None:
+            pred, y = self.classes[pred], self.classes[y]
+        hit = pred == y
+        if metric == "balanced":
+            return float(np.mean([hit[y == k].mean() for k in np.unique(y)]))
+        return float(np.mean(hit))
 
-    def check(self, new: dict, tolerance: float) -> tuple[bool, float | None, float | None]:
-        """(publish?, new accuracy, current accuracy) on the held-out set; always True without one."""
+    def start_version(self) -> int:
+        """The first version this aggregator published (where federation started)."""
+        row = self.store.one("SELECT MIN(version) FROM models WHERE status='published'")
+        return int(row[0]) if row and row[0] is not None else self.current
+
+    def check(self, new: dict, tolerance: float, metric: str = "accuracy",
+              against: str = "current") -> tuple[bool, float | None, float | None]:
+        """(publish?, new score, reference score) on the held-out set (``accuracy``'s ``metric``),
+        the reference being the current version or (``against="start"``) the first published one;
+        always True without a held-out set."""
         if self.heldout is None:
             return True, None, None
-        cur = self.accuracy(self.params())
-        acc = self.accuracy(new)
-        return acc >= cur - tolerance, acc, cur
+        ref = self.accuracy(self.params(self.start_version() if against == "start" else None), metric)
+        acc = self.accuracy(new, metric)
+        return acc >= ref - tolerance, acc, ref
 
     # --- building ---------------------------------------------------------
     def _build(self, version: int, params: dict, note: dict) -> None:

@@ -270,7 +270,8 @@ class RoundManager(Uploads):
                     if not math.isfinite(eps):
                         eps = None  # clipping without noise (dp_noise=0) guarantees nothing; JSON has no inf
                     self.store.set_meta("dp_accountant", json.dumps(self.strategy.accountant.state()))
-                publish, acc, cur = self.reg.check(new, self.cfg.eval_tolerance)
+                publish, acc, cur = self.reg.check(new, self.cfg.eval_tolerance, self.cfg.eval_metric,
+                                                   self.cfg.eval_against)
                 if publish:
                     v = self.reg.publish(new, r["round_id"], acc, eps, self.strategy.state())
                     c.execute("UPDATE rounds SET status='closed', closed=?, result_version=?, accuracy=?, note=? "
@@ -278,8 +279,9 @@ class RoundManager(Uploads):
                 else:
                     self.strategy.load_state(snapshot)
                     c.execute("UPDATE rounds SET status='rejected', closed=?, accuracy=?, note=? WHERE round_id=?",
-                              (self.clock(), acc, f"held-out accuracy {acc:.4f} < current {cur:.4f} - "
-                               f"{self.cfg.eval_tolerance}: rolled back", r["round_id"]))
+                              (self.clock(), acc, f"held-out {self.cfg.eval_metric} {acc:.4f} < "
+                               f"{self.cfg.eval_against} {cur:.4f} - {self.cfg.eval_tolerance}: rolled back",
+                               r["round_id"]))
             c.execute("DELETE FROM updates WHERE round_id=?", (r["round_id"],))
             self._open()
 

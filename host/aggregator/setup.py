@@ -41,17 +41,27 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
         store.close()
         raise EdgelearnError(f"{url} already holds an aggregator",
                              fix="serve it (`edgelearn aggregator serve --db ...`) or init an empty database")
-    d.mkdir(parents=True, exist_ok=True)
     bundle = Path(bundle or DEFAULT_BUNDLE)
-    if signing_key is None:
-        signing_key, _ = generate_keypair(d / "keys", "aggregator")
-    cfg.save(d / "config.json")
-    if heldout is not None:
-        X, y = heldout
-        atomic_write(d / "heldout.npz", npz_bytes({"X": np.asarray(X, np.float32), "y": np.asarray(y, np.int64)}))
     if params is None:
         from host.fleet.data import extract_head
         params = extract_head(bundle)
+    held = None
+    if heldout is not None:  # (X, y) or (X, y, classes): label id -> the class it is reported as
+        X, y = heldout[:2]
+        held = {"X": np.asarray(X, np.float32), "y": np.asarray(y, np.int64)}
+        if len(heldout) > 2 and heldout[2] is not None:
+            try:  # checked before anything is written
+                held["classes"] = _classes(heldout[2], held["y"], params)
+            except EdgelearnError:
+                if store is not None:
+                    store.close()
+                raise
+    d.mkdir(parents=True, exist_ok=True)
+    if signing_key is None:
+        signing_key, _ = generate_keypair(d / "keys", "aggregator")
+    cfg.save(d / "config.json")
+    if held is not None:
+        atomic_write(d / "heldout.npz", npz_bytes(held))
     if store is None:
         store = Store(d / "state.sqlite", cfg.synchronous)
     try:
@@ -65,6 +75,19 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
         return ModelRegistry(d, store, str(signing_key)).init_from_bundle(bundle, params)
     finally:
         store.close()
+
+
+def _classes(classes, y, params) -> np.ndarray:
+    """The held-out set's label -> class map, checked: one non-negative class per label the head
+    can name and the set holds."""
+    c = np.asarray(classes)
+    n = max(int(y.max()) + 1 if len(y) else 0,
+            int(np.asarray(params["classifier.b"]).shape[0]) if "classifier.b" in params else 0)
+    if c.ndim != 1 or not np.issubdtype(c.dtype, np.integer) or len(c) < n or (len(c) and c.min() < 0):
+        raise EdgelearnError(f"the held-out set's classes map has shape {c.shape} and type {c.dtype}; it needs one "
+                             f"non-negative integer class for each of the {n} labels",
+                             fix="write classes as an integer array indexed by label id (or leave it out)")
+    return c.astype(np.int64)
 
 
 def new_dp_seed() -> int:

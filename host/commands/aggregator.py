@@ -23,8 +23,9 @@ from host.fl.strategies import STRATEGIES
 # the AggregatorConfig fields `aggregator init` offers as options (the rest keep their defaults)
 INIT_FIELDS = ("mode", "strategy", "clients_per_round", "overselect", "max_overselect", "round_timeout",
                "buffer_size", "codec", "dp_clip", "dp_noise", "dp_reproducible", "secure_aggregation",
-               "checkin_max_skew")
-CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS}
+               "checkin_max_skew", "eval_tolerance", "eval_metric", "eval_against")
+CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS,
+           "eval_metric": ("accuracy", "balanced"), "eval_against": ("current", "start")}
 
 
 DB_HELP = ("where the state lives: sqlite:///PATH (default: STATE/state.sqlite) or postgresql://user@host:port/db, "
@@ -47,7 +48,13 @@ def add_arguments(p) -> None:
         "secure_aggregation": "pairwise-masked sums only (Linux clients; sync mode; not with trimmed_mean/median)",
         "checkin_max_skew": "refuse check-ins dated further than this many seconds from the aggregator clock",
         "dp_reproducible": "draw DP noise from the config's public seed (reproducible experiments ONLY: whoever "
-                           "knows the config can subtract it); default: a secret the database keeps"})
+                           "knows the config can subtract it); default: a secret the database keeps",
+        "eval_tolerance": "publish an aggregate only if its held-out score is at most this much below the "
+                          "reference's",
+        "eval_metric": "balanced: the mean of each class's recall (a held-out set that is mostly `_unknown_` "
+                       "hides a lost command from plain accuracy); --heldout-corpus scores the 12-class task",
+        "eval_against": "start: against the first published version, so losses under the tolerance cannot "
+                        "add up over rounds; current: against the version the round started from"})
     v = sub.add_parser("provision", help="register a device and write its HMAC key file")
     v.add_argument("--state", required=True)
     v.add_argument("--db", help=DB_HELP)
@@ -91,19 +98,25 @@ def _heldout(args):
         from edge.errors import EdgelearnError
 
         try:
-            with np.load(args.heldout) as z:
-                return z["X"], z["y"]
+            with np.load(args.heldout) as z:  # classes (optional): label id -> the class it is reported as
+                return z["X"], z["y"], (z["classes"] if "classes" in z.files else None)
         except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
             if isinstance(e, FileNotFoundError):
-                raise EdgelearnError(f"--heldout {args.heldout} does not exist", fix="pass an .npz file with arrays X and y")
+                raise EdgelearnError(f"--heldout {args.heldout} does not exist",
+                                     fix="pass an .npz file with arrays X and y (and optionally classes)")
             raise EdgelearnError(f"--heldout {args.heldout} is not an .npz file with arrays X and y ({e})",
                                  fix="write one with numpy.savez(path, X=windows, y=labels)")
     if args.heldout_corpus:
+        import numpy as np
+
         from host.fleet.data import load_embeddings
+
+        from host.data.words import LABELS
+        from host.evaluate import to12
 
         data = load_embeddings(args.bundle)
         r = data.rows("test")
-        return data.X[r], data.y[r]
+        return data.X[r], data.y[r], to12(np.arange(len(LABELS)))  # the corpus's labels, scored as 12 classes
     return None
 
 

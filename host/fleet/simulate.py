@@ -212,8 +212,12 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
         state = init_population(out, acfg, cfg.devices, cfg.seed, params, (data.X[held], data.y[held]))
         keys = {device_id(i): device_key(cfg.seed, i) for i in range(cfg.devices)}
     else:
-        state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params,
-                                 heldout=(data.X[held], data.y[held]))
+        heldout = (data.X[held], data.y[held])
+        if shipped:  # gated as the 12-class task a device reports (host.evaluate.to12)
+            from host.evaluate import to12
+
+            heldout += (to12(np.arange(len(fleet[0]["device"].bundle.labels))),)
+        state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params, heldout=heldout)
     app, server, th, port = serve_aggregator(state, cfg)
     agg = app.state.aggregator
     rng = np.random.default_rng(cfg.seed)

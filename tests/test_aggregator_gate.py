@@ -1,0 +1,108 @@
+"""The publication gate's metric and reference (``AggregatorConfig.eval_metric`` / ``eval_against``):
+a held-out set that is mostly one label hides a lost class from plain accuracy, and losses under the
+tolerance add up over rounds unless they are measured against the version federation started from."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge.errors import EdgelearnError
+from host.aggregator.app import build_app
+from host.aggregator.config import AggregatorConfig
+from host.aggregator.inprocess import InProcessTransport, make_state, small_params
+
+
+def _heldout(p, n=400, seed=0):
+    """Held-out embeddings the head ``p`` names right, 90 % of them label 0 (an ``_unknown_``)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 64)).astype(np.float32)
+    y = np.where(rng.random(n) < 0.9, 0, 1 + rng.integers(0, 4, n))
+    w = p["classifier.w"].copy()
+    w[:, :5] = 0.0
+    for k in range(5):  # label k fires along its own direction; the others stay near zero
+        X[y == k, k] += 6.0
+        w[k, k] = 1.0
+    return X, y.astype(np.int64), {**p, "classifier.w": w}
+
+
+def _registry(tmp_path, classes=None, **cfg):
+    p = small_params()
+    X, y, p = _heldout(p)
+    held = (X, y) if classes is None else (X, y, classes)
+    state, _ = make_state(tmp_path, AggregatorConfig(clients_per_round=1, **cfg), n_devices=1, params=p,
+                          heldout=held)
+    return build_app(state, tick_interval=0), p, X, y
+
+
+def _swapped(p, a, b):
+    """``p`` with labels a and b exchanged: every a is named b and every b is named a."""
+    w = p["classifier.w"].copy()
+    w[:, [a, b]] = w[:, [b, a]]
+    return {**p, "classifier.w": w}
+
+
+def test_classes_fold_labels_reported_as_one(tmp_path):
+    classes = np.arange(37)
+    classes[3:] = 3  # labels 3, 4, ... are all reported as class 3 (`_unknown_`'s 25 other words)
+    app, p, X, y = _registry(tmp_path / "folded", classes=classes)
+    with InProcessTransport(app):
+        reg = app.state.aggregator.registry
+        assert reg.check(_swapped(p, 3, 4), 0.0, metric="balanced")[0]  # one unknown word for another
+        assert not reg.check(_swapped(p, 2, 3), 0.05, metric="balanced")[0]  # a command for an unknown
+    app, p, X, y = _registry(tmp_path / "plain")
+    with InProcessTransport(app):
+        assert not app.state.aggregator.registry.check(_swapped(p, 3, 4), 0.05, metric="balanced")[0]
+
+
+def test_balanced_metric_sees_a_lost_minority_label(tmp_path):
+    app, p, X, y = _registry(tmp_path)
+    with InProcessTransport(app):
+        reg = app.state.aggregator.registry
+        lost = {**p, "classifier.w": p["classifier.w"].copy()}
+        lost["classifier.w"][1, 1] = -1.0  # label 1 (about 2.5 % of the set) is never named again
+        ok, acc, ref = reg.check(lost, 0.05)
+        assert ok and acc > ref - 0.05  # plain accuracy loses ~2.5 points: under the tolerance
+        ok, bal, bref = reg.check(lost, 0.05, metric="balanced")
+        assert not ok and bref - bal > 0.15  # one of five labels gone: a fifth of the balanced score
+
+
+def test_against_start_stops_losses_adding_up(tmp_path):
+    app, p, X, y = _registry(tmp_path)
+    with InProcessTransport(app):
+        agg = app.state.aggregator
+        reg = agg.registry
+        start = reg.current
+
+        def worse(q, label):  # one step that loses one minority label
+            q = {**q, "classifier.w": q["classifier.w"].copy()}
+            q["classifier.w"][label, label] = -1.0
+            return q
+
+        v2, score = worse(p, 1), (lambda q: reg.accuracy(q, "balanced"))
+        v3 = worse(v2, 2)
+        step1, step2 = score(p) - score(v2), score(v2) - score(v3)
+        tol = 1.5 * max(step1, step2)  # each step alone is under it, the two together are not
+        assert min(step1, step2) > 0.1 and step1 + step2 > tol
+        assert reg.check(v2, tol, metric="balanced")[0]
+        agg.rounds.publish_params(v2, note="test")
+        assert reg.start_version() == start and reg.current == start + 1
+        ok, new, ref = reg.check(v3, tol, metric="balanced", against="current")
+        assert ok and ref == pytest.approx(score(v2))
+        ok, new, ref = reg.check(v3, tol, metric="balanced", against="start")
+        assert not ok and ref == pytest.approx(score(p))
+
+
+def test_bad_gate_settings_are_one_sentence():
+    with pytest.raises(EdgelearnError, match="eval_metric='f1'"):
+        AggregatorConfig(eval_metric="f1")
+    with pytest.raises(EdgelearnError, match="eval_against='best'"):
+        AggregatorConfig(eval_against="best")
+
+
+def test_a_bad_classes_map_is_one_sentence_and_writes_nothing(tmp_path):
+    p = small_params()
+    X, y, p = _heldout(p)
+    with pytest.raises(EdgelearnError, match="classes map has shape"):
+        make_state(tmp_path, AggregatorConfig(), n_devices=1, params=p, heldout=(X, y, np.arange(5)))
+    assert not (tmp_path / "agg").exists()

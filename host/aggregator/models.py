@@ -209,8 +209,9 @@ class ModelRegistry:
             atomic_write(self.dir / "models" / f"v{version}.state.npz", params_bytes(state))
             self._share(f"models/v{version}.state.npz")
 
-    def init_from_bundle(self, bundle_dir, params: dict) -> int:
-        """Version base+1 = the base bundle with its head as ``head.npz`` (the federated starting point)."""
+    def init_from_bundle(self, bundle_dir, params: dict, metric: str = "accuracy") -> int:
+        """Version base+1 = the base bundle with its head as ``head.npz`` (the federated starting point);
+        its held-out score recorded by ``metric`` (the config's ``eval_metric``)."""
         base = Path(bundle_dir).resolve()
         m = json.loads((base / "manifest.json").read_text())
         version = int(m["version"]) + 1
@@ -225,7 +226,8 @@ class ModelRegistry:
         with self.store.tx() as c:
             c.execute("INSERT INTO models(version, parent, round_id, status, accuracy, path, created) "
                       "VALUES(?,?,?,?,?,?,?)" + _REPLACE, (version, m["version"], None, "published",
-                                                self.accuracy(params), str(self.zip_path(version)), time.time()))
+                                                self.accuracy(params, metric), str(self.zip_path(version)),
+                                                time.time()))
             self.store.set_meta("current_version", version)
         return version
 

@@ -202,7 +202,7 @@ class RoundManager(Uploads):
             raise EdgelearnError("the new head holds NaN or infinite values", fix="publish finite numbers")
         with self._publishing(), self.store.tx() as c:
             r = self.round
-            v = self.reg.publish(new, None, self.reg.accuracy(new), None, self.strategy.state())
+            v = self.reg.publish(new, None, self.reg.accuracy(new, self.cfg.eval_metric), None, self.strategy.state())
             c.execute("UPDATE rounds SET status='failed', closed=?, note=? WHERE round_id=?",
                       (self.clock(), f"superseded by v{v} ({note})"[:200], r["round_id"]))
             c.execute("DELETE FROM updates WHERE round_id=?", (r["round_id"],))

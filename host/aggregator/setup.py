@@ -72,7 +72,7 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
                 store.set_meta("config", json.dumps(asdict(cfg), sort_keys=True))
                 if heldout is not None:
                     store.put_file("heldout.npz", (d / "heldout.npz").read_bytes())
-        return ModelRegistry(d, store, str(signing_key)).init_from_bundle(bundle, params)
+        return ModelRegistry(d, store, str(signing_key)).init_from_bundle(bundle, params, cfg.eval_metric)
     finally:
         store.close()
 

@@ -109,10 +109,9 @@ def _heldout(args):
     if args.heldout_corpus:
         import numpy as np
 
-        from host.fleet.data import load_embeddings
-
         from host.data.words import LABELS
         from host.evaluate import to12
+        from host.fleet.data import load_embeddings
 
         data = load_embeddings(args.bundle)
         r = data.rows("test")

@@ -8,6 +8,9 @@ threshold on ``GRID`` whose false accepts stay within its share of the target ra
 (the target split evenly over the keywords, so the detector as a whole stays at or under
 ``target_fa_h``). A keyword that fires even at the top of the grid gets the top.
 
+``matched`` instead keeps a reference's rate word by word (a new model version's thresholds
+from the old one's events on the same audio).
+
 ``sensitivity`` names a row of such a table: ``OperatingPoints.thresholds(fa_h)`` picks the
 point calibrated to the largest rate at or under the one asked for.
 
@@ -82,6 +85,15 @@ def calibrate(streams, hours: float, target_fa_h: float, names, grid=GRID, smoot
                 break
         out[name], rates[name] = chosen, rate
     return {"target_fa_h": target_fa_h, "hours": hours, "thresholds": out, "fa_h": rates}
+
+
+def matched(scores, ends, reference, names, grid=GRID, smooth: int = 2) -> dict:
+    """Per keyword, the lowest threshold on ``grid`` at which it fires on this negative stream no
+    more often than ``reference`` says (its event count, e.g. another model's at 0.7 on the same
+    audio): a new model version keeps the old one's false-accept rate word by word.
+    ``scores``/``ends``: ``stream_scores``' (T, K) and (T, 2); ``reference``: K counts."""
+    return {name: next((t for t in grid if count_events(scores[:, k], t, ends, smooth=smooth) <= reference[k]),
+                       grid[-1]) for k, name in enumerate(names)}
 
 
 class OperatingPoints:

@@ -198,3 +198,21 @@ def test_a_calibration_table_with_a_threshold_out_of_range_or_too_large_is_damag
     (tmp_path / "operating.json").write_text(json.dumps(
         {"for": for_, "points": [{"target_fa_h": 1.0, "thresholds": {"yes": 0.8}}]}))
     assert load_points(tmp_path, for_).thresholds(1.0) == {"yes": 0.8}
+
+
+def test_matched_keeps_each_words_rate_of_a_reference():
+    from edge.operating import matched
+
+    rng = np.random.default_rng(3)
+    T = 4000
+    ends = np.stack([np.arange(T) * 0.08 + 1.0] * 2, axis=1)
+    ref = rng.uniform(0, 0.8, (T, 2)).astype(np.float32)
+    new = np.clip(ref + np.array([0.15, -0.1], np.float32), 0, 1)  # word 0 fires more, word 1 less
+    counts = [count_events(ref[:, k], 0.7, ends) for k in range(2)]
+    thr = matched(new, ends, counts, ["a", "b"])
+    assert thr["a"] > 0.7 and thr["b"] <= 0.7
+    for k, n in enumerate(["a", "b"]):
+        assert count_events(new[:, k], thr[n], ends) <= counts[k]
+        lower = [t for t in GRID if t < thr[n]]
+        if lower:  # the lowest such threshold: one grid step down fires more often
+            assert count_events(new[:, k], lower[-1], ends) > counts[k]

@@ -72,21 +72,9 @@ TMP = None  # the run's scratch folder (streams as WAV files, adapted states), r
 
 def synthetic_negatives(n: int = 900, seed: int = 3) -> np.ndarray:
     """~24 min of word pairs (the phone model's list, which holds no command word) by training voices."""
-    from host.data import synth as S
-    from host.data.corpus import CorpusConfig, assign_splits
+    from host.data.negatives import word_pairs
 
-    rng = np.random.default_rng(seed)
-    words = [w for w in (Path(S.__file__).parent / "phone_words.txt").read_text().split()
-             if w not in COMMANDS10]
-    splits = assign_splits(S.all_voices(), CorpusConfig())
-    voices = [v for v in S.espeak_voices() if splits[v.id] == "train"][::6]
-    parts = []
-    for v in voices:
-        jobs = [(f"{rng.choice(words)} {rng.choice(words)}", float(rng.uniform(0.85, 1.2)), 1.0)
-                for _ in range(n // len(voices))]
-        for p in S.render(v, jobs):
-            parts += [p, np.zeros(int(rng.uniform(0.3, 1.2) * S.SR), np.int16)]
-    return np.concatenate(parts).astype(np.int16)
+    return word_pairs(n, seed)
 
 
 def operating_point(km, dev, syn) -> dict:

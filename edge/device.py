@@ -76,6 +76,23 @@ def is_federated(bundle) -> bool:
     return (bundle.manifest.get("trainable") or {}).get("strategy") == "federated-head"
 
 
+def version_thresholds(bundle) -> dict | None:
+    """The per-word thresholds a federated version was published with (manifest
+    ``extra.operating.thresholds``: matched by the aggregator so the version fires on keyword-free
+    speech no more often than the model federation started from at 0.7), or None."""
+    op = (bundle.manifest.get("extra") or {}).get("operating")
+    if op is None:
+        return None
+    thr = op.get("thresholds") if isinstance(op, dict) else None
+    labels = set(bundle.labels)
+    if not isinstance(thr, dict) or not all(
+            isinstance(k, str) and k in labels and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and 0 < v <= 1 for k, v in thr.items()):
+        raise EdgelearnError(f"bundle version {bundle.version}'s operating point (manifest extra.operating) is "
+                             "malformed", fix="install another version, or pass --threshold")
+    return {k: float(v) for k, v in thr.items()}
+
+
 def head_params(bundle) -> dict:
     """The embedding head a bundle scores with: a federated version's trained ``head.npz``, else the
     bundle's own classifier recovered on the embedding (``edge.adapt.classifier_from_bundle``)."""
@@ -255,7 +272,9 @@ class Device:
         0.1 s chunks), an int16 array of samples, or an iterable of int16 chunks; ``mic=True``:
         the default ALSA device (``arecord``) until it stops. ``keywords``: base keywords to report
         (None: the bundle's commands; ``"all"``: every word label). ``threshold``: one for every
-        base keyword or {keyword: threshold} (None: ``edge.detect.THRESHOLD``); ``sensitivity``
+        base keyword or {keyword: threshold} (None: the version's own operating point when it was
+        published with one and nothing adapted is active, ``version_thresholds``, else
+        ``edge.detect.THRESHOLD``); ``sensitivity``
         instead: the thresholds ``calibrate`` set for at most this many false accepts per hour.
         Base-keyword events at or above ``confirm`` feed the tail replay buffer unless
         ``replay=False``. The models are loaded when this is called; the audio is read while the
@@ -277,6 +296,7 @@ class Device:
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
                                  fix="pass threshold=T, or sensitivity=FA_PER_HOUR after `calibrate`")
+        from edge.adapt.store import AdaptStore
         from edge.adapt.verified import load_verified
         from edge.detect import THRESHOLD, Detector, default_keywords
 
@@ -302,6 +322,11 @@ class Device:
             threshold = load_points(self.state_dir, calibrated_for(bundle, self.state_dir)).thresholds(sensitivity)
             if keywords is not None:
                 threshold = {w: t for w, t in threshold.items() if w in keywords}
+        if threshold is None:  # the version's own operating point while nothing adapted is active
+            thr = version_thresholds(bundle)
+            if thr is not None and not AdaptStore(self.state_dir, bundle).load():
+                watched = default_keywords(km) if keywords is None else keywords
+                threshold = {w: t for w, t in thr.items() if w in watched} or None
         threshold = THRESHOLD if threshold is None else threshold
         custom = state.custom(dim=embedding_dim(km))
         verified = None if head is not None else load_verified(self.state_dir, bundle, threshold=threshold,

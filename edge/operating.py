@@ -32,24 +32,28 @@ GRID = tuple(round(0.2 + 0.01 * i, 2) for i in range(80))  # 0.20 .. 0.99
 TARGETS = (0.1, 0.5, 1.0, 2.0, 5.0)   # false accepts per hour a sensitivity can ask for
 
 
-def stream_scores(det, audio, batch: int = 256):
+def stream_scores(det, audio, batch: int = 256, embeddings: bool = False):
     """Every window's first-stage scores and (end, keyword-end) times, as ``det`` would see them.
 
     ``audio``: int16 PCM, or an iterable of int16 chunks (a long file read piece by piece: one
     chunk's frames are held, never the file's). The same frames (``MfccStream``), windows (every
     ``det.stride`` hops once 49 frames are in) and scores (``det.scores``) as ``Detector.push``,
-    batched; returns ((T, K) scores, (T, 2) ends, hours of audio)."""
+    batched; returns ((T, K) scores, (T, 2) ends, hours of audio), and with ``embeddings`` also the
+    (T, D) embeddings the scores came from."""
     chunks = [audio] if isinstance(audio, np.ndarray) else audio
     mfcc, buf = F.MfccStream(), np.zeros((0, F.N_MFCC), np.float32)
     base, nxt = 0, F.N_FRAMES  # absolute index of buf[0]; frame count at which the next window ends
-    rows, ends, samples = [], [], 0
+    rows, ends, samples, embs = [], [], 0, []
     for chunk in chunks:
         samples += len(chunk)
         buf = np.concatenate([buf, mfcc.push(np.asarray(chunk))])
         idx = np.arange(nxt, base + len(buf) + 1, det.stride)
         for s in range(0, len(idx), batch):
             wins = np.stack([buf[i - F.N_FRAMES - base:i - base] for i in idx[s:s + batch]])
-            rows.append(det.scores(F.normalize(wins, det.km.scale))[0])
+            sc, emb = det.scores(F.normalize(wins, det.km.scale))
+            rows.append(sc)
+            if embeddings:
+                embs.append(np.asarray(emb, np.float32))
             for i, w in zip(idx[s:s + batch], wins):
                 end = ((i - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
                 ends.append((end, det._keyword_end(w, end)))
@@ -58,7 +62,11 @@ def stream_scores(det, audio, batch: int = 256):
         drop = max(0, nxt - F.N_FRAMES - base)  # frames no later window needs
         buf, base = buf[drop:], base + drop
     scores = np.concatenate(rows) if rows else np.zeros((0, len(det.names)), np.float32)
-    return scores, np.asarray(ends, np.float64).reshape(-1, 2), samples / F.SAMPLE_RATE / 3600
+    out = scores, np.asarray(ends, np.float64).reshape(-1, 2), samples / F.SAMPLE_RATE / 3600
+    if embeddings:
+        dim = int(embs[0].shape[1]) if embs else 0
+        return out + (np.concatenate(embs) if embs else np.zeros((0, dim), np.float32),)
+    return out
 
 
 def calibrate(streams, hours: float, target_fa_h: float, names, grid=GRID, smooth: int = 2,

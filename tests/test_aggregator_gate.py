@@ -10,6 +10,7 @@ import pytest
 from edge.errors import EdgelearnError
 from host.aggregator.app import build_app
 from host.aggregator.config import AggregatorConfig
+from edge.fl.model import head_logits
 from host.aggregator.inprocess import InProcessTransport, make_state, small_params
 
 
@@ -106,3 +107,65 @@ def test_a_bad_classes_map_is_one_sentence_and_writes_nothing(tmp_path):
     with pytest.raises(EdgelearnError, match="classes map has shape"):
         make_state(tmp_path, AggregatorConfig(), n_devices=1, params=p, heldout=(X, y, np.arange(5)))
     assert not (tmp_path / "agg").exists()
+
+
+def _negatives(p, n=3000, seed=1):
+    """Keyword-free speech as embeddings in stream order: label 1's direction now and then, and
+    label 2's, strongly enough that the first version fires on some at 0.7."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 64)).astype(np.float32)
+    for k, every in ((1, 97), (2, 131)):
+        at = np.arange(0, n - 1, every)
+        lift = rng.uniform(2.0, 9.0, len(at))
+        X[at, k] += lift  # two windows in a row, as a word spans more than one run
+        X[at + 1, k] += lift
+    ends = np.stack([np.arange(n) * 0.08 + 1.0] * 2, axis=1)
+    return {"X": X, "ends": ends, "keywords": [1, 2], "hours": n * 0.08 / 3600}
+
+
+def test_a_version_is_published_with_thresholds_matched_to_the_first(tmp_path):
+    import json
+
+    from edge.bundle import load_bundle
+    from edge.detect import count_events
+    from edge.device import Device, version_thresholds
+
+    p = small_params()
+    X, y, p = _heldout(p)
+    neg = _negatives(p)
+    state, _ = make_state(tmp_path, AggregatorConfig(clients_per_round=1), n_devices=1, params=p,
+                          heldout=(X, y), negatives=neg)
+    app = build_app(state, tick_interval=0)
+    with InProcessTransport(app):
+        agg = app.state.aggregator
+        reg, start = agg.registry, agg.registry.current
+        eager = {**p, "classifier.b": p["classifier.b"].copy()}
+        eager["classifier.b"][1] += 2.5  # names label 1 far more readily
+        v = agg.rounds.publish_params(eager, note="test")
+        labels = reg._labels()
+    first = json.loads((state / "bundles" / f"v{start}" / "manifest.json").read_text())
+    assert "operating" not in first.get("extra", {})  # the first version keeps the fixed 0.7
+    op = json.loads((state / "bundles" / f"v{v}" / "manifest.json").read_text())["extra"]["operating"]
+    assert op["matched_to_version"] == start and set(op["thresholds"]) == {labels[1], labels[2]}
+
+    def probs(q):
+        z = head_logits(q, neg["X"])
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
+
+    ref, new = probs(p), probs(eager)
+    for k in (1, 2):
+        thr = op["thresholds"][labels[k]]
+        assert count_events(new[:, k], thr, neg["ends"]) <= count_events(ref[:, k], 0.7, neg["ends"])
+        assert op["reference_events"][labels[k]] == count_events(ref[:, k], 0.7, neg["ends"])
+    assert op["thresholds"][labels[1]] > 0.7  # the eager label pays with a higher threshold
+    assert count_events(ref[:, 1], 0.7, neg["ends"]) > 0  # (the test means something)
+
+    # a device on that version detects at those thresholds unless told otherwise
+    bundle = load_bundle(state / "bundles" / f"v{v}", trusted_keys=[state / "keys" / "aggregator.pub"])
+    assert version_thresholds(bundle) == op["thresholds"]
+    dev = Device(tmp_path / "st", bundle=bundle)
+    det, _ = dev.detector(keywords=[labels[1], labels[2], labels[3]], replay=False)
+    assert list(det.thresholds) == [op["thresholds"][labels[1]], op["thresholds"][labels[2]], 0.7]
+    det, _ = dev.detector(keywords=[labels[1]], threshold=0.5, replay=False)
+    assert list(det.thresholds) == [0.5]

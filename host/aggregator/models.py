@@ -60,13 +60,17 @@ class ModelRegistry:
         (self.dir / "bundles").mkdir(parents=True, exist_ok=True)
         if self.shared:
             self.drop_cache()  # what a killed process left may be a version that never committed
-        self.heldout, self.classes = None, None
+        self.heldout, self.classes, self.negatives = None, None, None
+        self._reference_counts = None
         h = self._local("heldout.npz")
         if h.exists():
             with np.load(h) as z:
                 self.heldout = (z["X"].astype(np.float32), z["y"].astype(np.int64))
                 if "classes" in z.files:  # label id -> reported class (e.g. 35 words -> 12 classes)
                     self.classes = z["classes"].astype(np.int64)
+                if "neg_X" in z.files:  # keyword-free speech, window by window (``operating``)
+                    self.negatives = (z["neg_X"].astype(np.float32), z["neg_ends"].astype(np.float64),
+                                      z["keywords"].astype(np.int64), float(z["neg_hours"]))
 
     # --- files -------------------------------------------------------------
     def _local(self, rel: str) -> Path:
@@ -154,6 +158,40 @@ class ModelRegistry:
             return float(np.mean([hit[y == k].mean() for k in np.unique(y)]))
         return float(np.mean(hit))
 
+    def operating(self, params: dict, version: int) -> dict | None:
+        """The per-word thresholds version ``version`` (``params``) is published with: for each
+        keyword of the held-out set's negatives, the lowest threshold at which it fires on that
+        keyword-free speech no more often than the first published version does at
+        ``edge.detect.THRESHOLD`` (``edge.operating.matched``), so a version that names the fleet's
+        voices more readily does not fire more often on everyday speech than the model federation
+        started from. None without negatives, and for the first version itself."""
+        if self.negatives is None:
+            return None
+        start = self.start_version() if self.store.one("SELECT 1 FROM models WHERE status='published'") else version
+        if version <= start:
+            return None
+        from edge.detect import THRESHOLD, count_events
+        from edge.operating import matched
+
+        X, ends, kw, hours = self.negatives
+        names = [self._labels()[k] for k in kw]
+
+        def probs(p):
+            z = head_logits(p, X)
+            z = np.exp(z - z.max(axis=1, keepdims=True))
+            return (z / z.sum(axis=1, keepdims=True))[:, kw]
+
+        if self._reference_counts is None or self._reference_counts[0] != start:
+            ref = probs(self.params(start))
+            self._reference_counts = (start, [count_events(ref[:, k], THRESHOLD, ends) for k in range(len(kw))])
+        thr = matched(probs(params), ends, self._reference_counts[1], names)
+        return {"thresholds": {n: float(t) for n, t in thr.items()}, "matched_to_version": start,
+                "reference_threshold": THRESHOLD, "negative_hours": round(hours, 4),
+                "reference_events": dict(zip(names, self._reference_counts[1]))}
+
+    def _labels(self) -> list[str]:
+        return list(json.loads((self._base() / "manifest.json").read_text())["labels"])
+
     def start_version(self) -> int:
         """The first version this aggregator published (where federation started)."""
         row = self.store.one("SELECT MIN(version) FROM models WHERE status='published'")
@@ -197,6 +235,9 @@ class ModelRegistry:
         m["trainable"] = {**manifest.get("trainable", {}), "strategy": "federated-head", "file": HEAD_FILE,
                           "tensors": sorted(params)}
         m["extra"] = {**manifest.get("extra", {}), "fl": note}
+        op = self.operating(params, version)
+        if op is not None:  # edge.device reads it: the version's default thresholds
+            m["extra"]["operating"] = op
         out = self.dir / "bundles" / f"v{version}"
         build_bundle(out, files, m, self.signing_key)
         zip_bundle(out, self.zip_path(version))

@@ -22,10 +22,14 @@ from host.aggregator.store import Store, open_store
 
 
 def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, heldout=None,
-               params: dict | None = None, db=None) -> int:
+               params: dict | None = None, db=None, negatives: dict | None = None) -> int:
     """Write config, keys, held-out set and model version base+1; returns that version. With ``db`` a
     ``postgresql://`` URL, the database gets them too (config, held-out set, base bundle, version): every
-    replica serving it reads them there; only the signing key stays a file each replica is given."""
+    replica serving it reads them there; only the signing key stays a file each replica is given.
+    ``negatives`` (with ``heldout``): keyword-free speech as the Detector's windows, {"X": (T, D)
+    embeddings in stream order, "ends": (T, 2) their end and keyword-end times, "keywords": label
+    ids, "hours"}: every later version is published with per-word thresholds matched on it
+    (``ModelRegistry.operating``)."""
     import json
     from dataclasses import asdict
 
@@ -56,6 +60,12 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
                 if store is not None:
                     store.close()
                 raise
+    if negatives is not None:
+        if held is None:
+            raise EdgelearnError("negatives for the operating point need a held-out set beside them",
+                                 fix="pass heldout=(X, y) too")
+        held.update(neg_X=np.asarray(negatives["X"], np.float32), neg_ends=np.asarray(negatives["ends"], np.float64),
+                    keywords=np.asarray(negatives["keywords"], np.int64), neg_hours=np.float64(negatives["hours"]))
     d.mkdir(parents=True, exist_ok=True)
     if signing_key is None:
         signing_key, _ = generate_keypair(d / "keys", "aggregator")

@@ -138,6 +138,15 @@ def serve_aggregator(state, cfg: SimConfig, host: str = "127.0.0.1"):
 
 
 
+def final_operating(out_dir, version: int) -> dict | None:
+    """The operating point published ``version`` of a simulation's aggregator carries (its manifest's
+    ``extra.operating``: what ``edge.device.version_thresholds`` reads on a device), or None."""
+    import json
+
+    m = json.loads((Path(out_dir) / "agg" / "bundles" / f"v{int(version)}" / "manifest.json").read_text())
+    return (m.get("extra") or {}).get("operating")
+
+
 def final_head(out_dir, version: int | None = None) -> dict:
     """The head of published ``version`` (None: the newest) of a simulation's aggregator (``out_dir/agg``)."""
     from host.aggregator.models import load_params
@@ -164,9 +173,11 @@ def device_trainer(cfg: SimConfig, labels):
                                 keep_absent=cfg.keep_absent)
 
 
-def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=None) -> dict:
+def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=None, negatives=None) -> dict:
     """Run the fleet until ``cfg.rounds`` rounds have closed; returns rounds, devices and bytes.
-    ``fleet``: the shipped-head task's prepared devices (``voice_fleet``), else made here."""
+    ``fleet``: the shipped-head task's prepared devices (``voice_fleet``), else made here;
+    ``negatives``: keyword-free speech for the aggregator to publish each version's operating point on
+    (``host.data.negatives.stream_negatives``; ``init_state``'s)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from edge.fl import FLClient
@@ -217,7 +228,8 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
             from host.evaluate import to12
 
             heldout += (to12(np.arange(len(fleet[0]["device"].bundle.labels))),)
-        state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params, heldout=heldout)
+        state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params, heldout=heldout,
+                                 negatives=negatives)
     app, server, th, port = serve_aggregator(state, cfg)
     agg = app.state.aggregator
     rng = np.random.default_rng(cfg.seed)

@@ -1,5 +1,6 @@
 """The console command: every subcommand answers --help; device paths never import TensorFlow."""
 
+import shutil
 import subprocess
 import sys
 
@@ -123,3 +124,22 @@ def test_an_unreadable_path_is_one_sentence_not_a_traceback(tmp_path):
     finally:
         cli.COMMANDS.pop("probe")
         sys.modules.pop("probe_cmd")
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng renders the word pairs")
+def test_init_with_operating_negatives_keeps_them_beside_the_heldout_set(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "heldout.npz"
+    np.savez(path, X=rng.standard_normal((20, 64)).astype(np.float32), y=rng.integers(0, 37, 20))
+    r = subprocess.run([sys.executable, "-m", "edge.cli", "aggregator", "init", "--state", str(tmp_path / "s"),
+                        "--heldout", str(path), "--operating-negatives", "12"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with np.load(tmp_path / "s" / "heldout.npz") as z:
+        assert z["neg_X"].shape[1] == 64 and len(z["neg_X"]) == len(z["neg_ends"]) > 20
+        assert len(z["keywords"]) == 10 and float(z["neg_hours"]) > 0
+    r = subprocess.run([sys.executable, "-m", "edge.cli", "aggregator", "init", "--state", str(tmp_path / "t"),
+                        "--operating-negatives", "12"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--operating-negatives needs a held-out set" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "t").exists()

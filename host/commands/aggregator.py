@@ -42,6 +42,11 @@ def add_arguments(p) -> None:
     i.add_argument("--heldout", help="npz with X (N, D) embeddings and y labels for the publication check")
     i.add_argument("--heldout-corpus", action="store_true",
                    help="use embeddings of the corpus test voices as the held-out set")
+    i.add_argument("--operating-negatives", type=int, default=0, metavar="N",
+                   help="render N word pairs by the corpus's training voices (900: ~24 min of speech, about a "
+                        "minute) as keyword-free speech: every later version is published with per-word "
+                        "thresholds that fire on it no more often than this first version at 0.7 (needs "
+                        "--heldout or --heldout-corpus)")
     add_config_arguments(i, AggregatorConfig, INIT_FIELDS, choices=CHOICES, help={
         "overselect": "select at least this many times the quorum",
         "max_overselect": "... and at most this many, as observed drop-outs and latency demand",
@@ -81,9 +86,25 @@ def run(args) -> int:
 def init(args) -> int:
     from host.aggregator.setup import init_state
 
+    from edge.errors import EdgelearnError
+
     heldout = _heldout(args)
     cfg = config_from_args(AggregatorConfig, args, INIT_FIELDS)
-    v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout, db=args.db)
+    negatives = None
+    if args.operating_negatives:
+        if heldout is None or args.operating_negatives < 0:
+            raise EdgelearnError("--operating-negatives needs a held-out set and a positive count",
+                                 fix="add --heldout FILE or --heldout-corpus, and give N > 0 (900 is ~24 min)")
+        from edge.bundle import load_bundle
+        from edge.detect import default_keywords
+        from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
+        from host.data.negatives import stream_negatives, word_pairs
+
+        bundle = load_bundle(args.bundle or DEFAULT_BUNDLE, trusted_keys=default_trusted_keys())
+        km = KeywordModel(bundle)
+        negatives = stream_negatives(km, word_pairs(args.operating_negatives, seed=41), default_keywords(km))
+    v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout, db=args.db,
+                   negatives=negatives)
     print(f"aggregator state in {args.state}: model version {v} published")
     return 0
 

@@ -686,7 +686,8 @@ class Device:
     # -- status ----------------------------------------------------------------------------------
     def status(self) -> dict:
         """Bundle, enrolled keywords and whether each one's verifier is current, adapted contexts,
-        replay buffers and the scheduler's last decision. Reads only: never changes the state."""
+        replay buffers, the scheduler's last decision and a federated version's operating point
+        (used unless an adapted context is active). Reads only: never changes the state."""
         from edge.adapt.store import AdaptStore
         from edge.replay import EMBEDDING_REPLAY, TAIL_REPLAY, load_replay
         from edge.scheduler import last_record
@@ -710,6 +711,14 @@ class Device:
                "sensitivity": {k["name"]: k.get("sensitivity", "medium") for k in state.keywords},
                "adapt": adapt.meta, "replay": replay,
                "last_schedule": last}
+        op = (bundle.manifest.get("extra") or {}).get("operating")
+        if op is not None:  # a federated version's default thresholds (``version_thresholds``)
+            try:
+                thr = version_thresholds(bundle)
+            except EdgelearnError:
+                thr = "malformed"
+            out["operating_point"] = {"thresholds": thr, "matched_to_version": op.get("matched_to_version"),
+                                      "in_use": thr != "malformed" and not adapt.load()}
         agent = read_status(self.state_dir)  # what `device run` did last (edge/agent.py)
         if agent is not None:
             out["agent"] = agent

@@ -169,3 +169,5 @@ def test_a_version_is_published_with_thresholds_matched_to_the_first(tmp_path):
     assert list(det.thresholds) == [op["thresholds"][labels[1]], op["thresholds"][labels[2]], 0.7]
     det, _ = dev.detector(keywords=[labels[1]], threshold=0.5, replay=False)
     assert list(det.thresholds) == [0.5]
+    st = dev.status()["operating_point"]
+    assert st == {"thresholds": op["thresholds"], "matched_to_version": start, "in_use": True}

@@ -43,7 +43,9 @@ def add_arguments(p) -> None:
             src.add_argument("--mic", action="store_true", help="read the default ALSA device (arecord)")
             s.add_argument("--json", action="store_true", help="one JSON object per detection")
             level = s.add_mutually_exclusive_group()
-            level.add_argument("--threshold", type=float, default=0.7, help="base keyword threshold")
+            level.add_argument("--threshold", type=float, default=None,
+                               help="base keyword threshold (default: the version's own operating point, "
+                                    "else 0.7)")
             level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
                                help="per-keyword thresholds from `device calibrate` for at most this "
                                     "many false accepts per hour")
@@ -123,7 +125,8 @@ def add_arguments(p) -> None:
             src.add_argument("--print-unit", action="store_true",
                              help="print a systemd unit that runs the agent on the microphone, and exit")
             level = s.add_mutually_exclusive_group()
-            level.add_argument("--threshold", type=float, default=None, help="base keyword threshold (default 0.7)")
+            level.add_argument("--threshold", type=float, default=None,
+                               help="base keyword threshold (default: the version's own operating point, else 0.7)")
             level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
                                help="per-keyword thresholds from `device calibrate`")
             s.add_argument("--keywords", default=None, help="comma-separated base keywords, or 'all'")

@@ -25,7 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--pubkey", type=Path, default=None, help="trusted public key file or directory")
     p.add_argument("--backend", default="auto", help="litert | onnxruntime | auto")
     level = p.add_mutually_exclusive_group()
-    level.add_argument("--threshold", type=float, default=None, help="base keyword threshold (default 0.7)")
+    level.add_argument("--threshold", type=float, default=None,
+                       help="base keyword threshold (default: the version's own operating point, else 0.7)")
     level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
                        help="per-keyword thresholds from `device calibrate`")
     add_zeroconf_argument(p)

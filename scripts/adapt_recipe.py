@@ -94,20 +94,10 @@ def self_negatives(voice: str, n: int = 300, seed: int = 7, half: int | None = N
 def synthetic_ambient(n: int = 300, seed: int = 9):
     """Word pairs (half-1 words) by espeak-ng training voices other than ``synthetic``'s, and Flite kal."""
     from host.data import synth as S
-    from host.data.corpus import CorpusConfig, assign_splits
+    from host.data.negatives import phrase_words, training_voices, word_pairs
 
-    rng = np.random.default_rng(seed)
-    words = [w for w in (Path(S.__file__).parent / "phone_words.txt").read_text().split()
-             if w not in COMMANDS10 and B.word_half(w) == 1]
-    splits = assign_splits(S.all_voices(), CorpusConfig())
-    voices = [v for v in S.espeak_voices() if splits[v.id] == "train"][3::6] + [S.Voice("flite", "kal")]
-    parts = []
-    for v in voices:
-        jobs = [(f"{rng.choice(words)} {rng.choice(words)}", float(rng.uniform(0.85, 1.2)), 1.0)
-                for _ in range(n // len(voices))]
-        for p in S.render(v, jobs):
-            parts += [p, np.zeros(int(rng.uniform(0.3, 1.2) * S.SR), np.int16)]
-    return np.concatenate(parts).astype(np.int16)
+    return word_pairs(n, seed, voices=training_voices(3) + [S.Voice("flite", "kal")],
+                      words=[w for w in phrase_words() if B.word_half(w) == 1])
 
 
 def other_unknowns(n_per_voice: int = 20):

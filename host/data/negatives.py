@@ -16,17 +16,31 @@ from pathlib import Path
 import numpy as np
 
 
-def word_pairs(n: int = 900, seed: int = 3) -> np.ndarray:
-    """~n two-word phrases from the phone model's list (which holds no command word) by every sixth
-    espeak-ng training voice, with 0.3-1.2 s pauses: about 24 minutes for n = 900."""
+def phrase_words() -> list[str]:
+    """The phone model's word list less the commands: words no keyword is made of."""
     from host.data import synth as S
-    from host.data.corpus import CorpusConfig, assign_splits
     from host.data.words import COMMANDS10
 
-    rng = np.random.default_rng(seed)
-    words = [w for w in (Path(S.__file__).parent / "phone_words.txt").read_text().split() if w not in COMMANDS10]
+    return [w for w in (Path(S.__file__).parent / "phone_words.txt").read_text().split() if w not in COMMANDS10]
+
+
+def training_voices(start: int = 0, step: int = 6) -> list:
+    """Every ``step``-th espeak-ng training voice from ``start``."""
+    from host.data import synth as S
+    from host.data.corpus import CorpusConfig, assign_splits
+
     splits = assign_splits(S.all_voices(), CorpusConfig())
-    voices = [v for v in S.espeak_voices() if splits[v.id] == "train"][::6]
+    return [v for v in S.espeak_voices() if splits[v.id] == "train"][start::step]
+
+
+def word_pairs(n: int = 900, seed: int = 3, voices=None, words=None) -> np.ndarray:
+    """~n two-word phrases from ``words`` (default ``phrase_words``) by ``voices`` (default every
+    sixth espeak-ng training voice), with 0.3-1.2 s pauses: about 24 minutes for n = 900."""
+    from host.data import synth as S
+
+    rng = np.random.default_rng(seed)
+    words = phrase_words() if words is None else words
+    voices = training_voices() if voices is None else voices
     parts = []
     for v in voices:
         jobs = [(f"{rng.choice(words)} {rng.choice(words)}", float(rng.uniform(0.85, 1.2)), 1.0)

@@ -199,7 +199,7 @@ def detect_pcm(det: Detector, pcm: np.ndarray, chunk: int = 1600) -> list[dict]:
 
 
 def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, times=None, peaks=None,
-                 verify=None, search=False):
+                 verify=None, search=False, candidates=None):
     """The Detector's trigger, step for step, on one keyword's precomputed score series.
 
     For evaluating many keyword models on one long stream without rerunning the encoder.
@@ -208,7 +208,9 @@ def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, tim
     below the threshold, and the event starts ``refractory_s`` from its keyword end. Only runs at or
     above the threshold can open a candidate, so the loop visits those and the candidates' windows.
     ``verify(run) -> bool``: the second stage on a run's window, asked for the peak run; with
-    ``search`` (``CustomKeywords.searches``) then for the candidate's other runs until one passes."""
+    ``search`` (``CustomKeywords.searches``) then for the candidate's other runs until one passes.
+    ``candidates``: a list that gets every candidate's runs, the peak's first (to score a second
+    stage offline: with ``verify`` rejecting all there is no refractory period)."""
     sm = np.convolve(scores, np.ones(smooth) / smooth)[: len(scores)]
     sm[: smooth - 1] = np.cumsum(scores[: smooth - 1]) / np.arange(1, smooth)
     events, quiet, nxt, n = 0, -1.0, 0, len(sm)
@@ -224,6 +226,8 @@ def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, tim
             if left <= 0 or sm[i] < thr:
                 break
         runs = [pk] + ([r for r in range(j, i + 1) if r != pk] if search else [])
+        if candidates is not None:
+            candidates.append([int(pk)] + [r for r in range(j, i + 1) if r != pk])
         if verify is not None and not any(verify(r) for r in runs):
             nxt = i + 1  # rejected by the second stage: no event and no refractory period
             continue

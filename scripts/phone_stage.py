@@ -38,6 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edge.detect import count_events  # noqa: E402
+
 DMIN, DMAX = 1, 15
 EPS = 1.0 / 512
 ACCENTS = ("en-us", "en")
@@ -121,27 +123,12 @@ def frames_of(pcm):
     return F.MfccStream().push(np.asarray(pcm))
 
 
-def candidates(sc, ends, t1, k, smooth=2, peak_hops=5):
-    """Every candidate of keyword k at t1 as (peak run, its runs): ``edge.detect.count_events``'s
-    trigger with a second stage that rejects all (so no refractory period), to score each offline."""
-    s = sc[:, k]
-    sm = np.convolve(s, np.ones(smooth) / smooth)[: len(s)]
-    sm[: smooth - 1] = np.cumsum(s[: smooth - 1]) / np.arange(1, smooth)
-    out, nxt, n = [], 0, len(sm)
-    for j in np.nonzero(sm >= t1)[0]:
-        if j < nxt:
-            continue
-        score, left, i, pk = sm[j], peak_hops, j, j
-        while i + 1 < n:
-            i += 1
-            left -= 1
-            if sm[i] > score:
-                score, pk = sm[i], i
-            if left <= 0 or sm[i] < t1:
-                break
-        out.append((int(pk), [int(pk)] + [r for r in range(j, i + 1) if r != pk]))
-        nxt = i + 1
-    return out
+def candidates(sc, ends, t1, k):
+    """Every candidate of keyword k at t1 as (peak run, its runs): the Detector's trigger
+    (``edge.detect.count_events``) with a second stage that rejects all, so no refractory period."""
+    out: list[list[int]] = []
+    count_events(sc[:, k], t1, ends, verify=lambda r: False, search=True, candidates=out)
+    return [(runs[0], runs) for runs in out]
 
 
 CONDS = ("None", "20", "10")

@@ -48,3 +48,15 @@ def test_phone_order_matters():
     assert np.isclose(phone_mean_best(v), 0.0) and np.isclose(segmental_best(v), 0.0)
     w = v[:, ::-1].copy()                          # the same sounds, the word's phones reversed
     assert phone_mean_best(w) < -1.0 and segmental_best(w) < -1.0
+
+
+def test_candidates_are_the_detectors_trigger_with_every_run():
+    from phone_stage import candidates
+
+    s = np.zeros((60, 1), np.float32)
+    s[10:14, 0] = [0.5, 0.9, 0.8, 0.6]   # one word: smoothed over 2 runs, the peak at run 12
+    s[40:42, 0] = [0.7, 0.7]
+    ends = np.stack([np.arange(60) * 0.08] * 2, axis=1)
+    got = candidates(s, ends, 0.5, 0)
+    assert [pk for pk, _ in got] == [12, 41]
+    assert sorted(got[0][1]) == list(range(11, 15)) and got[0][1][0] == 12  # every run, the peak's first

@@ -165,11 +165,10 @@ class ModelRegistry:
         ``edge.detect.THRESHOLD`` (``edge.operating.matched``), so a version that names the fleet's
         voices more readily does not fire more often on everyday speech than the model federation
         started from. None without negatives, and for the first version itself."""
-        if self.negatives is None:
-            return None
-        start = self.start_version() if self.store.one("SELECT 1 FROM models WHERE status='published'") else version
-        if version <= start:
-            return None
+        row = self.store.one("SELECT MIN(version) FROM models WHERE status='published'")
+        if self.negatives is None or row is None or row[0] is None or version <= int(row[0]):
+            return None  # no negatives, or this is the first version (it is the reference)
+        start = int(row[0])
         from edge.detect import THRESHOLD, count_events
         from edge.operating import matched
 

@@ -112,8 +112,11 @@ def frame(signal: np.ndarray) -> np.ndarray:
     if n < FRAME_LENGTH:
         raise ValueError(f"need at least {FRAME_LENGTH} samples for one frame, got {n}")
     count = 1 + (n - FRAME_LENGTH) // HOP_LENGTH
-    win = np.lib.stride_tricks.sliding_window_view(signal, FRAME_LENGTH, axis=-1)
-    return win[..., : (count - 1) * HOP_LENGTH + 1 : HOP_LENGTH, :]
+    # as_strided, not sliding_window_view + a step slice: the same read-only view at a third of the
+    # cost (the streaming front end frames every 0.1 s chunk)
+    step = signal.strides[-1]
+    return np.lib.stride_tricks.as_strided(signal, signal.shape[:-1] + (count, FRAME_LENGTH),
+                                           signal.strides[:-1] + (HOP_LENGTH * step, step), writeable=False)
 
 
 def mfcc(samples, mel_fb: np.ndarray | None = None) -> np.ndarray:

@@ -107,7 +107,7 @@ class KeywordModel:
     def infer(self, feats: np.ndarray):
         """(N, 49, 10) normalised features -> (embedding (N, 64), probs (N, classes)), float32."""
         x = np.asarray(feats, np.float32).reshape(-1, F.N_FRAMES, F.N_MFCC, 1)
-        outs = self.backend.run(x)
+        outs = self.backend.run1(x) if len(x) == 1 else self.backend.run(x)
         return outs[self._emb], outs[self._probs]
 
     def classify(self, pcm):

@@ -101,6 +101,23 @@ def test_run_quantises_and_dequantises(tiny):
     assert np.abs(load(tiny["int8"], backend="tflite_micro").run(x)[0] - out).max() <= lit.outputs[0].scale * 1.01
 
 
+def test_run1_is_run_for_one_example_and_run_checks_the_rest(tiny):
+    """The streaming detector's one-example call (LiteRT skips the batch checks) gives run's outputs
+    bit for bit; a batch, a wrong shape or a resized interpreter goes through run and its errors."""
+    for path, backend in ((tiny["int8"], "auto"), (tiny["fp32"], "auto"), (tiny["onnx"], "auto"),
+                          (tiny["int8"], "tflite_micro")):
+        m = load(path, backend=backend)
+        for i in range(3):
+            x = tiny["x"][i:i + 1]
+            for a, b in zip(m.run1(x), m.run(x)):
+                np.testing.assert_array_equal(a, b)
+    lit = load(tiny["int8"])
+    np.testing.assert_array_equal(lit.run1(tiny["x"][:3])[0], lit.run(tiny["x"][:3])[0])  # a batch: run
+    np.testing.assert_array_equal(lit.run1(tiny["x"][:1])[0], lit.run(tiny["x"][:1])[0])  # back to one
+    with pytest.raises(EdgelearnError, match=r"has shape \(1, 49, 10\), model expects"):
+        lit.run1(tiny["x"][:1, :, :, 0])
+
+
 def test_float_models_match_keras(tiny):
     onnx = load(tiny["onnx"], num_threads=2)
     assert onnx.inputs[0].name == "features" and onnx.inputs[0].shape == (-1, 49, 10, 1)

@@ -123,6 +123,11 @@ class Backend:
         return [dequantize(o, info) if info.quantized else np.asarray(o, np.float32)
                 for o, info in zip(outs, self.outputs)]
 
+    def run1(self, x) -> list:
+        """``run`` for one example of a one-input model: the streaming detector's call, a dozen
+        times a second. The same quantisation and outputs; a backend may skip the batch checks."""
+        return self.run(x)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.path.name} in={self.inputs} out={self.outputs}>"
 

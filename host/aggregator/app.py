@@ -374,13 +374,14 @@ def read_status(state_dir, db=None) -> dict:
         store.close()
 
 
-def status_of(agg: Aggregator) -> dict:
+def status_of(agg: Aggregator, rounds_limit: int | None = 50) -> dict:
+    """The aggregator's state: the newest ``rounds_limit`` rounds (None: every one), every model."""
     s = agg.store
     rounds = [dict(zip(("round_id", "mode", "model_version", "status", "opened", "deadline", "target", "selected",
                         "accepted", "closed", "result_version", "accuracy", "bytes", "note"), r))
               for r in s.all("SELECT round_id, mode, model_version, status, opened, deadline, target, selected, "
                              "accepted, closed, result_version, accuracy, bytes, note FROM rounds "
-                             "ORDER BY round_id DESC LIMIT 50")]
+                             "ORDER BY round_id DESC" + ("" if rounds_limit is None else f" LIMIT {int(rounds_limit)}"))]
     models = [dict(zip(("version", "parent", "round_id", "status", "accuracy", "epsilon"), r))
               for r in s.all("SELECT version, parent, round_id, status, accuracy, epsilon FROM models ORDER BY version")]
     return {"mode": agg.cfg.mode, "strategy": agg.rounds.strategy.name, "current_version": agg.registry.current,

@@ -327,7 +327,7 @@ def simulate_ray(cfg, out_dir, address: str = "local", opts: RayOptions | None =
         # was not pending")
         for ref in pending:
             ray.cancel(ref, force=True)
-        status = status_of(agg)
+        status = status_of(agg, rounds_limit=None)
         server.should_exit = True
         th.join(timeout=10)
         if address == "local":

@@ -1,0 +1,89 @@
+"""Experiment (issue 18): does a proximal term or a smaller server step keep the federated head closer
+to the shipped model for the same gain? Development data only.
+
+bench/fl_voices's fleet (the same 9 Flite users, examples and gate), top-k int8, 12 rounds, each
+setting over 3 simulator schedules (seeds 0-2). Judged on development renders of the fleet's voices
+(``heldout_clips`` seeds 300-302; the bench's are 100-102) and on the val split the gate scores
+(10-command class-balanced recall), never on the test split or the bench's clips. Settings are
+``SimConfig`` fields as JSON, e.g. FedProx's mu (``strategy_options`` reach the aggregator's
+strategy; the task carries ``prox_mu`` to every client's trainer):
+
+    $ .venv/bin/python scripts/fl_sweep.py '{"base": {}, "prox1": {"strategy": "fedprox",
+          "extra": {"strategy_options": {"mu": 1.0}}}}' 3        # ~3 min of data, ~15 s a run
+
+One JSON line per run: fleet_dev_gain (points over the shipped model), val_loss (points; negative is
+a gain), rounds, published, the gate's score per round. Measured 2026-12-02 (docs/edge-runtime.md, "The agent"): none beat plain FedAvg; not adopted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv) -> int:
+    import bench.fl_voices as FV
+    from bench import _realspeech as R
+    from edge.bundle import load_bundle
+    from edge.fl.model import head_logits
+    from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
+    from host.data.words import COMMANDS10
+    from host.fleet.data import extract_head, load_embeddings
+    from host.fleet.simulate import SimConfig, final_head, simulate
+    from host.fleet.voices import FLEET_VOICES, command_recall, heldout_clips, make_fleet, prepare_devices
+
+    settings = json.loads(argv[0]) if argv else {"base": {}}
+    reps = int(argv[1]) if len(argv) > 1 else 3
+    tmp = Path(tempfile.mkdtemp(prefix="fl_sweep_"))
+    bundle = load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys())
+    km, labels = KeywordModel(bundle), list(bundle.labels)
+    users = make_fleet(FV.DEVICES, FLEET_VOICES, seed=0, ambient_words=FV.OWN_WORDS)
+    free = [p for p in R.load_prompts(which="dev") if not any(p.says(w) for w in COMMANDS10)]
+    apcm, _ = R.concat(free[0::2])  # fold A, as the bench
+    wins = np.stack([apcm[a:a + 16000] for a in range(0, len(apcm) - 16000, 8000)])
+    wins = wins[np.sqrt((wins.astype(np.float32) ** 2).mean(1)) > 100]
+    extra = [wins[np.random.default_rng([7, i]).choice(len(wins), min(FV.REAL_AMBIENT, len(wins)), replace=False)]
+             for i in range(FV.DEVICES)]
+    fleet = prepare_devices(users, tmp / "users", augment=8, bundle=bundle, progress=True, extra_ambient=extra)
+    dev = {}
+    for i, v in enumerate(FLEET_VOICES):  # development renders: seeds the bench never uses
+        x, words = heldout_clips(v, seed=300 + i)
+        emb = np.concatenate([km.infer(km.features(x[a:a + 256]))[0] for a in range(0, len(x), 256)])
+        dev[v] = (np.asarray(emb, np.float32), np.array([labels.index(w) for w in words]))
+    emb = load_embeddings(progress=False)
+    va = emb.rows("val")
+    val = (emb.X[va], emb.y[va].astype(np.int64))
+
+    def score(h):
+        f = float(np.mean([command_recall(head_logits(h, X), y, labels)["balanced"] for X, y in dev.values()]))
+        return f, command_recall(head_logits(h, val[0]), val[1], labels)["balanced"]
+
+    f0, v0 = score(extract_head())
+    print(json.dumps({"shipped": {"fleet_dev": f0, "val": v0}}), flush=True)
+    for name, over in settings.items():
+        for rep in range(reps):
+            base = dict(task="shipped-head", devices=FV.DEVICES, rounds=FV.ROUNDS, clients_per_round=FV.CLIENTS,
+                        learning_rate=FV.LR, local_epochs=FV.EPOCHS, eval_tolerance=FV.GATE_TOLERANCE, seed=rep,
+                        codec="topk_int8", extra={"topk_fraction": FV.TOPK, **FV.GATE})
+            cfg = SimConfig(**{**base, **{k: v for k, v in over.items() if k != "extra"},
+                               "extra": {**base["extra"], **over.get("extra", {})}})
+            t, d = time.time(), tmp / f"{name}-{rep}"
+            res = simulate(cfg, d, progress=False, fleet=fleet)
+            done = [r for r in res["rounds"] if r["status"] in ("closed", "rejected")]
+            f, v = score(final_head(d, res["final_version"]))
+            print(json.dumps({"name": name, "rep": rep, "fleet_dev_gain": round(100 * (f - f0), 1),
+                              "val_loss": round(100 * (v0 - v), 2), "rounds": len(done),
+                              "published": sum(r["status"] == "closed" for r in done),
+                              "gate": [round(r["accuracy"], 4) for r in done], "s": round(time.time() - t)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

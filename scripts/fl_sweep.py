@@ -11,8 +11,9 @@ strategy; the task carries ``prox_mu`` to every client's trainer):
     $ .venv/bin/python scripts/fl_sweep.py '{"base": {}, "prox1": {"strategy": "fedprox",
           "extra": {"strategy_options": {"mu": 1.0}}}}' 3        # ~3 min of data, ~15 s a run
 
-One JSON line per run: fleet_dev_gain (points over the shipped model), val_loss (points; negative is
-a gain), rounds, published, the gate's score per round. Measured 2026-12-02 (docs/edge-runtime.md, "The agent"): none beat plain FedAvg; not adopted.
+One JSON line per run: fleet_dev_gain and slt_dev_gain (points over the shipped model on the
+fleet's voices and on Flite slt outside it, development renders), val_loss (points; negative is a
+gain), rounds, published, updates uploaded per voice (joined), the gate's score per round. Measured 2026-12-02 (docs/edge-runtime.md, "The agent"): none beat plain FedAvg; not adopted.
 """
 
 from __future__ import annotations
@@ -65,6 +66,15 @@ def main(argv) -> int:
         f = float(np.mean([command_recall(head_logits(h, X), y, labels)["balanced"] for X, y in dev.values()]))
         return f, command_recall(head_logits(h, val[0]), val[1], labels)["balanced"]
 
+    # Flite slt, the voice outside the fleet, in development renders (the bench's are seed 103)
+    x, words = heldout_clips("slt", seed=303)
+    slt = (np.concatenate([km.infer(km.features(x[a:a + 256]))[0] for a in range(0, len(x), 256)]),
+           np.array([labels.index(w) for w in words]))
+
+    def slt_score(d, res):
+        return command_recall(head_logits(final_head(d, res["final_version"]), slt[0]), slt[1], labels)["balanced"]
+
+    s0 = command_recall(head_logits(extract_head(), slt[0]), slt[1], labels)["balanced"]
     f0, v0 = score(extract_head())
     print(json.dumps({"shipped": {"fleet_dev": f0, "val": v0}}), flush=True)
     for name, over in settings.items():
@@ -81,6 +91,9 @@ def main(argv) -> int:
             print(json.dumps({"name": name, "rep": rep, "fleet_dev_gain": round(100 * (f - f0), 1),
                               "val_loss": round(100 * (v0 - v), 2), "rounds": len(done),
                               "published": sum(r["status"] == "closed" for r in done),
+                              "joined": {v: sum(n for n, f in zip(res["participation"], fleet) if f["voice"] == v)
+                                         for v in FLEET_VOICES},
+                              "slt_dev_gain": round(100 * (slt_score(d, res) - s0), 1),
                               "gate": [round(r["accuracy"], 4) for r in done], "s": round(time.time() - t)}), flush=True)
     return 0
 

@@ -168,17 +168,16 @@ class ModelRegistry:
         row = self.store.one("SELECT MIN(version) FROM models WHERE status='published'")
         if self.negatives is None or row is None or row[0] is None or version <= int(row[0]):
             return None  # no negatives, or this is the first version (it is the reference)
-        start = int(row[0])
+        start = int(row[0])  # not start_version(): while the first version is written there is none
+        from edge.adapt import EmbeddingHead
         from edge.detect import THRESHOLD, count_events
         from edge.operating import matched
 
         X, ends, kw, hours = self.negatives
         names = [self._labels()[k] for k in kw]
 
-        def probs(p):
-            z = head_logits(p, X)
-            z = np.exp(z - z.max(axis=1, keepdims=True))
-            return (z / z.sum(axis=1, keepdims=True))[:, kw]
+        def probs(p):  # the posteriors a device's Detector scores with this head
+            return EmbeddingHead(p).probs(X)[:, kw]
 
         if self._reference_counts is None or self._reference_counts[0] != start:
             ref = probs(self.params(start))

@@ -10,7 +10,10 @@ stdin) through the device's detector and, between 0.1 s chunks, keeps the rest o
   scheduler allows, in a child process (``edgelearn device adapt`` without ``--force``: the
   scheduler decides, pauses and resumes it; ``nice`` 10), so training never holds the detector's
   interpreter or its GIL. While a run is in progress detection does not write the replay buffer
-  (the run commits it); when a run commits, detection switches to the adapted model;
+  (the run commits it); when a run commits, detection switches to the adapted model. When a new
+  version is used while the active context was adapted against another head, detection hears with
+  the new head at once (the context rebased onto it, ``edge.adapt.delta.rebase``) and a run on the
+  new version is started at the next tick (``readapt_pending`` in ``agent.json`` until it commits);
 - with an aggregator, it checks in on its schedule in a background thread (``edge.fl.FLClient``:
   HMAC-signed check-in; when selected it trains the federated head on its own examples, the
   embedding replay buffer plus its labelled clips, and uploads one compressed, authenticated
@@ -60,6 +63,9 @@ FL_AUGMENT = 8
 SAMPLE_RATE = 16000
 HEALTH_TOLERANCE = 0.05  # a new version may name at most this fraction fewer labelled clips right
 HOLD_ENV = "EDGELEARN_AGENT_HOLD"  # test-only: stop the federated thread at a named point (_HeldTransport)
+# while the active context was adapted against an older head (a new version arrived), a run the
+# scheduler deferred or paused is asked for again this soon (else every adapt_every_s)
+READAPT_RETRY_S = 300.0
 
 UNIT = """[Unit]
 Description=edgelearn device agent (keyword detection, on-device adaptation, federated rounds)
@@ -262,7 +268,8 @@ class Agent:
         self.device, unchecked = self._open_device()
         if unchecked is not None:  # installed, never checked (a kill -9 came between): checked before use
             self._switch_version(unchecked)
-        self._next_adapt = self.clock()
+        self._model_status()
+        self._next_adapt = self.clock()  # a re-adaptation a kill -9 interrupted is asked for at once
         self._next_checkin = self.clock()
         self._next_status = self.clock()
 
@@ -342,6 +349,18 @@ class Agent:
             return bool(DeviceState.open(self.state_dir, bundle).keywords)
         except EdgelearnError:
             return False
+
+    def _model_status(self) -> dict:
+        """``status["model"]``: which model detection runs (``edge.device.detection_info``: version,
+        adapted context, the version it was adapted on, rebased or not) and ``readapt_pending``:
+        the context was adapted against another head and this agent adapts it again on the running
+        version (it has ``data`` and adapts)."""
+        from edge.device import detection_info
+
+        info = detection_info(self.device.bundle, self.state_dir)
+        info["readapt_pending"] = bool(info["rebased"] and self.cfg.data is not None and self.cfg.adapt)
+        self.status["model"] = info
+        return info
 
     def labelled_clips(self):
         """(windows, labels) of the labelled clips in ``data``, or None."""
@@ -467,6 +486,9 @@ class Agent:
                 res = {"status": "failed", "reason": (err.strip().splitlines() or ["exit %d" % rc])[-1]}
             self.status["last_adapt"] = {"time": time.time(), **{k: res.get(k) for k in
                                                                  ("status", "reason", "version", "steps", "strategy")}}
+            self.status["state"] = "running"
+            if self._model_status()["readapt_pending"]:  # deferred, paused or failed: asked again soon
+                self._next_adapt = min(self._next_adapt, now + READAPT_RETRY_S)
             self._write_status()
             self._restart = True  # the adapted model (when the run committed), and replay back on
             return
@@ -477,6 +499,7 @@ class Agent:
         self.child = subprocess.Popen(self._adapt_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       preexec_fn=lambda: os.nice(10))
         self.status["state"] = "adapting"
+        self._write_status()  # an event of note: agent.json says a run is in progress
 
     def _poll_federation(self, now: float) -> None:
         if not self.cfg.aggregator:
@@ -609,6 +632,9 @@ class Agent:
         base = health_check(self.device.bundle, clips, backend=self.backend)["accuracy"] if clips is not None else None
         h = health_check(new, clips, baseline=base, backend=self.backend)
         if h["ok"]:
+            # a run in progress trains against the running version, and its commit would bind the adapt
+            # pointer back to it: stopped first (its checkpoint is not resumed on another head)
+            self._stop_child(f"version {version} arrived")
             try:  # the enrolled keywords and adapted tail move with it, or the version is not used
                 self.device.carry_to(new)
             except EdgelearnError as e:
@@ -632,7 +658,24 @@ class Agent:
             self.wyoming.device = self.device
         self.status["version"] = f"{new.model_id} v{new.version}"
         self.status["fl_version"] = new.version
+        if self._model_status()["readapt_pending"]:  # adapted on another head: again on this one, at once
+            self._next_adapt = self.clock()
         self._restart = True
+
+    def _stop_child(self, why: str) -> None:
+        """End the adaptation run in progress, if any (SIGTERM; every file it writes is old or new)."""
+        if self.child is None:
+            return
+        self.child.terminate()
+        try:
+            self.child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.communicate()
+        self.child = None
+        self.status["state"] = "running"
+        self.status["last_adapt"] = {"time": time.time(), "status": "stopped", "reason": why, "version": None,
+                                     "steps": None, "strategy": self.cfg.strategy}
 
     # -- the way out -----------------------------------------------------------------------------
     def _write_status(self) -> None:

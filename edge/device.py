@@ -52,12 +52,14 @@ def detection_models(bundle, state_dir, backend: str = "auto"):
     (``edge.adapt.delta.delta_kind`` tells them apart: it replaces a test of the key prefixes
     ``proj.``/``classifier.``, which agrees on every delta ``device adapt`` writes; a head delta of
     adapter factors alone, ``adapter.a``/``adapter.b``, was taken for a conv tail, which ignored
-    it, and now runs as the head it is)."""
+    it, and now runs as the head it is). On a federated version the conv tail ends in the version's
+    head (``edge.adapt.load_tail``); a context adapted against another head runs rebased onto this
+    one until it is adapted again on it (``AdaptStore.load_carried``, ``detection_info``)."""
     from edge.adapt.delta import CONV_TAIL, EMBEDDING_HEAD, delta_kind
     from edge.adapt.store import AdaptStore
     from edge.kws import KeywordModel
 
-    delta = AdaptStore(state_dir, bundle).load()
+    delta, _ = AdaptStore(state_dir, bundle).load_carried()
     kind = delta_kind(delta)
     if kind == EMBEDDING_HEAD:
         from edge.adapt import EmbeddingHead
@@ -127,6 +129,31 @@ def calibrated_for(bundle, state_dir) -> dict:
     version = meta["contexts"][active].get("current") if active else None
     return {"model": bundle.model_id, "bundle_version": bundle.manifest.get("version"),
             "context": active, "context_version": version}
+
+
+def detection_info(bundle, state_dir) -> dict:
+    """Which model detection runs in ``state_dir`` (reads only): the bundle's version and whether it
+    scores with a federated head; the active adapted context and its version; the version it was
+    adapted on (``adapted_on``; None: before the record, on ``tail.npz``'s classifier) and
+    ``rebased``: it was adapted against another head than this version's and runs carried onto it
+    (``edge.adapt.delta.rebase``) until it is adapted again on this version."""
+    from edge.adapt.delta import stale
+    from edge.adapt.store import AdaptStore
+
+    out = {"version": bundle.version, "federated_head": is_federated(bundle), "context": None,
+           "context_version": None, "adapted_on": None, "rebased": False}
+    try:
+        store = AdaptStore(state_dir, bundle)
+        active = store.meta.get("active")
+        delta, info = store.load_with_info(active) if active else ({}, {})
+    except EdgelearnError as e:
+        return {**out, "error": str(e)}
+    if not delta:
+        return out
+    rec = info.get("trained_on") if isinstance(info.get("trained_on"), dict) else {}
+    return {**out, "context": active, "context_version": store.current(active),
+            "adapted_on": rec.get("version") if isinstance(rec.get("version"), int) else None,
+            "rebased": stale(info, bundle)}
 
 
 def embedding_dim(km) -> int:
@@ -273,7 +300,7 @@ class Device:
         the default ALSA device (``arecord``) until it stops. ``keywords``: base keywords to report
         (None: the bundle's commands; ``"all"``: every word label). ``threshold``: one for every
         base keyword or {keyword: threshold} (None: the version's own operating point when it was
-        published with one and nothing adapted is active, ``version_thresholds``, else
+        published with one, ``version_thresholds``, else
         ``edge.detect.THRESHOLD``); ``sensitivity``
         instead: the thresholds ``calibrate`` set for at most this many false accepts per hour.
         Base-keyword events at or above ``confirm`` feed the tail replay buffer unless
@@ -296,7 +323,6 @@ class Device:
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
                                  fix="pass threshold=T, or sensitivity=FA_PER_HOUR after `calibrate`")
-        from edge.adapt.store import AdaptStore
         from edge.adapt.verified import load_verified
         from edge.detect import THRESHOLD, Detector, default_keywords
 
@@ -322,9 +348,9 @@ class Device:
             threshold = load_points(self.state_dir, calibrated_for(bundle, self.state_dir)).thresholds(sensitivity)
             if keywords is not None:
                 threshold = {w: t for w, t in threshold.items() if w in keywords}
-        if threshold is None:  # the version's own operating point while nothing adapted is active
+        if threshold is None:  # the version's own operating point (an adapted tail ends in its head too)
             thr = version_thresholds(bundle)
-            if thr is not None and not AdaptStore(self.state_dir, bundle).load():
+            if thr is not None:
                 watched = default_keywords(km) if keywords is None else keywords
                 threshold = {w: t for w, t in thr.items() if w in watched} or None
         threshold = THRESHOLD if threshold is None else threshold
@@ -349,7 +375,10 @@ class Device:
         they are; when the basis changed, every keyword is enrolled again on ``new`` from the clips
         the device kept when it was enrolled (``enrolment_clips``: on the device only, never
         uploaded). Adapted contexts carry only when their backbone and base tail (``ADAPT_FILES``)
-        are unchanged. Nothing is written unless all of it carries; otherwise an EdgelearnError says
+        are unchanged; on ``new`` their tails end in its federated head, and a context adapted
+        against another head runs rebased onto it (``AdaptStore.load_carried``: the personal offsets
+        on the new head) until it is adapted again on ``new`` (the agent does so at once, from its
+        labelled clips). Nothing is written unless all of it carries; otherwise an EdgelearnError says
         what changed. Returns {"keywords": n, "contexts": n, "rederived": [names enrolled again]}.
 
         Two files move, each atomically: the adapt pointer first, the keywords last (the agent takes
@@ -375,6 +404,13 @@ class Device:
         if store.meta["contexts"] and not moved:
             a, b = _basis(old, ADAPT_FILES), _basis(new, ADAPT_FILES)
             changed = [n for n in a if a[n] != b.get(n)]
+            if not changed:  # the adapted tails end in new's head (a federated version's): one they can run
+                from edge.adapt import load_tail
+
+                try:
+                    load_tail(new)
+                except EdgelearnError:
+                    changed.append("the head (not one a conv tail can end in)")
         keywords, rederived = state.keywords, []
         if state.keywords and _basis(old, ENROLMENT_FILES) != _basis(new, ENROLMENT_FILES):
             missing = [k["name"] for k in state.keywords if self.enrolment_clips(k["name"]) is None]
@@ -544,6 +580,7 @@ class Device:
 
         from edge.adapt import Backbone, ConvTail, ConvTrainer, load_tail
         from edge.adapt.convtrain import choose_sparse
+        from edge.adapt.delta import trained_on
         from edge.adapt.fcache import cached_features
         from edge.adapt.recipe import resolve, train_options, training_windows
         from edge.adapt.run import train
@@ -570,9 +607,12 @@ class Device:
         bb = Backbone(bundle, backend=self.backend)
         x = cached_features(self.state_dir, bb, km, x_in)  # int8; epochs never rerun the backbone
         train_dw = dw4 == "train" or (dw4 == "auto" and r["strategy"] != "bias-only")
-        tail = ConvTail(load_tail(bundle), store.load(context), qparams=bb.qparams, train_dw=train_dw)
+        # from what detection runs: a context adapted against another head, rebased onto this one
+        tail = ConvTail(load_tail(bundle), store.load_carried(context)[0], qparams=bb.qparams, train_dw=train_dw)
         chosen = choose_sparse(tail, x[:32], yy[:32], memory_budget, r["optimizer"]) if r["strategy"] == "sparse" else ()
         tr = ConvTrainer(tail, r["strategy"], r["optimizer"], rank=rank, sparse_weights=chosen, lr=lr, seed=seed)
+        names = set(tail.delta) | set(tr.names) | ({"cls_w"} if any(n.startswith("cls.lora") for n in tail.delta) else set())
+        record = {"trained_on": trained_on(bundle, tail.base, names)}  # the head it ends in (carry_to)
         # the replay buffer is written once, in the run's commit (nothing on a pause)
         replay = ReplayStore(self.state_dir, dim=int(np.prod(x.shape[1:])), max_bytes=replay_bytes,
                              name=TAIL_REPLAY, flush_every=1 << 62)
@@ -597,7 +637,7 @@ class Device:
         options = train_options(km.labels, r["balance"], r["negative_share"], r["negative_distill"]) if sampled else {}
         res = train(tr, x, yy, store, context, steps, replay=replay, teacher=teacher, distill=distill, seed=seed,
                     should_continue=(lambda: True) if force else sched.should_continue,
-                    charge_seq=sched.charged + 1, stage=stage, **options)
+                    charge_seq=sched.charged + 1, stage=stage, record=record, **options)
         if res["status"] == "done":
             replay.mark_saved()
         store.recover(sched.charge)  # the run's energy, charged once (its record sits beside the result)
@@ -686,8 +726,8 @@ class Device:
     # -- status ----------------------------------------------------------------------------------
     def status(self) -> dict:
         """Bundle, enrolled keywords and whether each one's verifier is current, adapted contexts,
-        replay buffers, the scheduler's last decision and a federated version's operating point
-        (used unless an adapted context is active). Reads only: never changes the state."""
+        replay buffers, the scheduler's last decision, a federated version's operating point, and
+        which model detection runs (``detection_info``). Reads only: never changes the state."""
         from edge.adapt.store import AdaptStore
         from edge.replay import EMBEDDING_REPLAY, TAIL_REPLAY, load_replay
         from edge.scheduler import last_record
@@ -718,7 +758,8 @@ class Device:
             except EdgelearnError:
                 thr = "malformed"
             out["operating_point"] = {"thresholds": thr, "matched_to_version": op.get("matched_to_version"),
-                                      "in_use": thr != "malformed" and not adapt.load()}
+                                      "in_use": thr != "malformed"}
+        out["detection"] = detection_info(bundle, self.state_dir)
         agent = read_status(self.state_dir)  # what `device run` did last (edge/agent.py)
         if agent is not None:
             out["agent"] = agent

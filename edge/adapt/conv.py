@@ -9,6 +9,14 @@ float32 with batch norm folded (``host/tail_export.py`` has the reference)::
     y2 = relu(a2) ; e = mean_p(y2)                               e: the 64-d embedding
     logits = e @ cls_w + cls_b [+ s (e A) B] [+ relu(l Ad) Bd]   LoRA / residual adapter on cls
 
+A federated version (manifest ``trainable.strategy == "federated-head"``) scores with the head the
+federation trained (``head.npz``: ``relu(e @ proj.w + proj.b) @ classifier.w + classifier.b``), so
+its tail ends in that head (``load_tail``): ``proj_w``/``proj_b``, frozen, between the pool and the
+classifier, and ``cls_w``/``cls_b`` are the head's classifier. A context adapted on such a version
+trains on, and detects with, the federated head (without it the tail's own classifier masked it)::
+
+    h = relu(e @ proj_w + proj_b) ; logits = h @ cls_w + cls_b [...]   (only when the base has proj_w)
+
 ``delta`` overrides ``base`` by name (replaced tensors, LoRA and adapter factors),
 so contexts swap by swapping ``delta``. ``train_dw=False`` freezes dw4 into the
 forward (the tail the host's training-memory model describes: it cannot model a
@@ -36,10 +44,37 @@ from edge.errors import EdgelearnError
 
 ARRAYS = ("dw4_w", "dw4_b", "pw4_w", "pw4_b", "cls_w", "cls_b")
 LINEAR = ("pw4", "cls")
+CLS_NAMES = ("cls_w", "cls_b", "cls.lora_a", "cls.lora_b", "cls.adapter_a", "cls.adapter_b")
+FEDERATED_HEAD = ("proj.w", "proj.b", "classifier.w", "classifier.b")  # what a tail can end in
 
 
-def load_tail(bundle) -> dict:
-    """The float tail arrays of a bundle (manifest ``trainable.tail``), checked for shape."""
+def is_federated(bundle) -> bool:
+    """Whether ``bundle`` is a version a federation published (it carries ``head.npz``)."""
+    return ((getattr(bundle, "manifest", None) or {}).get("trainable") or {}).get("strategy") == "federated-head"
+
+
+def load_tail(bundle, head: bool = True) -> dict:
+    """The float tail arrays of a bundle (manifest ``trainable.tail``), checked for shape. For a
+    federated version (``is_federated``) and ``head``, the tail ends in the version's federated head:
+    ``proj_w``/``proj_b`` added and ``cls_w``/``cls_b`` its classifier (what detection scores with);
+    ``head=False``: the arrays of ``tail.npz`` as they are."""
+    t = _tail_file(bundle)
+    if head and is_federated(bundle):
+        from edge.fl.model import load_head
+
+        h = load_head(bundle)
+        c, k = t["cls_w"].shape
+        want = dict(zip(FEDERATED_HEAD, ((c, c), (c,), (c, k), (k,))))
+        if set(h) != set(want) or any(h[n].shape != s for n, s in want.items()):
+            raise EdgelearnError(f"bundle {bundle.model_id} v{bundle.version}'s federated head holds "
+                                 f"{sorted((n, tuple(a.shape)) for n, a in h.items())}, not the projection and "
+                                 "classifier a conv tail can end in",
+                                 fix="stay on a version whose head.npz holds proj.* and classifier.* only")
+        t.update(proj_w=h["proj.w"], proj_b=h["proj.b"], cls_w=h["classifier.w"], cls_b=h["classifier.b"])
+    return t
+
+
+def _tail_file(bundle) -> dict:
     spec = (bundle.manifest.get("trainable") or {}).get("tail")
     if not spec:
         raise EdgelearnError(f"bundle {bundle.model_id} v{bundle.version} carries no trainable tail",
@@ -312,7 +347,15 @@ class ConvTail:
         e = a2.mean(axis=1)
         del a2
         need_e = keep is not None and bool(w & {"cls_w", "cls.lora_a"})
-        logits = self._linear(e, "cls", keep, need_e)
+        h = e
+        pw = self.base.get("proj_w")
+        if pw is not None:  # a federated version's head: relu(e P + p) before its classifier
+            h = e @ pw
+            h += self.base["proj_b"]
+            if keep is not None and w - set(CLS_NAMES):
+                keep["maskp"] = h > 0
+            h = np.maximum(h, 0)
+        logits = self._linear(h, "cls", keep, need_e)
         if keep is not None:
             keep["P"] = npos
         return logits, keep, e

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.adapt.conv import ConvTail, dwconv_grad
+from edge.adapt.conv import CLS_NAMES, ConvTail, dwconv_grad
 from edge.adapt.prefix import Prefix
 from edge.adapt.trainer import OPTIMIZERS, STRATEGIES, Resumable, _dlogits, _xent, check_targets
 from edge.errors import EdgelearnError
@@ -212,11 +212,15 @@ class ConvTrainer(Resumable):
 
     def _backward(self, keep: dict, g: np.ndarray, wanted: set) -> None:
         t = self.tail
-        below = wanted - {"cls_w", "cls_b", "cls.lora_a", "cls.lora_b", "cls.adapter_a", "cls.adapter_b"}
+        below = wanted - set(CLS_NAMES)
         de = self._linear_back(keep, "cls", g, wanted, need_dx=bool(below))
         self._hold(de)
         if not below:
             return
+        if "maskp" in keep:  # through a federated head's projection (ConvTail: relu(e P + p))
+            de *= keep.pop("maskp")
+            de = de @ t.base["proj_w"].T
+            self._hold(de)
         p = keep["P"]
         if "count2" in keep:  # bias-only on the bottom layer: C-vectors only
             de *= keep.pop("count2")

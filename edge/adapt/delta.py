@@ -130,3 +130,59 @@ def check_delta(arrays: dict, shapes: dict | None) -> None:
             raise ValueError(f"factors {stem}a/{stem}b have ranks {ra} and {rb}")
 
 
+# -- which head a delta was trained against, and carrying it to another (issue 18) ------------------
+REBASED = ("cls_w", "cls_b")  # delta tensors that replace the classifier a tail ends in
+
+
+def head_key(bundle) -> str | None:
+    """What a conv tail of ``bundle`` ends in: the sha256 of a federated version's ``head.npz``
+    (``edge.adapt.conv.load_tail``), or None (``tail.npz``'s own classifier)."""
+    from edge.adapt.conv import is_federated
+
+    if not is_federated(bundle):
+        return None
+    name = (bundle.manifest.get("trainable") or {}).get("file", "head.npz")
+    return (bundle.manifest.get("files", {}).get(name) or {}).get("sha256") or "?"
+
+
+def trained_on(bundle, base: dict, names) -> dict:
+    """The ``trained_on`` record a committed delta carries (its ``__info__``): the bundle's model and
+    version, the head its tail ended in (``head_key``), and the base values of the classifier tensors
+    among ``names`` (``REBASED``), so ``rebase`` can carry what training changed to another head."""
+    return {"model": bundle.model_id, "version": bundle.version, "head": head_key(bundle),
+            "cls": {n: np.asarray(base[n], np.float32).ravel().tolist() for n in REBASED if n in set(names)}}
+
+
+def stale(info: dict, bundle) -> bool:
+    """Whether a delta with ``info`` was trained against another head than ``bundle``'s tail ends in
+    (a delta of before the record was trained on ``tail.npz``'s classifier: head None)."""
+    rec = info.get("trained_on") if isinstance(info, dict) else None
+    return (rec.get("head") if isinstance(rec, dict) else None) != head_key(bundle)
+
+
+def rebase(delta: dict, info: dict, bundle, base: dict) -> dict:
+    """``delta`` (trained against the head ``info`` names) carried onto ``bundle``'s tail ``base``:
+    the conv layers' tensors and factors as they are (the backbone and ``tail.npz`` are the same,
+    ``Device.carry_to`` checks), each replaced classifier tensor as the base's plus what training
+    changed (``cls_b`` trained to b' from b becomes base + (b' - b): the personal offset on each
+    label's logit, on the new head); the classifier's LoRA and adapter factors as they are. A delta
+    of before the record (no ``trained_on``) was trained from ``tail.npz``'s classifier."""
+    if not stale(info, bundle):
+        return delta
+    rec = info.get("trained_on") if isinstance(info.get("trained_on"), dict) else {}
+    was = rec.get("cls") if isinstance(rec.get("cls"), dict) else None
+    raw = None
+    out = dict(delta)
+    for n in REBASED:
+        if n not in delta:
+            continue
+        old = was.get(n) if was is not None else None
+        if old is None:
+            if raw is None:
+                from edge.adapt.conv import load_tail
+
+                raw = load_tail(bundle, head=False)
+            old = raw[n]
+        old = np.asarray(old, np.float32).reshape(base[n].shape)
+        out[n] = (base[n] + (delta[n] - old)).astype(np.float32)
+    return out

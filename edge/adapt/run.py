@@ -49,7 +49,7 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
           replay_n: int = 16, should_continue=lambda: True, checkpoint_every: int = 50,
           seed: int = 0, teacher=None, distill: float = 0.5, charge_seq: int | None = None,
           stage=None, balance: bool = False, negatives=(), negative_share: float | None = None,
-          negative_distill: float = 0.0) -> dict:
+          negative_distill: float = 0.0, record: dict | None = None) -> dict:
     """Run ``steps`` steps (or resume them); see the module docstring.
 
     With ``teacher`` (``x -> probs`` of the model before adapting, e.g. the bundle's tail), the
@@ -70,8 +70,11 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
     (with ``teacher``): the local examples labelled ``negatives`` get the targets
     ``(1 - w) * label + w * teacher(x)``, so the tail keeps the base model's view of the place's
     own audio as well as its label.
+
+    ``record``: more of the run's record, committed with the version and matched on resume (the
+    device's ``trained_on``: the bundle and head the tail ends in, ``edge.adapt.delta.trained_on``).
     """
-    info = {"context": context, "strategy": trainer.strategy, "optimizer": trainer.optimizer,
+    info = {**(record or {}), "context": context, "strategy": trainer.strategy, "optimizer": trainer.optimizer,
             "steps": steps, "n": int(len(x)), "distill": float(distill) if teacher is not None else 0.0,
             "tensors": list(trainer.names), "base": store.current(context), "data": data_digest(x, y)}
     batches = Batches(y, batch, seed=seed, balance=balance, negatives=negatives, negative_share=negative_share)

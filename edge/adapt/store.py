@@ -276,12 +276,17 @@ class AdaptStore:
 
     # -- reading --------------------------------------------------------------------------------
     def load(self, context: str | None = None) -> dict:
+        return self.load_with_info(context)[0]
+
+    def load_with_info(self, context: str | None = None) -> tuple[dict, dict]:
+        """(the context's current delta, the ``__info__`` it was committed with: the run's record,
+        ``trained_on`` among it); ({}, {}) when there is none. The active context by default."""
         context = context or self.meta.get("active")
         if context is None:
-            return {}
+            return {}, {}
         entry = self.meta["contexts"].get(context)
         if entry is None or entry.get("current") is None:
-            return {}
+            return {}, {}
         path = self._version_path(context, entry["current"])
         fix = (f"roll back to the previous version (`edgelearn device adapt --rollback --context {context}`), "
                f"or restore the file from a backup")
@@ -292,11 +297,24 @@ class AdaptStore:
             self._shapes = delta_shapes(self.bundle)
         try:
             arrays = npz_arrays(path)
-            npz_info(arrays)
+            info = npz_info(arrays)
             check_delta(arrays, self._shapes)
         except READ_ERRORS as e:
             raise EdgelearnError(f"adapted version {path} is damaged ({e})", fix=fix) from None
-        return arrays
+        return arrays, info
+
+    def load_carried(self, context: str | None = None) -> tuple[dict, dict]:
+        """(the context's current delta as this store's bundle runs it, its info): a conv-tail delta
+        trained against another head than the bundle's tail ends in (a federated version it was
+        carried to, ``Device.carry_to``) is rebased onto it (``edge.adapt.delta.rebase``)."""
+        from edge.adapt.delta import CONV_TAIL, delta_kind, rebase, stale
+
+        delta, info = self.load_with_info(context)
+        if delta and delta_kind(delta) == CONV_TAIL and stale(info, self.bundle):
+            from edge.adapt.conv import load_tail
+
+            delta = rebase(delta, info, self.bundle, load_tail(self.bundle))
+        return delta, info
 
     def use(self, context: str | None) -> None:
         if context is not None and context not in self.meta["contexts"]:

@@ -170,8 +170,8 @@ def load_verified(state_dir, bundle, threshold=0.7, keywords=None, custom=None) 
     delta = store.load(context)
     if not delta or delta_kind(delta) != CONV_TAIL:
         return None
-    entries = load_entries(state_dir, context, delta)
+    entries = load_entries(state_dir, context, delta)  # tied to the committed delta
     if not entries:
         return None
-    tail = ConvTail(load_tail(bundle), delta)
+    tail = ConvTail(load_tail(bundle), store.load_carried(context)[0])  # as detection runs it
     return VerifiedCommands(bundle, tail, entries, threshold=threshold, keywords=keywords, custom=custom)

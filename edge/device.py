@@ -611,7 +611,9 @@ class Device:
         tail = ConvTail(load_tail(bundle), store.load_carried(context)[0], qparams=bb.qparams, train_dw=train_dw)
         chosen = choose_sparse(tail, x[:32], yy[:32], memory_budget, r["optimizer"]) if r["strategy"] == "sparse" else ()
         tr = ConvTrainer(tail, r["strategy"], r["optimizer"], rank=rank, sparse_weights=chosen, lr=lr, seed=seed)
-        names = set(tail.delta) | set(tr.names) | ({"cls_w"} if any(n.startswith("cls.lora") for n in tail.delta) else set())
+        names = set(tail.delta) | set(tr.names)
+        if any(n.startswith("cls.lora") for n in names):  # merged into cls_w at the commit
+            names.add("cls_w")
         record = {"trained_on": trained_on(bundle, tail.base, names)}  # the head it ends in (carry_to)
         # the replay buffer is written once, in the run's commit (nothing on a pause)
         replay = ReplayStore(self.state_dir, dim=int(np.prod(x.shape[1:])), max_bytes=replay_bytes,

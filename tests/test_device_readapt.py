@@ -257,3 +257,86 @@ def test_the_agent_adapts_again_on_a_new_version_and_a_kill_9_between_leaves_a_w
     again = Device(state, v2)
     assert hears_new_head(again.models(), s)
     assert personal(again.models(), s).min() > 4 * personal(base_models(v2), s).max()
+
+
+@pytest.fixture
+def fleet_agent(adapted, tmp_path):
+    """What an Agent on ``adapted``'s state needs to see v2 in its store: an aggregator address
+    (nothing listens there: each check-in fails and is retried) and a device key."""
+    from host.aggregator.setup import write_device_key
+
+    key = write_device_key(tmp_path / "devkeys", "pi-0", os.urandom(32))
+    return dict(aggregator=f"http://127.0.0.1:{free_port()}", device_id="pi-0", device_key=key)
+
+
+def test_the_switch_mid_stream_drops_and_repeats_no_event(adapted, fleet_agent, tmp_path):
+    """v2 arrives in the middle of a stream: the enrolled keyword (scored on the adapted tail's
+    embedding, which the rebase keeps) is found exactly where one uninterrupted detector finds it,
+    and detection ends on v2's head."""
+    from agent_helpers import stream
+    from devstate_helpers import make_keyword_clips
+
+    from edge.store import BundleStore
+
+    s = adapted
+    state = s["state"]
+    Device(state).enroll("hey edge", make_keyword_clips(tmp_path / "kwclips"))
+    pcm = stream(tmp_path, copies=2)
+    want = [e for e in Device(state).detect(pcm, replay=False) if e["keyword"] == "hey edge"]
+    chunks = [pcm[i:i + CHUNK] for i in range(0, len(pcm), CHUNK)]
+    half_s = len(chunks) // 2 * CHUNK / 16000
+    assert min(e["time_s"] for e in want) < half_s < max(e["time_s"] for e in want)  # found on both sides
+    agent = Agent(state, AgentConfig(source=chunks, data=s["data"], adapt=False, checkin_every_s=10 ** 6,
+                                     **fleet_agent), trusted_keys=s["keys"])
+    out, n = [], {"i": 0}
+    agent._emit = out.append
+
+    def tick():
+        n["i"] += 1
+        if n["i"] == len(chunks) // 2:
+            BundleStore(state / "fl" / "store", s["keys"]).install(s["v2_dir"])
+            agent._switch_version(2)
+
+    agent._tick = tick
+    agent.run()
+    assert agent.device.bundle.version == 2 and agent.status["model"]["rebased"]
+    assert not agent.status["model"]["readapt_pending"]  # this agent does not adapt (--no-adapt)
+    got = [e for e in out if e["keyword"] == "hey edge"]
+    assert [e["time_s"] for e in got] == pytest.approx([e["time_s"] for e in want], abs=0.021)
+    assert hears_new_head(agent.device.models(), s)
+
+
+def test_a_run_in_progress_at_the_switch_is_stopped_and_the_next_one_adapts_on_the_new_version(
+        adapted, fleet_agent, tmp_path):
+    """A run that trains against v1 when v2 is used would commit a v1 context over the carried
+    pointer: it is stopped, and the run that follows trains on v2."""
+    from edge.store import BundleStore
+
+    s = adapted
+    state = s["state"]
+    sysfs = make_sysfs(tmp_path / "sys")
+    pcm = (np.random.default_rng(0).standard_normal(CHUNK) * 100).astype(np.int16)
+    seen = {}
+
+    def audio():  # bounded: 5 minutes
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 300:
+            yield pcm
+            if agent.child is not None and "stopped" not in seen:
+                BundleStore(state / "fl" / "store", s["keys"]).install(s["v2_dir"])
+                agent._switch_version(2)
+                seen["stopped"] = dict(agent.status["last_adapt"])
+                assert agent.child is None
+            elif "stopped" in seen and agent.status["last_adapt"].get("status") == "done":
+                return
+            time.sleep(0.005)
+
+    agent = Agent(state, AgentConfig(source=audio(), data=s["data"], adapt_every_s=10 ** 6, checkin_every_s=10 ** 6,
+                                     **fleet_agent), trusted_keys=s["keys"], sysfs_root=sysfs)
+    agent._emit = lambda ev: None
+    agent.run()
+    assert seen["stopped"]["status"] == "stopped" and "version 2" in seen["stopped"]["reason"]
+    assert agent.status["last_adapt"]["status"] == "done"  # asked for at once, not after adapt_every_s
+    info = detection_info(s["v2"], state)
+    assert info["adapted_on"] == 2 and not info["rebased"]
+    assert hears_new_head(Device(state, s["v2"]).models(), s)

@@ -191,11 +191,14 @@ def test_a_head_a_tail_cannot_end_in_is_refused_in_one_sentence(adapted, tmp_pat
     assert not hears_new_head(Device(s["state"]).models(), s)
 
 
-def test_the_agent_adapts_again_on_a_new_version_and_a_kill_9_between_leaves_a_working_state(adapted, tmp_path):
+@pytest.mark.parametrize("delay", [0.0, 0.5])
+def test_the_agent_adapts_again_on_a_new_version_and_a_kill_9_between_leaves_a_working_state(
+        adapted, tmp_path, delay):
     """The agent starts with v2 installed but never checked (as a round leaves it): it checks it,
     detects through the rebased context, starts the re-adaptation at once; kill -9 of the agent and
-    its training child while it runs; the state reads and hears with v2; the restarted agent
-    finishes the re-adaptation on v2 and says so."""
+    its training child ``delay`` s after the run started (at once: the child is still starting, so
+    nothing of it is committed; later: before or after its commit); the state reads and hears with
+    v2; the restarted agent finishes the re-adaptation on v2 and says so."""
     from edge.store import BundleStore
     from host.aggregator.setup import write_device_key
 
@@ -223,7 +226,7 @@ def test_the_agent_adapts_again_on_a_new_version_and_a_kill_9_between_leaves_a_w
         st = read_status(state)
         assert st["adapting"] and st["model"]["readapt_pending"] and st["model"]["adapted_on"] == 1, st
         assert st["last_health"]["ok"] and st["version"].endswith(" v2")
-        time.sleep(0.5)
+        time.sleep(delay)
     finally:
         os.killpg(p.pid, signal.SIGKILL)  # the agent and its training child, at once
         p.wait()
@@ -231,6 +234,8 @@ def test_the_agent_adapts_again_on_a_new_version_and_a_kill_9_between_leaves_a_w
     dev = Device(state, v2)
     info = dev.status()["detection"]  # old (rebased, adapted on v1) or new (adapted on v2): never broken
     assert info["version"] == 2 and info["adapted_on"] in (1, 2) and info["rebased"] == (info["adapted_on"] == 1)
+    if delay == 0:
+        assert info["rebased"], "killed before the run could commit: the context adapted on v1, rebased"
     assert hears_new_head(dev.models(), s)
     out, done = [], {}
 
@@ -247,6 +252,7 @@ def test_the_agent_adapts_again_on_a_new_version_and_a_kill_9_between_leaves_a_w
     agent = Agent(state, AgentConfig(source=audio(), data=s["data"], aggregator=agg[1], device_id="pi-0",
                                      device_key=key, status_every_s=0), trusted_keys=keys, sysfs_root=sysfs)
     assert agent.device.bundle.version == 2  # it ran v2 before the kill: used at once
+    assert agent.status["model"]["readapt_pending"] == info["rebased"]
     agent._emit = out.append
     agent.run()
     assert done.get("status") == "done", done

@@ -11,8 +11,8 @@ keyword, so one utterance gives one event. A custom keyword with a second stage
 (``edge.verify``) is checked on its peak window before it becomes an event (from
 verifier version 6 on, on every window of the candidate until one passes, the
 peak's first: ``CustomKeywords.searches``); a rejected candidate gives no event and
-no refractory period (``rejected`` counts them), so the encoder's cost per hop is
-unchanged and the verifier runs only when the first stage fires.
+no refractory period (``rejected`` counts them; ``verified``, the windows checked), so the
+encoder's cost per hop is unchanged and the verifier runs only when the first stage fires.
 
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
@@ -91,6 +91,7 @@ class Detector:
         self._windows = []     # every window of the open candidate (at most peak_hops + 1)
         self.invocations = 0
         self.rejected = 0
+        self.verified = 0      # windows the second stage ran on
 
     def _window(self) -> np.ndarray:
         i = self.n_frames % F.N_FRAMES
@@ -172,7 +173,7 @@ class Detector:
             tried = [self._peak_window]
             if self.custom.searches(k - nb):
                 tried += [w for w in windows if w is not self._peak_window]
-            if not any(self.custom.verify(k - nb, w)[0] for w in tried):
+            if not self._verify(k - nb, tried):
                 self.rejected += 1
                 return None
         self.quiet_until = t + self.refractory
@@ -180,6 +181,21 @@ class Detector:
         if self.on_event is not None:
             self.on_event(ev, self._peak_window)
         return ev
+
+    def _verify(self, k: int, tried: list) -> bool:
+        """Does any of ``tried`` pass custom keyword ``k``'s second stage? (``verified`` counts the
+        windows it ran on.) A CustomKeywords aligns a search's windows together (``passes_any``: the
+        same answer, one alignment, every window computed); others go window by window and stop at
+        the first that passes."""
+        check = getattr(self.custom, "passes_any", None)
+        if check is not None and len(tried) > 1:
+            self.verified += len(tried)
+            return bool(check(k, tried))
+        for w in tried:
+            self.verified += 1
+            if self.custom.verify(k, w)[0]:
+                return True
+        return False
 
     @staticmethod
     def _keyword_end(win: np.ndarray, end_s: float) -> float:

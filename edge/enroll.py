@@ -221,6 +221,12 @@ class CustomKeywords:
             self._threshold_at = V.threshold_at
         self.verify_thresholds = [e["verify"]["threshold"] if "verify" in e else None for e in entries]
         self.verify_versions = [e["verify"].get("version", 1) if "verify" in e else None for e in entries]
+        # per keyword, once: its templates as unit vectors (``Verifier.prepare``) and the lowest and
+        # highest threshold its levels can give a window (``_passes``)
+        self._prepared = [None if t is None else self.verifier.prepare(t, v)
+                          for t, v in zip(self.templates, self.verify_versions)]
+        self._bounds = [None if lv is None else (min(t for _, t in lv), max(t for _, t in lv))
+                        for lv in self.verify_levels]
 
     def verifies(self, k: int) -> bool:
         return self.verifier is not None and self.templates[k] is not None
@@ -238,9 +244,44 @@ class CustomKeywords:
             return True, 0.0
         version, feats = self.verify_versions[k], np.asarray(feats)
         seqs = self.verifier.sequences(feats[None], version)
-        d = float(self.verifier.distance(seqs, self.templates[k], version=version)[0])
+        d = float(self.verifier.distance(seqs, self._prepared[k], version=version)[0])
+        return self._passes(k, d, feats), d
+
+    def passes_any(self, k: int, windows) -> bool:
+        """Does any of ``windows`` (normalised (49, 10) each) pass keyword ``k``'s second stage? The
+        answer of ``any(verify(k, w)[0] for w in windows)``, from the same distances (each window's
+        steps as ``verify`` makes them, one backbone run each), all aligned in one ``sdtw_batch``:
+        the detector asks this of a candidate's windows, most of which it would try anyway."""
+        if not self.verifies(k):
+            return True
+        if not len(windows):
+            return False
+        version = self.verify_versions[k]
+        windows = [np.asarray(w) for w in windows]
+        seqs = np.concatenate([self.verifier.sequences(w[None], version) for w in windows])
+        d = self.verifier.distance(seqs, self._prepared[k], version=version)
+        return any(self._passes(k, float(x), w) for x, w in zip(d, windows))
+
+    # How far np.interp's result may stray outside the two level thresholds it blends: it computes a
+    # convex combination in float64, a few units in the last place (~1e-16 here), far under this.
+    _INTERP_SLACK = 1e-9
+
+    def _passes(self, k: int, d: float, feats: np.ndarray) -> bool:
+        """``d <= threshold_at(levels, feats)`` for keyword ``k``. The threshold interpolated at the
+        window's noise range lies between the entry's lowest and highest level thresholds, so a
+        distance clear of that span is decided without the range (a percentile over the window's
+        frames); one within it (or within ``_INTERP_SLACK`` of its ends), and a window whose loudness
+        is not finite (its range, then its threshold, would be NaN), gets the exact threshold."""
         levels = self.verify_levels[k]
-        return d <= (self.verify_thresholds[k] if levels is None else float(self._threshold_at(levels, feats))), d
+        if levels is None:
+            return d <= self.verify_thresholds[k]
+        lo, hi = self._bounds[k]
+        if np.isfinite(feats[..., 0]).all():
+            if d < lo - self._INTERP_SLACK:
+                return True
+            if d > hi + self._INTERP_SLACK:
+                return False
+        return d <= float(self._threshold_at(levels, feats))
 
     def scores(self, emb: np.ndarray) -> np.ndarray:
         e = np.asarray(emb, np.float32)

@@ -196,14 +196,27 @@ class Verifier:
         raw = self.raw(F.normalize(F.mfcc(np.asarray(windows)), scale))
         return [r[a:b] for r, (a, b) in zip(raw, (speech_steps(w) for w in windows))]
 
-    def distance(self, seqs: np.ndarray, templates: list[np.ndarray], exclude: int | None = None,
+    def prepare(self, templates: list[np.ndarray], version: int | None = None) -> "Prepared":
+        """A keyword's int8 templates as ``distance`` uses them, once (the detector keeps one per keyword
+        instead of turning every template into unit vectors at every window)."""
+        version = version or self.version
+        return Prepared([self.unit(t, version) for t in templates], version)
+
+    def distance(self, seqs: np.ndarray, templates, exclude: int | None = None,
                  version: int | None = None) -> np.ndarray:
         """(N, 25, dim) ``sequences(feats, version)`` -> (N,) smallest template distance (``exclude``:
         a template index; ``version``: the entry's, whose threshold was calibrated with its
-        features and alignment)."""
+        features and alignment). ``templates``: int8 templates or ``prepare(templates, version)``.
+        Every template in one ``sdtw_batch``: the same numbers as ``sdtw`` template by template."""
         version = version or self.version
-        d = [sdtw(self.unit(t, version), seqs, version >= 2) for k, t in enumerate(templates) if k != exclude]
-        return np.min(d, axis=0)
+        if not isinstance(templates, Prepared):
+            templates = self.prepare(templates, version)
+        elif templates.version != version:
+            raise ValueError(f"templates prepared for version {templates.version}, asked for {version}")
+        keep = [k for k in range(len(templates.units)) if k != exclude]
+        d = sdtw_batch([templates.units[k] for k in keep], seqs, version >= 2,
+                       stacked=templates.stacked if len(keep) == len(templates.units) else None)
+        return d.min(axis=0)
 
     def calibrate(self, windows: np.ndarray, templates: list[np.ndarray], scale, rng,
                   pass_target: float | None = None, levels_db=None, noisy_pass: float | None = None,
@@ -223,10 +236,11 @@ class Verifier:
             raise EdgelearnError("the verifier needs at least 2 enrolment clips", fix="record more clips")
         dist = {lv: [] for lv in levels_db}
         rng_of = {lv: [] for lv in levels_db}
+        prepared = self.prepare(templates)
         for k, w in enumerate(windows):
             for lv in levels_db:
                 feats = F.normalize(F.mfcc(distort(w, rng, lv)), scale)
-                dist[lv].append(self.distance(self.sequences(feats), templates, exclude=k))
+                dist[lv].append(self.distance(self.sequences(feats), prepared, exclude=k))
                 rng_of[lv].append(noise_range(feats))
         d = {lv: np.concatenate(v) for lv, v in dist.items()}
         r = {lv: np.concatenate(v) for lv, v in rng_of.items()}
@@ -322,6 +336,57 @@ def sdtw(tpl: np.ndarray, seqs: np.ndarray, limit_speedup: bool = True) -> np.nd
         stayed = cost[:, i] + (moved if limit_speedup else prev)
         moved = cost[:, i] + best
     return np.minimum(moved, stayed).min(axis=1) / len(tpl)
+
+
+class Prepared:
+    """One keyword's templates as unit vectors for its entry's ``version`` (``Verifier.prepare``):
+    ``units`` one (m, dim) float32 array each, ``stacked`` all of them end to end."""
+
+    def __init__(self, units: list[np.ndarray], version: int):
+        self.units, self.version = units, version
+        self.stacked = np.concatenate(units) if units else None
+
+
+def sdtw_batch(tpls: list[np.ndarray], seqs: np.ndarray, limit_speedup: bool = True,
+               stacked: np.ndarray | None = None) -> np.ndarray:
+    """``sdtw`` of each unit template in ``tpls`` against ``seqs`` (N, n, d) at once: (len(tpls), N).
+
+    The same arithmetic as ``sdtw``, element for element: the step costs come from one einsum over
+    the templates end to end (each cost is the same sum over d), and the recursion runs on all
+    templates side by side up to the longest one, each template's distance taken at its own last
+    step (the rows past it are never read). ``stacked``: ``np.concatenate(tpls)``, when the caller
+    keeps it."""
+    lens = [len(t) for t in tpls]
+    if not lens:
+        raise ValueError("sdtw_batch needs at least one template")
+    seqs = np.asarray(seqs)
+    cat = np.concatenate(tpls) if stacked is None else stacked
+    cost_all = 1.0 - np.einsum("md,knd->kmn", cat, seqs)            # (N, sum m, n)
+    big = max(lens)
+    n_seq, n = cost_all.shape[0], cost_all.shape[2]
+    cost = np.ones((big, len(lens), n_seq, n), cost_all.dtype)      # step, template, window, window step
+    start = 0
+    for j, m in enumerate(lens):
+        cost[:m, j] = cost_all[:, start:start + m].transpose(1, 0, 2)
+        start += m
+    out = np.empty((len(lens), n_seq), cost.dtype)
+    last = {}
+    for j, m in enumerate(lens):
+        last.setdefault(m - 1, []).append(j)
+    moved = cost[0].copy()
+    stayed = np.full_like(moved, np.inf)
+    prev, best = np.empty_like(moved), np.full_like(moved, np.inf)
+    for j in last.get(0, ()):
+        out[j] = np.minimum(moved[j], stayed[j]).min(axis=1) / lens[j]
+    for i in range(1, big):
+        np.minimum(moved, stayed, out=prev)
+        best[..., 1:] = prev[..., :-1]                  # best[..., 0] stays inf
+        np.minimum(best[..., 2:], prev[..., :-2], out=best[..., 2:])
+        np.add(cost[i], moved if limit_speedup else prev, out=stayed)
+        np.add(cost[i], best, out=moved)
+        for j in last.get(i, ()):
+            out[j] = np.minimum(moved[j], stayed[j]).min(axis=1) / lens[j]
+    return out
 
 
 def _pairs(frames: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLES = ("meta", "devices", "rounds", "selections", "updates", "chunks", "models")
+TABLES = ("meta", "devices", "rounds", "selections", "updates", "contributions", "chunks", "models")
 
 
 class FakeClock:

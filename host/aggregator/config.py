@@ -16,6 +16,8 @@ from edge.atomic import atomic_write
 
 
 CODECS = ("dense_f32", "int8", "topk_int8")  # the update codecs a round may ask for (docs/wire-format.md)
+FAIRNESS_COUNTS = ("selections", "contributions")
+UPDATE_WEIGHTS = ("examples", "update", "device")
 
 
 @dataclass
@@ -36,9 +38,18 @@ class AggregatorConfig:
     allow_metered: bool = False
     max_temperature: float = 45.0
     tiers: list = field(default_factory=lambda: ["linux", "mcu"])
-    # fairness: a device joins at most `max_rounds_per_window` of the last `fairness_window` rounds
+    # fairness: a device joins at most `max_rounds_per_window` of the last `fairness_window` rounds,
+    # counting (`fairness_counts`) the rounds that gave it a task ("selections": paces its training) or
+    # the rounds that accepted its update ("contributions": bounds its share of what rounds hear; a slow
+    # device whose upload came too late keeps its turn)
     fairness_window: int = 10
     max_rounds_per_window: int = 5
+    fairness_counts: str = "selections"
+    # how much one accepted update counts in a round's mean (FedAvg family): "examples" (its example
+    # count, McMahan et al. 2017), "update" (1 each), "device" (each device about once per
+    # `fairness_window` rounds however often it answers first: 1 / (1 + the earlier rounds of the window
+    # that accepted its update)); the server knows only which device sent what, never who speaks
+    update_weight: str = "examples"
     # pace steering
     min_retry: float = 5.0
     max_retry: float = 3600.0
@@ -92,6 +103,17 @@ class AggregatorConfig:
         if self.overselect < 1 or self.max_overselect < self.overselect:
             problems.append(f"overselect={self.overselect}, max_overselect={self.max_overselect}: "
                             "need 1 <= overselect <= max_overselect")
+        if self.fairness_counts not in FAIRNESS_COUNTS:
+            problems.append(f"fairness_counts={self.fairness_counts!r} (use {' or '.join(FAIRNESS_COUNTS)})")
+        if self.update_weight not in UPDATE_WEIGHTS:
+            problems.append(f"update_weight={self.update_weight!r} (use {', '.join(UPDATE_WEIGHTS)})")
+        if self.fairness_window < 1 or self.max_rounds_per_window < 1:
+            problems.append(f"fairness_window={self.fairness_window}, max_rounds_per_window="
+                            f"{self.max_rounds_per_window}: both must be >= 1 (a budget of 0 rounds selects nobody)")
+        if self.secure_aggregation and self.update_weight != "examples":
+            problems.append(f"update_weight={self.update_weight!r} with secure_aggregation: the server never sees "
+                            "an individual update to weight (devices weight their masked input by their example "
+                            "count); use update_weight=examples")
         if self.codec not in CODECS:
             problems.append(f"codec={self.codec!r}")
         if self.adapt_strategy not in ("", *ADAPT_STRATEGIES):

@@ -5,7 +5,10 @@ Eligibility follows the production practice of Bonawitz et al. 2019
 healthy or charging, on an unmetered network, not hot, on a supported tier,
 with the current model. A fairness budget keeps the same always-plugged-in
 devices from dominating: a device joins at most ``max_rounds_per_window`` of
-the last ``fairness_window`` rounds. Pace steering tells a device when to come
+the last ``fairness_window`` rounds, counting the rounds that selected it or
+(``fairness_counts="contributions"``) the rounds that accepted its update, so a
+device that answers first every time takes no more than its share and a slow
+one whose upload came too late keeps its turn. Pace steering tells a device when to come
 back so check-ins arrive at about the rate rounds need them, spread with
 jitter so a fleet does not return in lockstep.
 
@@ -38,7 +41,8 @@ def eligible(state: dict, cfg) -> tuple[bool, str]:
 
 
 def within_budget(recent_rounds: int, cfg) -> bool:
-    """Fairness: joined fewer than the allowed rounds in the recent window."""
+    """Fairness: joined (selected for, or contributed to: ``fairness_counts``) fewer than the allowed
+    rounds in the recent window."""
     return recent_rounds < cfg.max_rounds_per_window
 
 

@@ -8,7 +8,10 @@ the slowest) or at the deadline with at least ``quorum_floor`` (else the round
 fails and a new one opens). Asynchronous mode is FedBuff (Nguyen et al.
 2022): updates against any of the last ``max_staleness`` versions are
 buffered with weight n / sqrt(1 + staleness) and every ``buffer_size`` of them
-make a new version. Every accepted update is committed (frame included)
+make a new version. An update's weight is its example count, 1, or once per
+device over the fairness window (``update_weight``, ``_weight``); which device
+a round accepted is kept in ``contributions`` for the window (the fairness
+budget and that weight count it). Every accepted update is committed (frame included)
 before it touches the in-memory running sum, and the sum is rebuilt from the
 database on start, so a crash neither loses nor double-counts an update.
 On a shared store (PostgreSQL, several replicas; ``pgstore.py``) every write
@@ -104,11 +107,23 @@ class RoundManager(Uploads):
                                       "WHERE round_id=? ORDER BY received", (r[0],)))
 
     def _add_rows(self, rows) -> None:
+        prior = self._prior([dev for dev, _, _ in rows])
         for dev, frame, base in rows:
             upd = decode_update(bytes(frame), self.key_of(dev))
             self.acc.add({t.name: t.values for t in upd.tensors}, upd.header.num_examples,
-                         self._weight(upd.header.num_examples, base))
+                         self._weight(upd.header.num_examples, base, prior.get(dev, 0)))
             self.added.add(dev)
+
+    def _prior(self, devices) -> dict:
+        """Per device, how many of the ``fairness_window`` - 1 rounds before the open one accepted its
+        update (what ``update_weight="device"`` divides by; the same numbers ``_facts`` read at upload)."""
+        if self.cfg.update_weight != "device" or not devices:
+            return {}
+        rid = self.round["round_id"]
+        rows = self.store.all("SELECT device_id, COUNT(*) FROM contributions WHERE round_id > ? AND round_id < ? "
+                              "GROUP BY device_id", (rid - self.cfg.fairness_window, rid))
+        want = set(devices)
+        return {d: int(n) for d, n in rows if d in want}
 
     # --- replicas (shared store) ------------------------------------------------
     def sync(self) -> None:
@@ -162,10 +177,19 @@ class RoundManager(Uploads):
         self.acc = self.strategy.begin(self.reg.params())
         self.added = set()
 
-    def _weight(self, n, base_version):
+    def _weight(self, n, base_version, prior: int = 0):
+        """An accepted update's weight in the round's mean (None: its example count ``n``).
+
+        ``update_weight``: "examples" n (FedAvg), "update" 1, "device" 1 / (1 + ``prior``), ``prior``
+        being how many of the window's earlier rounds accepted this device's update: a device heard in
+        every round counts about as much over a window as one heard once (inverse participation
+        weighting, as FedAU, Wang & Ji 2023, without its estimator's state). Async (FedBuff) divides by
+        sqrt(1 + staleness) as well."""
+        w = self.cfg.update_weight
+        base = float(n) if w == "examples" else 1.0 if w == "update" else 1.0 / (1 + max(0, int(prior)))
         if self.cfg.mode == "async":
-            return n / math.sqrt(1 + max(0, self.reg.current - base_version))
-        return None
+            return base / math.sqrt(1 + max(0, self.reg.current - base_version))
+        return None if w == "examples" else base
 
     def tick(self) -> None:
         """Close a synchronous round whose deadline passed, or one whose quorum is in (a replica that
@@ -206,6 +230,7 @@ class RoundManager(Uploads):
             c.execute("UPDATE rounds SET status='failed', closed=?, note=? WHERE round_id=?",
                       (self.clock(), f"superseded by v{v} ({note})"[:200], r["round_id"]))
             c.execute("DELETE FROM updates WHERE round_id=?", (r["round_id"],))
+            c.execute("DELETE FROM contributions WHERE round_id=?", (r["round_id"],))
             self._open()
         return v
 
@@ -255,6 +280,9 @@ class RoundManager(Uploads):
                 for rid in sorted(self.arrivals, key=int)[:-HISTORY]:
                     del self.arrivals[rid]
                 self.store.set_meta("arrivals", json.dumps(self.arrivals))
+            # a failed round heard nobody (nothing was aggregated); rounds before the window are forgotten
+            c.execute("DELETE FROM contributions WHERE round_id <= ?" + ("" if ok else " OR round_id = ?"),
+                      (r["round_id"] - self.cfg.fairness_window,) + (() if ok else (r["round_id"],)))
             if not ok:
                 c.execute("UPDATE rounds SET status='failed', closed=?, note=? WHERE round_id=?",
                           (self.clock(), f"{why}: {self.acc.count} of {r['target']} updates", r["round_id"]))
@@ -391,10 +419,12 @@ class RoundManager(Uploads):
                                  (now - self.cfg.round_timeout,))[0]
             if out >= self.cfg.max_concurrency:
                 return self._wait("all training slots are taken")
-        recent = self.store.one("SELECT COUNT(*) FROM selections WHERE device_id=? AND round_id > ?",
+        table, verb = ("contributions", "contributed to") if self.cfg.fairness_counts == "contributions" else \
+            ("selections", "joined")
+        recent = self.store.one(f"SELECT COUNT(*) FROM {table} WHERE device_id=? AND round_id > ?",
                                 (device_id, r["round_id"] - self.cfg.fairness_window))[0]
         if not policy.within_budget(recent, self.cfg):
-            return self._wait(f"fairness budget: joined {recent} of the last {self.cfg.fairness_window} rounds")
+            return self._wait(f"fairness budget: {verb} {recent} of the last {self.cfg.fairness_window} rounds")
         with self.store.tx() as c:
             c.execute("INSERT INTO selections(round_id, device_id, selected_at, base_version) VALUES(?,?,?,?)",
                       (r["round_id"], device_id, now, self.reg.current))

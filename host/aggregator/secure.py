@@ -188,5 +188,8 @@ class SecureRounds:
             self.session = None
             with self.rm.store.tx() as c:
                 c.execute("UPDATE rounds SET accepted=? WHERE round_id=?", (len(s.u3), s.round_id))
+                # who the round heard (never what each sent): the fairness budget counts it
+                c.executemany("INSERT INTO contributions(round_id, device_id) VALUES(?,?) ON CONFLICT DO NOTHING",
+                              [(s.round_id, d) for d in sorted(s.u3)])
             r["accepted"] = len(s.u3)
             self.rm._close("secure aggregation")

@@ -54,6 +54,11 @@ CREATE TABLE IF NOT EXISTS updates (
 -- resends are recognised by (device, seq); fairness counts a device's recent selections
 CREATE INDEX IF NOT EXISTS updates_by_device_seq ON updates(device_id, seq);
 CREATE INDEX IF NOT EXISTS selections_by_device ON selections(device_id, round_id);
+-- which device's update each aggregated round accepted, for the last rounds only (pruned as rounds close;
+-- a failed round's are deleted): the fairness budget and the per-device weight count them
+CREATE TABLE IF NOT EXISTS contributions (
+    round_id INTEGER NOT NULL, device_id TEXT NOT NULL, PRIMARY KEY (round_id, device_id));
+CREATE INDEX IF NOT EXISTS contributions_by_device ON contributions(device_id, round_id);
 CREATE TABLE IF NOT EXISTS chunks (
     device_id TEXT NOT NULL, frame_id INTEGER NOT NULL, idx INTEGER NOT NULL, count INTEGER NOT NULL,
     frame_len INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (device_id, frame_id, idx));

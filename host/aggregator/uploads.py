@@ -50,7 +50,8 @@ class Uploads:
         """What the state-dependent checks of each (header, digest) need, in one query (one round trip
         to a database server, whatever the batch): (the round of an identical committed frame or None,
         the device's last seq, whether it contributed to round ``r``, whether it was selected: for
-        ``r`` in sync mode, for its task's round in async mode)."""
+        ``r`` in sync mode, for its task's round in async mode, and how many of the window's earlier
+        rounds accepted its update: ``update_weight="device"``)."""
         sync = self.cfg.mode == "sync"
         args = []
         for i, (hdr, digest) in enumerate(items):
@@ -60,8 +61,10 @@ class Uploads:
             "(SELECT u.round_id FROM updates u WHERE u.device_id=b.dev AND u.seq=b.seq AND u.digest=b.digest), "
             "(SELECT d.last_seq FROM devices d WHERE d.device_id=b.dev), "
             "EXISTS(SELECT 1 FROM updates u WHERE u.round_id=? AND u.device_id=b.dev), "
-            "EXISTS(SELECT 1 FROM selections s WHERE s.round_id=b.task AND s.device_id=b.dev) FROM b ORDER BY b.i",
-            (*args, r["round_id"]))
+            "EXISTS(SELECT 1 FROM selections s WHERE s.round_id=b.task AND s.device_id=b.dev), "
+            "(SELECT COUNT(*) FROM contributions k WHERE k.device_id=b.dev AND k.round_id > ? AND k.round_id < ?) "
+            "FROM b ORDER BY b.i",
+            (*args, r["round_id"], r["round_id"] - self.cfg.fairness_window, r["round_id"]))
 
     def _fresh(self, hdr, dup, last):
         """The duplicate answer for an identical resend, else None; raises ReplayError for an old seq."""
@@ -88,11 +91,11 @@ class Uploads:
             verify_tag(frame, key if key is not None else (lambda _d: None), hdr.device_id)
             digest = hashlib.sha256(frame).digest()
             if not self.store.shared:  # on a shared store commit() alone asks, under the lock: the round
-                dup, last, contributed, selected = self._facts([(hdr, digest)], self.round)[0]  # read here
-                ans = self._fresh(hdr, dup, last)  # may be gone by then, and each query is a round trip
+                dup, last, contributed, selected, prior = self._facts([(hdr, digest)], self.round)[0]  # read
+                ans = self._fresh(hdr, dup, last)  # here: may be gone by then, and each query is a round trip
                 if ans is not None:
                     return ans
-                self._admit(hdr, self.round, contributed, selected)
+                self._admit(hdr, self.round, contributed, selected, prior)
             upd = decode_update(frame, key, max_len=self.cfg.max_frame_len)
         except we.WireError as e:
             raise Reject.from_wire(e) from None
@@ -130,7 +133,7 @@ class Uploads:
                     # statement per table (a round trip each on PostgreSQL, not four a frame)
                     while i < len(batch) and r["accepted"] + len(seg) < r["target"]:
                         chunk = batch[i:i + min(CHECK_CHUNK, r["target"] - r["accepted"] - len(seg))]
-                        for p, (dup, last, contributed, selected) in zip(chunk, self._facts(
+                        for p, (dup, last, contributed, selected, prior) in zip(chunk, self._facts(
                                 [(p.hdr, p.digest) for p in chunk], r)):
                             dev = p.hdr.device_id
                             if dev in taken:  # a device's second frame in one batch: as if its first were committed
@@ -139,7 +142,7 @@ class Uploads:
                             try:
                                 ans = self._fresh(p.hdr, dup, last)
                                 if ans is None:
-                                    seg.append((i, p, self._admit(p.hdr, r, contributed, selected)))
+                                    seg.append((i, p, self._admit(p.hdr, r, contributed, selected, prior)))
                                     taken[dev] = (p.hdr.seq, p.digest)
                                     nbytes += len(p.frame)
                                 out[i] = ans
@@ -152,6 +155,8 @@ class Uploads:
                                       "digest, frame, received) VALUES(?,?,?,?,?,?,?,?)",
                                       [(r["round_id"], p.hdr.device_id, p.hdr.seq, p.hdr.model_version,
                                         p.hdr.num_examples, p.digest, p.frame, now) for _, p, _ in seg])
+                        c.executemany("INSERT INTO contributions(round_id, device_id) VALUES(?,?)",
+                                      [(r["round_id"], p.hdr.device_id) for _, p, _ in seg])
                         c.executemany("UPDATE devices SET last_seq=?, rounds_joined=rounds_joined+1, last_round=? "
                                       "WHERE device_id=?", [(p.hdr.seq, r["round_id"], p.hdr.device_id)
                                                             for _, p, _ in seg])
@@ -176,9 +181,9 @@ class Uploads:
                 self._close("quorum")  # on a shared store a no-op if another replica closed it first
         return out
 
-    def _admit(self, hdr, r, contributed, selected):
-        """Round/selection/staleness rules (``_facts`` read the state); returns the FedBuff weight
-        (None in sync mode)."""
+    def _admit(self, hdr, r, contributed, selected, prior=0):
+        """Round/selection/staleness rules (``_facts`` read the state); returns the update's weight
+        (``RoundManager._weight``; None: its example count)."""
         sync = self.cfg.mode == "sync"
         if sync:
             if hdr.round_id != r["round_id"]:
@@ -204,4 +209,4 @@ class Uploads:
         if contributed:
             raise Reject(409, "AlreadyContributed", f"device {hdr.device_id!r} already contributed to round "
                          f"{r['round_id']}", "one update per device per round; wait for the next round")
-        return self._weight(hdr.num_examples, hdr.model_version)
+        return self._weight(hdr.num_examples, hdr.model_version, prior)

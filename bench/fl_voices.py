@@ -35,7 +35,8 @@ reported, never chosen on).
 Bytes uploaded per round with each codec against dense float32 frames of the same updates.
 The simulated fleet is timed by threads and a clock, so one run is one draw of who joins which round:
 the clip rows of each federated version are also given over ``REPEATS`` schedules (simulator seeds;
-the same devices and examples), their mean and worst.
+the same devices and examples), their mean and worst, with each schedule's accepted updates per
+voice (``joined``: the bench knows the voices, the aggregator never does).
 
 The trainer's settings (classifier only, labels a device never hears kept, half of each batch
 ``_unknown_``/``_silence_``, lr 0.05, one local epoch, 150 real-speech windows) were chosen on
@@ -46,7 +47,7 @@ class-balanced 12-class recall on the val split (espeak-ng voices no device hold
 shipped model's (``eval_metric="balanced"``, ``eval_against="start"``, ``heldout.npz``'s ``classes``),
 as an operator would run it: until 2026-12-02 the bench ran without a gate (tolerance 1.0).
 
-    $ nice -n 10 python -m bench.fl_voices        # ~4 min on 2 quiet cores, ~10 shared
+    $ nice -n 10 python -m bench.fl_voices        # ~9 min on 2 shared cores (six schedules)
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ CODECS = ("dense_f32", "int8", "topk_int8")
 # the simulated fleet is timed by threads and a clock (who answers first joins a round), so one run is
 # one draw: the clip rows are also measured over REPEATS schedules (simulator seeds 0..REPEATS-1, the
 # same devices and examples) and each federated row says the mean and the range
-REPEATS = 3
+REPEATS = 6
 # the aggregator's publication gate: class-balanced recall on the val split (voices no device holds)
 # may fall at most GATE_TOLERANCE below the shipped model's (the first published version)
 GATE_TOLERANCE = 0.01
@@ -171,6 +172,10 @@ def _run(tmp: Path, quick: bool = False) -> int:
 
     syn = synthetic_negatives(n=60 if quick else MATCH_PAIRS, seed=41)
     negatives = stream_negatives(km, syn, COMMANDS10)
+
+    def joined(res):  # accepted updates per voice (the aggregator never learns voices; the bench knows them)
+        return {v: int(sum(n for n, f in zip(res["participation"], fleet) if f["voice"] == v)) for v in FLEET_VOICES}
+
     for codec in CODECS:
         cfg = SimConfig(**{**cfg0.__dict__, "codec": codec, "extra": {"topk_fraction": TOPK, **GATE}})
         t1 = time.time()
@@ -179,7 +184,7 @@ def _run(tmp: Path, quick: bool = False) -> int:
         sims[codec] = {"rounds": len(done), "published": sum(r["status"] == "closed" for r in done),
                        "uploads": res["stats"]["uploads"], "drops": res["stats"]["drops"],
                        "bytes_up": res["bytes_up"], "final_version": res["final_version"],
-                       "seconds": round(time.time() - t1, 1),
+                       "seconds": round(time.time() - t1, 1), "joined": joined(res),
                        "val_gate_score": [r["accuracy"] for r in done]}
         systems[f"federated ({codec}, {len(done)} rounds)"] = final_head(tmp / f"sim-{codec}", res["final_version"])
         operating[f"federated ({codec}, {len(done)} rounds)"] = final_operating(tmp / f"sim-{codec}",
@@ -190,7 +195,7 @@ def _run(tmp: Path, quick: bool = False) -> int:
             cfg = SimConfig(**{**cfg0.__dict__, "seed": seed, "codec": codec, "extra": {"topk_fraction": TOPK, **GATE}})
             res = simulate(cfg, tmp / f"sim-{codec}-{seed}", progress=False, fleet=fleet)
             repeats[codec].append((seed, final_head(tmp / f"sim-{codec}-{seed}", res["final_version"]),
-                                   sum(r["status"] == "closed" for r in res["rounds"])))
+                                   sum(r["status"] == "closed" for r in res["rounds"]), joined(res)))
     # the dense float32 size of one update: the same tensors, the same header
     trainer = device_trainer(cfg0, labels)
     task = {"learning_rate": LR, "local_epochs": ROUNDS * EPOCHS, "batch_size": 16}
@@ -287,8 +292,9 @@ def _run(tmp: Path, quick: bool = False) -> int:
     spread = {}
     for codec in CODECS:
         name = next(n for n in table if n.startswith(f"federated ({codec},"))
-        runs = [{"seed": 0, "published": sims[codec]["published"], **gains(table[name])}] + \
-            [{"seed": sd, "published": pub, **gains(scores(h))} for sd, h, pub in repeats[codec]]
+        runs = [{"seed": 0, "published": sims[codec]["published"], "joined": sims[codec]["joined"],
+                 **gains(table[name])}] + \
+            [{"seed": sd, "published": pub, "joined": j, **gains(scores(h))} for sd, h, pub, j in repeats[codec]]
         spread[codec] = {"runs": runs, **{f"{k}_mean": round(float(np.mean([r[k] for r in runs])), 2)
                                           for k in ("fleet",) + OUTSIDE_VOICES + ("test split",)}}
     base = table["shipped model"]
@@ -304,7 +310,8 @@ def _run(tmp: Path, quick: bool = False) -> int:
                         per_voice=extra, gain_points=round(100 * (fleet_mean[name] - fleet_mean["shipped model"]), 1),
                         goal_gain_points=25 if name.startswith("federated") else None,
                         schedules=None if sched is None else sched["runs"],
-                        gain_points_mean=None if sched is None else sched["fleet_mean"]))
+                        gain_points_mean=None if sched is None else sched["fleet_mean"],
+                        gain_points_worst=None if sched is None else min(r["fleet"] for r in sched["runs"])))
         for g in OUTSIDE_VOICES + ("test split",):
             what = f"voice outside the fleet (Flite {g})" if g != "test split" else \
                 "the corpus test split (held-out espeak-ng / Festival voices)"

@@ -14,6 +14,18 @@ strategy; the task carries ``prox_mu`` to every client's trainer):
 One JSON line per run: fleet_dev_gain and slt_dev_gain (points over the shipped model on the
 fleet's voices and on Flite slt outside it, development renders), val_loss (points; negative is a
 gain), rounds, published, updates uploaded per voice (joined), the gate's score per round. Measured 2026-12-02 (docs/edge-runtime.md, "The agent"): none beat plain FedAvg; not adopted.
+
+Who rounds hear (2026-12-02, docs/protocol.md): the aggregator's fairness budget counted in
+contributions and its per-device update weight against none (the fleet simulator's setting), with
+the simulator's battery drained by time, not by check-in; twelve schedules for none and fc4, six for
+the others (seeds 0-5, then the same command ending ``6 6`` for seeds 6-11). Neither gained
+anything; neither was adopted:
+
+    $ .venv/bin/python scripts/fl_sweep.py '{"none": {}, "fc4": {"extra": {"fairness_counts":
+          "contributions", "max_rounds_per_window": 4}}, "fc5": {"extra": {"fairness_counts":
+          "contributions", "max_rounds_per_window": 5}}, "device": {"extra": {"update_weight": "device"}},
+          "fc4_device": {"extra": {"fairness_counts": "contributions", "max_rounds_per_window": 4,
+          "update_weight": "device"}}}' 6
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ def main(argv) -> int:
 
     settings = json.loads(argv[0]) if argv else {"base": {}}
     reps = int(argv[1]) if len(argv) > 1 else 3
+    first = int(argv[2]) if len(argv) > 2 else 0  # simulator seeds first .. first + reps - 1
     tmp = Path(tempfile.mkdtemp(prefix="fl_sweep_"))
     bundle = load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys())
     km, labels = KeywordModel(bundle), list(bundle.labels)
@@ -78,7 +91,7 @@ def main(argv) -> int:
     f0, v0 = score(extract_head())
     print(json.dumps({"shipped": {"fleet_dev": f0, "val": v0}}), flush=True)
     for name, over in settings.items():
-        for rep in range(reps):
+        for rep in range(first, first + reps):
             base = dict(task="shipped-head", devices=FV.DEVICES, rounds=FV.ROUNDS, clients_per_round=FV.CLIENTS,
                         learning_rate=FV.LR, local_epochs=FV.EPOCHS, eval_tolerance=FV.GATE_TOLERANCE, seed=rep,
                         codec="topk_int8", extra={"topk_fraction": FV.TOPK, **FV.GATE})

@@ -52,3 +52,31 @@ def test_fleet_with_secure_aggregation_closes_rounds_without_storing_updates(tmp
     # a secure round reveals a sum only with more than half of those that advertised keys, and at least 2
     assert len(done) >= 2 and all(r["accepted"] >= 2 for r in done)
     assert all(r["note"] == "secure aggregation" for r in done)
+
+
+def _device(battery, phase, seed=0):
+    from host.fleet.simulate import Device
+
+    d = Device(0, None, np.random.default_rng(seed), SimConfig())
+    d.battery, d.phase = battery, phase
+    return d
+
+
+def test_a_simulated_battery_drains_with_time_and_training_not_with_check_ins():
+    from host.aggregator.checkin import validate_checkin
+    from host.fleet.simulate import CHARGE_PER_HOUR, TRAIN_COST
+
+    d = _device(0.6, phase=12.0)  # noon: off the charger for the next 12 hours
+    states = [d.state(t) for t in np.linspace(0, 60, 600)]  # 600 check-ins in one simulated minute
+    assert not any(s["charging"] for s in states)
+    assert 0.6 - d.battery == pytest.approx(d.drain / 60, rel=1e-6) and 0.02 <= d.drain <= 0.06
+    d.trained()
+    assert d.battery == pytest.approx(0.6 - d.drain / 60 - TRAIN_COST)
+    # a battery that runs flat stays at 0 (a negative one would be refused as a malformed check-in)
+    flat = _device(0.01, phase=12.0)
+    for _ in range(3):
+        flat.trained()
+    s = flat.state(11 * 3600)
+    assert s["battery"] == 0.0 and validate_checkin("dev0", {"device_id": "dev0", **s})["battery"] == 0.0
+    night = _device(0.2, phase=1.0)  # 1 am: on the charger
+    assert night.state(0)["charging"] and night.state(1800)["battery"] == pytest.approx(0.2 + CHARGE_PER_HOUR / 2)

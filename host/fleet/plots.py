@@ -17,8 +17,12 @@ def summary(res: dict, report, mcu_json=None) -> list[str]:
     versions published, held-out accuracy before and after, bytes uploaded, the report; the
     MicroPython boards' line when the run had some (with ``mcu_json``, the file that has their reports)."""
     pub = [r for r in res["rounds"] if r["status"] == "closed"]
+    rejected = sum(r["status"] == "rejected" for r in res["rounds"])
     final = pub[-1]["accuracy"] if pub else res["initial_accuracy"]
-    lines = [f"fleet: {len(pub)} signed model versions published; held-out accuracy "
+    metric = (res.get("config", {}).get("extra") or {}).get("eval_metric", "accuracy")
+    lines = [f"fleet: {len(pub)} signed model versions published"
+             + (f" ({rejected} aggregates rejected by the held-out gate)" if rejected else "")
+             + f"; held-out {'balanced recall' if metric == 'balanced' else 'accuracy'} "
              f"{res['initial_accuracy']:.2f} -> {final:.2f}; {res['bytes_up']:,} bytes uploaded; report {report}"]
     if "mcu" in res:
         m = res["mcu"]

@@ -1,4 +1,4 @@
-"""Wyoming wake-word servers over loopback TCP: detection latency and CPU per second of audio.
+"""Wyoming wake-word servers over loopback TCP: detection latency, CPU, set-up and memory per client.
 
 Both servers get the same streams: noise with espeak-ng saying "hey jarvis" every ``GAP_S``
 seconds (so where each phrase ends is known from how the stream was built). Ours: ``edgelearn
@@ -12,12 +12,22 @@ sending Home Assistant's events (detect, audio-start, 1,024-sample audio-chunks 
 audio-stop).
 
 - latency: from the moment the chunk holding the phrase's last sample was sent to the arrival of
-  its ``detection`` (p50, p99 over every phrase of every client);
+  its ``detection`` (p50, p99 over every phrase of the 1- and 4-client runs; and of the 8-client run);
 - CPU per second of audio per connected client: the server process's CPU time (all threads,
-  /proc) while the streams run, over audio seconds x clients, with 1 and with ``CLIENTS`` clients
-  streaming at once;
+  /proc) while the streams run, over audio seconds x clients, with 1, 4 and 8 clients at once;
+- set-up CPU per stream: ``SETUP_N`` connections at once, each detect + audio-start (ours: until
+  the pong of a ping sent after it, so its detector exists; the reference answers no ping: 2 s),
+  the server's CPU over that beyond its idle CPU, per connection (/proc counts 10 ms ticks: 0.3 ms
+  per connection);
+- RSS with N connections: the server's VmRSS once N clients are set up (N = 1, 4, 8, after a
+  warm-up stream; the high-water mark of what ran before is in it, as for any long-running server);
 - the detections found of the phrases said, and ours' timestamp error (``timestamp`` against the
-  phrase's true end).
+  phrase's true end);
+- why a lock and not an interpreter per thread (edge/wyoming.py ``ModelSet``), in this process: 8
+  streams pushed from 8 threads at real time through one shared model set (its lock) and through
+  a set each (no lock, what a pool or per-thread interpreters would be): CPU per second of audio,
+  the pushes that found the lock held and the time they waited, and the memory and CPU a set takes
+  to load. The events of both must be the same.
 
     $ edgelearn bench wyoming_latency
 """
@@ -43,9 +53,14 @@ ROOT = Path(__file__).resolve().parents[1]
 OWW = ROOT / ".venv-wyoming-oww" / "bin" / "python"
 CHUNK = 1024
 RATE = 16000
-SECONDS = 45       # of audio per client stream, sent at real time
+SECONDS = 45       # of audio per client stream, sent at real time (1 and 4 clients)
+SECONDS_8 = 30     # with 8 clients (a rate: 30 s is plenty, and keeps the bench under ~6 min)
 GAP_S = 3.0        # between keywords
 CLIENTS = 4
+MANY = 8
+SETUP_N = 32       # connections set up at once to measure set-up CPU
+LOCK_S = 10        # seconds of audio per thread in the lock experiment (each of 4 passes)
+IDLE_S = 5         # listening, no client: the server's own CPU
 TICK_HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -90,6 +105,13 @@ def _free_port() -> int:
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK_HZ  # utime + stime, every thread
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 async def _client(port: int, pcm: np.ndarray, names, ping: bool, ready, go):
@@ -168,12 +190,14 @@ def _run(port: int, pid: int, streams, names, ping: bool) -> dict:
     async def main():
         loop = asyncio.get_running_loop()
         go, n = loop.create_future(), {"ready": 0}
-        c_setup = _cpu_s(pid)
+        c_setup, t_setup = _cpu_s(pid), time.monotonic()
 
         def ready():
             n["ready"] += 1
             if n["ready"] == len(streams):
                 cpu["setup"] = _cpu_s(pid) - c_setup
+                cpu["setup_wall"] = time.monotonic() - t_setup
+                cpu["rss"] = _rss_mb(pid)
                 cpu["c0"] = _cpu_s(pid)
                 go.set_result(time.monotonic() + 0.2)
 
@@ -190,14 +214,15 @@ def _run(port: int, pid: int, streams, names, ping: bool) -> dict:
         said += len(ends)
     audio_s = sum(len(p) for p, _ in streams) / RATE
     return {"lat": lat, "ts_err": ts_err, "found": found, "said": said,
-            "cpu_ms_per_s": cpu_s / audio_s * 1e3, "clients": len(streams),
-            "setup_cpu_ms_per_client": cpu["setup"] / len(streams) * 1e3}
+            "cpu_ms_per_s": cpu_s / audio_s * 1e3 if audio_s else None, "clients": len(streams),
+            "setup_cpu_ms_per_client": cpu["setup"] / len(streams) * 1e3, "setup_wall_s": cpu["setup_wall"],
+            "rss_mb": round(cpu["rss"], 1)}
 
 
-def _start(cmd, port: int, log: Path, env=None) -> subprocess.Popen:
+def _start(cmd, port: int, log: Path, env=None, cwd=ROOT) -> subprocess.Popen:
     """The server, its output in ``log`` (a pipe nobody reads would fill and stall it)."""
     with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -233,6 +258,95 @@ def _pct(xs, q):
     return round(float(np.percentile(xs, q)) * 1e3, 1) if xs else None
 
 
+def measure(cmd, port: int, log: Path, name: str, names, ping: bool, streams, streams8, cwd=ROOT, env=None) -> dict:
+    """One server's runs: a warm-up stream, then 1, 4 and 8 clients streaming, then ``SETUP_N``
+    set-ups; {"idle_rss_mb", "warm", "one", "four", "eight", "setup"}."""
+    proc = _start(cmd, port, log, env=env, cwd=cwd)
+    try:
+        out = {"idle_rss_mb": round(_rss_mb(proc.pid), 1)}
+        c0 = _cpu_s(proc.pid)
+        time.sleep(IDLE_S)
+        out["idle_cpu_ms_per_s"] = (_cpu_s(proc.pid) - c0) / IDLE_S * 1e3
+        out["warm"] = _run(port, proc.pid, [(p[:5 * RATE], [t for t in e if t < 4.5]) for p, e in streams[:1]],
+                           names, ping)
+        out["one"] = _run(port, proc.pid, streams[:1], names, ping)
+        out["four"] = _run(port, proc.pid, streams[:CLIENTS], names, ping)
+        out["eight"] = _run(port, proc.pid, streams8, names, ping)
+        out["setup"] = _run(port, proc.pid, [(np.zeros(0, np.int16), [])] * SETUP_N, names, ping)
+    finally:
+        _stop(proc)
+    _check_log(log, name)
+    return out
+
+
+def lock_choice(state: Path, streams) -> dict:
+    """In this process: ``MANY`` streams pushed from as many threads at real time (1,024-sample
+    chunks every 64 ms) through one shared ``ModelSet`` under its lock, and through a set each
+    without one (per-thread or pooled interpreters); CPU per second of audio, waits, load cost."""
+    import resource
+    import threading
+
+    from edge.device import Device
+    from edge.wyoming import ModelSet, WakeServer
+
+    pcm = [p[:LOCK_S * RATE] for p, _ in streams]
+
+    def pushed(sets):
+        """Each thread its own detector of ``sets[i]``, every thread's chunks due at the same
+        moments (the worst case for a lock); (events per stream, the process's CPU s, how late
+        each push returned after its chunk was due, s)."""
+        got, late = [None] * len(pcm), [[] for _ in pcm]
+        go = threading.Barrier(len(pcm) + 1)
+        t0 = []
+
+        def worker(i):
+            ms = sets[i]
+            det, evs = ms.detector(), []
+            go.wait()
+            for j in range(0, len(pcm[i]), CHUNK):
+                due = t0[0] + (j + CHUNK) / RATE  # the chunk's last sample has arrived
+                delay = due - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                evs += ms.push(det, pcm[i][j:j + CHUNK])
+                late[i].append(time.monotonic() - due)
+            got[i] = [(e["keyword"], e["time_s"]) for e in evs + ms.flush(det)]
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(pcm))]
+        for t in threads:
+            t.start()
+        t0.append(time.monotonic() + 0.05)
+        c0 = time.process_time()
+        go.wait()
+        for t in threads:
+            t.join()
+        return got, time.process_time() - c0, [x for xs in late for x in xs]
+
+    srv = WakeServer(Device(state), "tcp://127.0.0.1:0")
+    shared = srv.model_set([PHRASE])
+    rss0, c0 = _rss_mb(os.getpid()), time.process_time()
+    own = [ModelSet(Device(state).detector(keywords=[], enrolled=[PHRASE], replay=False)[0]) for _ in pcm]
+    load_cpu = (time.process_time() - c0) / len(pcm)
+    load_mb = (_rss_mb(os.getpid()) - rss0) / len(pcm)
+    res = {"own": [0.0, [], None], "shared": [0.0, [], None]}
+    for which in ("own", "shared", "shared", "own"):  # ABBA: the machine is shared, its load drifts
+        evs, cpu, late = pushed(own if which == "own" else [shared] * len(pcm))
+        res[which][0] += cpu / 2
+        res[which][1] += late
+        res[which][2] = evs
+    if res["shared"][2] != res["own"][2]:
+        raise RuntimeError(f"the shared models under the lock gave other events than a set each: "
+                           f"{res['shared'][2]} vs {res['own'][2]}")
+    audio_s = sum(len(p) for p in pcm) / RATE
+    pct = lambda xs, q: float(np.percentile(xs, q)) * 1e3  # noqa: E731
+    return {"streams": len(pcm), "audio_s": audio_s, "events": sum(map(len, res["shared"][2])),
+            "cpu_ms_per_s_shared": res["shared"][0] / audio_s * 1e3, "cpu_ms_per_s_own": res["own"][0] / audio_s * 1e3,
+            "late_p50_ms_shared": pct(res["shared"][1], 50), "late_p99_ms_shared": pct(res["shared"][1], 99),
+            "late_p50_ms_own": pct(res["own"][1], 50), "late_p99_ms_own": pct(res["own"][1], 99),
+            "pushes": shared.pushes, "waits": shared.waits, "wait_ms_total": shared.wait_s * 1e3,
+            "load_cpu_ms": load_cpu * 1e3, "load_mb": load_mb}
+
+
 def main():
     from edge.device import Device
 
@@ -244,64 +358,95 @@ def main():
 
     b = speech_bounds(said)  # frames: the phrase ends with its last loud frame's last sample
     end = b[1] * F.HOP_LENGTH + F.FRAME_LENGTH if b else len(said)
-    streams = [_stream((said.astype(np.float64) * 0.9).astype(np.int16), SECONDS, 100 + s, end)
-               for s in range(CLIENTS)]
-    warm = [(p[:5 * RATE], e) for p, e in streams[:1]]
+    kw = (said.astype(np.float64) * 0.9).astype(np.int16)
+    streams = [_stream(kw, SECONDS, 100 + s, end) for s in range(CLIENTS)]
+    streams8 = [_stream(kw, SECONDS_8, 200 + s, end) for s in range(MANY)]
 
-    port, log = _free_port(), tmp / "ours.log"
-    proc = _start([sys.executable, "-m", "edge.cli", "wyoming", "--uri", f"tcp://127.0.0.1:{port}",
-                   "--state", str(tmp / "st")], port, log)
-    try:
-        _run(port, proc.pid, warm, [PHRASE], True)  # warm-up
-        ours1 = _run(port, proc.pid, streams[:1], [PHRASE], True)
-        oursN = _run(port, proc.pid, streams, [PHRASE], True)
-    finally:
-        _stop(proc)
-    _check_log(log, "edgelearn wyoming")
-
-    ref1 = refN = None
+    lock = lock_choice(tmp / "st", streams8)
+    port = _free_port()
+    ours = measure([sys.executable, "-m", "edge.cli", "wyoming", "--uri", f"tcp://127.0.0.1:{port}",
+                    "--state", str(tmp / "st")], port, tmp / "ours.log", "edgelearn wyoming", [PHRASE], True,
+                   streams, streams8)
+    ref = None
     ref_note = "not installed (make .venv-wyoming-oww)"
     if OWW.exists():
-        port, log = _free_port(), tmp / "reference.log"
-        proc = _start([str(OWW), "-m", "wyoming_openwakeword", "--uri", f"tcp://127.0.0.1:{port}",
-                       "--preload-model", "hey_jarvis"], port, log,
+        port = _free_port()
+        ref = measure([str(OWW), "-m", "wyoming_openwakeword", "--uri", f"tcp://127.0.0.1:{port}",
+                       "--preload-model", "hey_jarvis"], port, tmp / "reference.log", "wyoming-openwakeword",
+                      ["hey_jarvis"], False, streams, streams8,
                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-        try:
-            _run(port, proc.pid, warm, ["hey_jarvis"], False)  # warm-up
-            ref1 = _run(port, proc.pid, streams[:1], ["hey_jarvis"], False)
-            refN = _run(port, proc.pid, streams, ["hey_jarvis"], False)
-        finally:
-            _stop(proc)
-        _check_log(log, "wyoming-openwakeword")
         ref_note = "wyoming-openwakeword hey_jarvis (same streams)"
+    write_results("wyoming_latency", rows(ours, ref, ref_note, lock))
+    keep = lambda r: {k: v for k, v in r.items() if k not in ("lat", "ts_err")}  # noqa: E731
+    print(json.dumps({"ours": {k: keep(v) if isinstance(v, dict) else v for k, v in ours.items()},
+                      "ref": {k: keep(v) if isinstance(v, dict) else v for k, v in ref.items()} if ref else None,
+                      "lock": lock}))
+    shutil.rmtree(tmp, ignore_errors=True)
 
-    both = lambda r: (r["lat"] if r else [])  # noqa: E731
-    lat_ours = ours1["lat"] + oursN["lat"]
-    lat_ref = both(ref1) + both(refN)
-    rows = [
+
+def rows(ours: dict, ref: dict | None, ref_note: str, lock: dict | None) -> list[dict]:
+    def rnd(v, n):
+        return None if v is None else round(v, n)
+
+    lat_ours = ours["one"]["lat"] + ours["four"]["lat"]
+    lat_ref = (ref["one"]["lat"] + ref["four"]["lat"]) if ref else []
+    out = [
         row("wyoming_latency", "detection latency after the keyword's end, p50", _pct(lat_ours, 50), "ms",
             ref_note, _pct(lat_ref, 50) if lat_ref else None,
-            said=ours1["said"] + oursN["said"], found=ours1["found"] + oursN["found"],
-            ref_said=(ref1["said"] + refN["said"]) if ref1 else None,
-            ref_found=(ref1["found"] + refN["found"]) if ref1 else None),
+            said=ours["one"]["said"] + ours["four"]["said"], found=ours["one"]["found"] + ours["four"]["found"],
+            ref_said=(ref["one"]["said"] + ref["four"]["said"]) if ref else None,
+            ref_found=(ref["one"]["found"] + ref["four"]["found"]) if ref else None),
         row("wyoming_latency", "detection latency after the keyword's end, p99", _pct(lat_ours, 99), "ms",
             ref_note, _pct(lat_ref, 99) if lat_ref else None),
+        row("wyoming_latency", f"detection latency after the keyword's end, p50, {MANY} clients at once",
+            _pct(ours["eight"]["lat"], 50), "ms", ref_note, _pct(ref["eight"]["lat"], 50) if ref else None,
+            said=ours["eight"]["said"], found=ours["eight"]["found"],
+            ref_said=ref["eight"]["said"] if ref else None, ref_found=ref["eight"]["found"] if ref else None),
+        row("wyoming_latency", f"detection latency after the keyword's end, p99, {MANY} clients at once",
+            _pct(ours["eight"]["lat"], 99), "ms", ref_note, _pct(ref["eight"]["lat"], 99) if ref else None),
         row("wyoming_latency", "detection timestamp minus the keyword's true end, median",
-            round(float(np.median(ours1["ts_err"] + oursN["ts_err"])), 1) if ours1["ts_err"] else None, "ms",
-            None, None),
-        row("wyoming_latency", "server CPU per second of audio per client, 1 client", round(ours1["cpu_ms_per_s"], 2),
-            "ms", ref_note, round(ref1["cpu_ms_per_s"], 2) if ref1 else None),
-        row("wyoming_latency", f"server CPU per second of audio per client, {CLIENTS} clients at once",
-            round(oursN["cpu_ms_per_s"], 2), "ms", ref_note, round(refN["cpu_ms_per_s"], 2) if refN else None),
-        # over CLIENTS streams set up at once: /proc counts CPU in 10 ms ticks
-        row("wyoming_latency", "server CPU to set up one stream (its detector and models)",
-            round(oursN["setup_cpu_ms_per_client"], 1), "ms", ref_note,
-            round(refN["setup_cpu_ms_per_client"], 1) if refN else None),
+            round(float(np.median(ours["one"]["ts_err"] + ours["four"]["ts_err"])), 1)
+            if ours["one"]["ts_err"] else None, "ms", None, None),
     ]
-    write_results("wyoming_latency", rows)
-    print(json.dumps({"ours": [{k: v for k, v in r.items() if k not in ("lat", "ts_err")} for r in (ours1, oursN)],
-                      "ref": [{k: v for k, v in r.items() if k not in ("lat", "ts_err")} for r in (ref1, refN) if r]}))
-    shutil.rmtree(tmp, ignore_errors=True)
+    for key, n in (("one", 1), ("four", CLIENTS), ("eight", MANY)):
+        label = "1 client" if n == 1 else f"{n} clients at once"
+        out.append(row("wyoming_latency", f"server CPU per second of audio per client, {label}",
+                       rnd(ours[key]["cpu_ms_per_s"], 2), "ms", ref_note,
+                       rnd(ref[key]["cpu_ms_per_s"], 2) if ref else None))
+
+    def setup(r):  # beyond what the server burns idle over the same time (the reference polls)
+        su = r["setup"]
+        return su["setup_cpu_ms_per_client"] - r["idle_cpu_ms_per_s"] * su["setup_wall_s"] / su["clients"]
+
+    out.append(row("wyoming_latency", f"server CPU to set up one stream ({SETUP_N} at once, models loaded; "
+                   "beyond its idle CPU)", rnd(setup(ours), 2), "ms", ref_note, rnd(setup(ref), 2) if ref else None,
+                   raw=rnd(ours["setup"]["setup_cpu_ms_per_client"], 2),
+                   ref_raw=rnd(ref["setup"]["setup_cpu_ms_per_client"], 2) if ref else None))
+    out.append(row("wyoming_latency", "server CPU per second, listening, no client", rnd(ours["idle_cpu_ms_per_s"], 2),
+                   "ms", ref_note, rnd(ref["idle_cpu_ms_per_s"], 2) if ref else None))
+    out.append(row("wyoming_latency", "server RSS, listening, before any client", ours["idle_rss_mb"], "MB",
+                   ref_note, ref["idle_rss_mb"] if ref else None))
+    for key, n in (("one", 1), ("four", CLIENTS), ("eight", MANY), ("setup", SETUP_N)):
+        out.append(row("wyoming_latency", f"server RSS with {n} connection{'s' if n > 1 else ''} set up",
+                       ours[key]["rss_mb"], "MB", ref_note, ref[key]["rss_mb"] if ref else None))
+    if lock is not None:
+        note = (f"a model set per stream, no shared lock (as a pool or per-thread interpreters; "
+                f"{lock['streams']} threads)")
+        title = f"{lock['streams']} streams from as many threads at real time through one shared model set (its lock)"
+        out += [
+            row("wyoming_latency", f"{title}: CPU per second of audio per stream", rnd(lock["cpu_ms_per_s_shared"], 2),
+                "ms", note, rnd(lock["cpu_ms_per_s_own"], 2), events=lock["events"]),
+            row("wyoming_latency", f"{title}: a push returns after its chunk is due, p50",
+                rnd(lock["late_p50_ms_shared"], 3), "ms", note, rnd(lock["late_p50_ms_own"], 3)),
+            row("wyoming_latency", f"{title}: a push returns after its chunk is due, p99",
+                rnd(lock["late_p99_ms_shared"], 3), "ms", note, rnd(lock["late_p99_ms_own"], 3)),
+            row("wyoming_latency", "pushes that found the shared set's lock held (every thread's chunk due at once)",
+                lock["waits"], "pushes", None, None, of=lock["pushes"], wait_ms_total=rnd(lock["wait_ms_total"], 3)),
+            row("wyoming_latency", "loading one model set (what a set per thread repeats): CPU",
+                rnd(lock["load_cpu_ms"], 2), "ms", None, None),
+            row("wyoming_latency", "loading one model set: RSS", rnd(lock["load_mb"], 2), "MB", None, None),
+        ]
+    return out
 
 
 if __name__ == "__main__":

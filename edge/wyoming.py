@@ -13,12 +13,23 @@ to the end of the keyword, the Detector's ``time_s``) per hit while the audio co
 count is converted to 16 kHz 16-bit mono: width and rate by wyoming's own ``AudioChunkConverter``
 (``audioop.ratecv``, linear interpolation), channels averaged (its ``tomono`` sums them).
 
-Each connection has its own ``Detector`` (``Device.detector(replay=False)``: the device's active
-model, its enrolled keywords, its operating points), run in a worker thread so one client's
-encoder never holds up another's socket. The state's ``keywords.json`` is looked at (its mtime) on
-every ``describe`` and ``audio-start``: a keyword enrolled with ``edgelearn device enroll`` while
-the server runs is in the next ``info`` and is detected from the next stream on, without a
-restart.
+The models are loaded once per server and shared by every connection (``ModelSet``): for each
+keyword selection a stream asks for (``detect``'s names, resolved to base and enrolled keywords),
+``Device.detector(replay=False)`` builds the keyword model (its LiteRT interpreter), the enrolled
+keywords' scorer and second-stage verifier (their interpreters) and the operating thresholds
+once; each stream gets its own copy of the Detector's stream state (front end, frame ring, score
+history, open candidate, refractory period: ``Detector.reset``) over those shared models. A LiteRT
+interpreter is not thread-safe and the pushes run in worker threads (one client's encoder never
+holds up another's socket), so every push and flush through one set holds that set's lock (why a
+lock and not a pool: ``ModelSet``). Which models detection runs is read from the state on every
+``audio-start`` (a few ``stat`` calls: ``state_signature``): a keyword enrolled with ``edgelearn
+device enroll``, a sensitivity or calibration changed, an adapted context committed, or (inside
+the agent) a new version installed, loads a new set for the next stream, without a restart; a
+stream in flight keeps the set it started on to its end, untouched (sets are never changed, only
+replaced). ``keywords.json`` is also looked at on every ``describe``: an enrolled keyword is in the
+next ``info``. A state that cannot be loaded at ``audio-start`` (a keywords file broken by hand)
+is one ``error`` for that stream, whose audio is then dropped until its ``audio-stop``
+(``not-detected``); the next stream tries again.
 
 A bad event (a line that is not JSON, an event type this server does not handle, audio before
 ``audio-start``, a chunk without its format) gets one ``error`` event (``text``, ``code``) and the
@@ -40,9 +51,12 @@ unregistered when it stops.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import signal
 import threading
+import time
+from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -53,7 +67,13 @@ from edge.errors import EdgelearnError
 SAMPLE_RATE, WIDTH = 16000, 2
 PROGRAM = "edgelearn"
 ATTRIBUTION = ("edgelearn", "")  # name, url (the project has no public address to give)
+FAILED = "failed"  # _Connection.streaming of a stream whose audio-start was refused
 LINE_LIMIT = 1 << 20  # bytes of one event's header line; a longer one is refused and the connection closed
+MAX_SETS = 8  # model sets kept loaded at once (distinct keyword selections); the least recently used goes
+# files in the state directory whose change means detection runs other models (``Device.detector`` reads
+# them): the enrolled keywords, the adapt pointer (an adapted context committed, rolled back or carried
+# to a new version), the calibrated operating points
+STATE_FILES = ("keywords.json", "adapt/active.json", "operating.json")
 
 
 def _wyoming():
@@ -78,6 +98,83 @@ def parse_uri(uri: str):
         return "unix", u.netloc + u.path, None
     raise EdgelearnError(f"--uri {uri!r} is not tcp://HOST:PORT or unix://PATH",
                          fix="pass e.g. tcp://0.0.0.0:10400 (the port Home Assistant's Wyoming integration is told)")
+
+
+def state_signature(device) -> tuple:
+    """What decides the models ``device`` detects with, cheaply: (mtime, size, inode) of each of
+    ``STATE_FILES`` (``edge.atomic`` replaces a file, so a rewrite is a new inode even within one
+    mtime tick). The Device itself is compared by identity beside it (the agent swaps in a new
+    Device, on the new bundle, when a version is installed)."""
+    root = Path(device.state_dir)
+    out = []
+    for name in STATE_FILES:
+        try:
+            st = (root / name).stat()
+            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        except FileNotFoundError:
+            out.append(None)
+    return tuple(out)
+
+
+class ModelSet:
+    """One keyword selection's loaded models, shared by every stream that detects it.
+
+    ``template``: a Detector built once (``Device.detector``); ``detector()`` gives each stream a
+    copy of it whose stream state is its own (``Detector.reset`` makes every per-stream field
+    anew; the copy shares only what never changes once built: the keyword model, the custom
+    keywords and their verifier, the adapted head, the keyword indices and thresholds).
+
+    ``lock`` is held around every push and flush of those detectors: LiteRT interpreters are not
+    thread-safe (``set_tensor``/``invoke``/``get_tensor`` of two threads interleave), and the
+    verifier's and an adapted tail's interpreters are reached from inside ``push`` too, so the
+    whole push is the unit that is safe by construction (without it, threads pushing through one
+    set fail with LiteRT's RuntimeError "There is at least 1 reference to internal data in the
+    interpreter", and tests/test_wyoming_shared.py's threads test fails). A lock and not a pool
+    of interpreters or one per worker thread, by measurement (bench/wyoming_latency.py,
+    2026-12-02, 2 shared cores): eight streams pushed from eight threads at real time, every
+    thread's chunk due at the same moment (the worst case for a lock), return from their pushes as
+    soon through one shared set as through a set each (p50 1.64 vs 1.63 ms after the chunk is
+    due, p99 12.0 vs 12.9 ms: the GIL already serialises most of a push, and a push is short, the
+    encoder invoke 0.04 ms), at the same CPU (5.3 vs 5.5 ms per second of audio); a set per
+    thread or per connection would load the models again for each (3.9 ms of CPU and 0.4 MB per
+    set; per connection, what this server did before, it was 6.3 ms of set-up per stream and 44 MB
+    more RSS with 32 connections). ``waits`` / ``wait_s`` count the pushes that found the lock
+    held and how long they waited."""
+
+    def __init__(self, template, signature=None):
+        self.template, self.signature = template, signature
+        self.lock = threading.Lock()
+        self.streams = 0               # detectors handed out
+        self.pushes = self.waits = 0   # lock acquisitions, and those that found it held
+        self.wait_s = 0.0              # time spent waiting for it
+
+    def detector(self):
+        """A Detector for one stream: the shared models, its own stream state. Push through it
+        with ``push`` / ``flush`` (the lock held), never directly."""
+        det = copy.copy(self.template)  # the template itself is never pushed: nothing of it changes
+        det.reset()
+        with self.lock:
+            self.streams += 1
+        return det
+
+    def _run(self, fn, *args):
+        lock = self.lock
+        if not lock.acquire(blocking=False):
+            t = time.perf_counter()
+            lock.acquire()
+            self.waits += 1  # counted while holding the lock
+            self.wait_s += time.perf_counter() - t
+        try:
+            self.pushes += 1
+            return fn(*args)
+        finally:
+            lock.release()
+
+    def push(self, det, pcm) -> list[dict]:
+        return self._run(det.push, pcm)
+
+    def flush(self, det) -> list[dict]:
+        return self._run(det.flush)
 
 
 class WakeServer:
@@ -105,10 +202,13 @@ class WakeServer:
         self._thread = None
         self._handlers: set[asyncio.Task] = set()
         self._stopped = None
-        self._kw_lock, self._build_lock = threading.Lock(), threading.Lock()
+        self._kw_lock, self._build_lock, self._sets_lock = threading.Lock(), threading.Lock(), threading.Lock()
         self._kw_sig, self._enrolled = None, []
         self.connections = 0  # served so far (tests and status)
+        self.loads = 0        # model sets loaded (``ModelSet``): one per keyword selection and state
         self._base = None
+        self._sets: OrderedDict = OrderedDict()  # (base, enrolled) -> ModelSet, for ``_sets_for``
+        self._sets_for = None                    # (device, state_signature) the sets were loaded for
 
     # -- what is offered -------------------------------------------------------------------------
     def _signature(self):
@@ -167,22 +267,63 @@ class WakeServer:
                                    attribution=attribution, installed=True, version=edge_version, models=models)
         return info.Info(wake=[program]).event()
 
-    def make_detector(self, names=None):
-        """A fresh Detector for one stream: ``names`` (None: every model offered) split into the
-        base keywords and the enrolled ones; returns (detector or None when nothing is left)."""
+    def selection(self, names=None) -> tuple[list[str], list[str]]:
+        """``names`` (None: every model offered) as (base keywords, enrolled keywords), in the
+        order asked; names not offered are left out (``detect`` has said so already)."""
         enrolled = self.enrolled()[1]
         base = self.base_keywords()
         wanted = self.models() if names is None else [n for n in names if n in enrolled or n in base]
-        b = [w for w in wanted if w in base and w not in enrolled]
-        c = [w for w in wanted if w in enrolled]
+        return [w for w in wanted if w in base and w not in enrolled], [w for w in wanted if w in enrolled]
+
+    def model_set(self, names=None) -> ModelSet | None:
+        """The loaded models for a stream detecting ``names`` (None: every model offered), or None
+        when none of them is offered. Loaded on the first stream that asks for this selection
+        after the state changed (``state_signature``), then shared; called in a worker thread."""
+        device = self.device  # the agent may swap it (a new version): one Device for all of this
+        sig = (device, state_signature(device))  # before the state is read: a change after it loads again
+        b, c = self.selection(names)
         if not b and not c:
             return None
-        thr = self.threshold
-        if isinstance(thr, dict):
-            thr = {w: t for w, t in thr.items() if w in b}
-        det, _ = self.device.detector(keywords=b, threshold=thr, sensitivity=self.sensitivity, replay=False,
-                                      enrolled=c)
-        return det
+        key = (tuple(b), tuple(c))
+        ms = self._loaded(sig, key)
+        if ms is not None:
+            return ms
+        with self._build_lock:  # Device.detector reads and recovers the state: one build at a time
+            ms = self._loaded(sig, key)  # another stream may have loaded it while this one waited
+            if ms is not None:
+                return ms
+            thr = self.threshold
+            if isinstance(thr, dict):
+                thr = {w: t for w, t in thr.items() if w in b}
+            det, _ = device.detector(keywords=b, threshold=thr, sensitivity=self.sensitivity, replay=False,
+                                     enrolled=c)
+            ms = ModelSet(det, sig[1])
+            with self._sets_lock:
+                if not self._current(sig):  # the state changed: the old sets go (streams in flight keep theirs)
+                    self._sets, self._sets_for = OrderedDict(), sig
+                self._sets[key] = ms
+                while len(self._sets) > MAX_SETS:
+                    self._sets.popitem(last=False)
+                self.loads += 1
+            return ms
+
+    def _current(self, sig) -> bool:
+        return self._sets_for is not None and self._sets_for[0] is sig[0] and self._sets_for[1] == sig[1]
+
+    def _loaded(self, sig, key) -> ModelSet | None:
+        with self._sets_lock:
+            if self._current(sig) and key in self._sets:
+                self._sets.move_to_end(key)
+                return self._sets[key]
+        return None
+
+    def stats(self) -> dict:
+        """The loaded sets and their lock's use: {"loads", "sets", "streams", "pushes", "waits", "wait_s"}."""
+        with self._sets_lock:
+            sets = list(self._sets.values())
+        return {"loads": self.loads, "sets": len(sets), "streams": sum(m.streams for m in sets),
+                "pushes": sum(m.pushes for m in sets), "waits": sum(m.waits for m in sets),
+                "wait_s": sum(m.wait_s for m in sets)}
 
     # -- running ---------------------------------------------------------------------------------
     @property
@@ -296,8 +437,8 @@ class _Connection:
     def __init__(self, server: WakeServer, reader, writer):
         self.server, self.reader, self.writer = server, reader, writer
         self.names = None          # the last detect's names (None: every model)
-        self.det, self.det_key = None, None
-        self.streaming = False
+        self.models, self.det = None, None  # this stream's ModelSet (shared) and Detector (its own)
+        self.streaming = False     # True, False, or FAILED: a start refused, its audio dropped until audio-stop
         self.converter = None
         self.fired = 0
         self.context = None
@@ -375,17 +516,24 @@ class _Connection:
                 raise ValueError("'names' is not a list of strings")
             self.names, self.context = d.names or None, d.context
             if d.names:
-                offered = await loop.run_in_executor(None, self.server.models)
+                try:
+                    offered = await loop.run_in_executor(None, self.server.models)
+                except EdgelearnError:  # a state that cannot be read: said once, by the stream's audio-start
+                    return
                 unknown = [n for n in d.names if n not in offered]
                 if unknown:
                     await self.error(f"no wake model named {unknown}; this server has {offered}", "unknown-model")
         elif audio.AudioStart.is_type(t):
+            self.streaming = FAILED  # until it has started: a refused start drops its stream quietly
+            self.fired = 0
             start = audio.AudioStart.from_event(event)  # the format must be there
             if start.width not in (1, 2, 3, 4) or start.channels < 1 or start.rate < 1:
                 raise ValueError(f"unsupported audio format {start.rate} Hz, {start.width} B, {start.channels} ch")
             await loop.run_in_executor(None, self._begin)
             self.streaming = True
         elif audio.AudioChunk.is_type(t):
+            if self.streaming is FAILED:
+                return  # its audio-start had its one error
             if not self.streaming:
                 await self.error("audio-chunk before audio-start", "not-streaming")
                 return
@@ -405,9 +553,11 @@ class _Connection:
             if not self.streaming:
                 await self.error("audio-stop before audio-start", "not-streaming")
                 return
-            self.streaming = False
-            for ev in await loop.run_in_executor(None, self._flush):
-                await self.send(self._detection(ev))
+            failed, self.streaming = self.streaming is FAILED, False
+            if not failed:
+                for ev in await loop.run_in_executor(None, self._flush):
+                    await self.send(self._detection(ev))
+            self.models = self.det = None  # a set replaced meanwhile is freed with its last stream
             if not self.fired:
                 await self.send(wake.NotDetected(context=self.context).event())
         else:
@@ -418,23 +568,20 @@ class _Connection:
     # -- in the worker thread ----------------------------------------------------------------------
     def _begin(self) -> None:
         audio = _wyoming()[0]
-        key = (self.server.enrolled()[0], tuple(self.names) if self.names is not None else None)
-        if key != self.det_key:
-            with self.server._build_lock:  # Device.detector reads and recovers the state: one at a time
-                self.det = self.server.make_detector(self.names)
-            self.det_key = key
-        elif self.det is not None:
-            self.det.reset()
+        # the models the state holds now, loaded once and shared (a stream already running keeps its
+        # own set to its end); this stream's own front end, history and refractory period
+        self.models = self.server.model_set(self.names)
+        self.det = None if self.models is None else self.models.detector()
         # width and rate by wyoming's converter (audioop: linear interpolation, keeping its state
         # across chunks); channels are averaged here
         self.converter = audio.AudioChunkConverter(rate=SAMPLE_RATE, width=WIDTH, channels=None)
         self.fired = 0
 
     def _push(self, pcm):
-        return self.det.push(pcm) if self.det is not None and len(pcm) else []
+        return self.models.push(self.det, pcm) if self.det is not None and len(pcm) else []
 
     def _flush(self):
-        return self.det.flush() if self.det is not None else []
+        return self.models.flush(self.det) if self.det is not None else []
 
     def _detection(self, ev):
         wake = _wyoming()[5]

@@ -214,6 +214,45 @@ def detect_pcm(det: Detector, pcm: np.ndarray, chunk: int = 1600) -> list[dict]:
     return events + det.flush()
 
 
+def trigger(scores, ends, thresholds, names, smooth: int = 2, peak_hops: int = 5,
+            refractory_s: float = 1.0) -> list[dict]:
+    """The Detector's events from its precomputed first-stage scores, every keyword at once.
+
+    ``Detector._step`` run for run on ``edge.operating.stream_scores``'s (T, K) scores and (T, 2)
+    (window end, keyword end) times: smoothing over ``smooth`` runs; outside the refractory period
+    the keyword furthest over its threshold (``thresholds``: (K,)) opens a candidate, which follows
+    its peak for ``peak_hops`` runs or until its score falls under its threshold; the event is the
+    peak's, at its keyword end, and silences every keyword for ``refractory_s`` from there. Base
+    keywords only (no second stage). For scoring one stream at many operating points."""
+    sc = np.asarray(scores, np.float32)
+    thr = np.broadcast_to(np.asarray(thresholds, np.float32), (sc.shape[1],))
+    # the mean of the last min(j + 1, smooth) runs, in float32 as the Detector's history is
+    sm = np.empty_like(sc)
+    for j in range(min(smooth - 1, len(sc))):
+        sm[j] = sc[:j + 1].mean(axis=0)
+    if len(sc) >= smooth:
+        sm[smooth - 1:] = np.stack([sc[i:len(sc) - smooth + 1 + i] for i in range(smooth)]).mean(axis=0)
+    over = sm - thr
+    events, quiet, cand = [], -np.inf, None
+    for j in range(len(sm)):
+        if cand is None:
+            k = int(np.argmax(over[j]))
+            if over[j, k] >= 0 and ends[j, 0] >= quiet:
+                cand = [float(sm[j, k]), k, float(ends[j, 1]), peak_hops]
+            continue
+        score, ck, t, left = cand
+        if sm[j, ck] > score:
+            cand = [float(sm[j, ck]), ck, float(ends[j, 1]), left - 1]
+        else:
+            cand[3] = left - 1
+        if cand[3] <= 0 or sm[j, ck] < thr[ck]:
+            events.append({"keyword": names[ck], "time_s": round(cand[2], 3), "score": round(cand[0], 4)})
+            quiet, cand = cand[2] + refractory_s, None
+    if cand is not None:  # the stream ended inside a candidate: Detector.flush reports it
+        events.append({"keyword": names[cand[1]], "time_s": round(cand[2], 3), "score": round(cand[0], 4)})
+    return events
+
+
 def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, times=None, peaks=None,
                  verify=None, search=False, candidates=None):
     """The Detector's trigger, step for step, on one keyword's precomputed score series.

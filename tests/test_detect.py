@@ -189,3 +189,45 @@ def test_count_events_replays_the_second_stage_on_the_peak_or_every_window(searc
         assert any(p not in passing for p in peaks)   # events whose peak window alone fails
     else:
         assert all(p in passing for p in peaks)
+
+
+@pytest.mark.parametrize("threshold", [0.7, 0.3, {"yes": 0.2, "no": 0.9, "go": 0.45}])
+def test_trigger_replays_the_detector_on_every_keyword_at_once(km, long_clip, threshold):
+    """trigger (the benchmarks' multi-keyword trigger on stream_scores' cached scores) gives the
+    Detector's events, keyword, time and score, on real posteriors: low thresholds make the
+    keywords compete for the argmax and the refractory period."""
+    from edge.detect import THRESHOLD, trigger
+    from edge.operating import stream_scores
+
+    pcm, _ = long_clip
+    det = Detector(km, threshold=threshold)
+    events = detect_pcm(det, pcm)
+    scores, ends, _ = stream_scores(Detector(km), pcm)
+    thr = [threshold.get(w, THRESHOLD) if isinstance(threshold, dict) else threshold for w in det.names]
+    got = trigger(scores, ends, thr, det.names)
+    assert got == events and len(events) >= 8
+    if threshold == 0.3:  # here the candidates are many: substitutions and refractory periods matter
+        assert len(events) > len(detect_pcm(Detector(km), pcm))
+
+
+def test_trigger_on_scripted_competing_keywords():
+    """Two keywords whose scripted scores overlap: the one furthest over its threshold opens the
+    candidate, the other is silenced by the refractory period, as the Detector does."""
+    from edge.detect import trigger
+
+    class Two(Scripted):
+        labels = ["yes", "no", "_silence_", "_unknown_"]
+
+        def infer(self, feats):
+            y, n = self.script[self.i]
+            self.i += 1
+            return np.zeros((1, 64), np.float32), np.array([[y, n, 0.0, max(0.0, 1 - y - n)]], np.float32)
+
+    rng = np.random.default_rng(7)
+    s1, pcm, ends = scripted_stream(rng, 400, 25)
+    s2, _, _ = scripted_stream(rng, 400, 25)
+    script = np.stack([s1, s2 * 0.9], 1)
+    thr = {"yes": 0.7, "no": 0.6}
+    events = detect_pcm(Detector(Two(script), keywords=["yes", "no"], threshold=thr), pcm)
+    got = trigger(script, ends, [0.7, 0.6], ["yes", "no"])
+    assert got == events and {e["keyword"] for e in events} == {"yes", "no"}

@@ -8,9 +8,12 @@ cd "$(dirname "$0")/.."
 extras="${1:-host,serve,dev}"
 
 # asterisk-core-sounds-en-wav: real human speech (one speaker) for the kws_base benchmark;
+# asterisk-core-sounds-ru-wav, -es-wav: real speech of other speakers/languages, never trained on, for
+# kws_base's false accepts (host/data/realneg.py);
 # postgresql: the server the PostgreSQL store's tests start in a temporary directory (never as a service);
 # iproute2: the network namespaces of the Wyoming zeroconf test
-apt_pkgs=(espeak-ng festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts flite sox asterisk-core-sounds-en-wav)
+apt_pkgs=(espeak-ng festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts flite sox asterisk-core-sounds-en-wav
+          asterisk-core-sounds-ru-wav asterisk-core-sounds-es-wav)
 case ",$extras," in *,dev,*) apt_pkgs+=(postgresql iproute2) ;; esac
 missing=()
 for p in "${apt_pkgs[@]}"; do

@@ -204,6 +204,10 @@ def main(argv=None) -> int:
     p.add_argument("--distill", type=float, default=0.0,
                    help="weight of a distillation term: the embedding, through a linear map, fitted "
                         "to Google's speech_embedding of each clean training utterance (0: off)")
+    p.add_argument("--real-negatives", default="",
+                   help="comma-separated languages of Debian's asterisk prompts (fr, it, ru: other "
+                        "speakers than the benchmark's Allison) added as _unknown_ training speech "
+                        "(host/data/realneg.py)")
     p.add_argument("--evaluate", action="store_true",
                    help="do not train: report the model already in OUT (model.keras, frontend.json), "
                         "e.g. build/kws3 for the shipped one")
@@ -212,7 +216,7 @@ def main(argv=None) -> int:
     if a.evaluate and not ((out / "model.keras").exists() and (out / "frontend.json").exists()):
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")
-    if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert):
+    if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert or a.real_negatives):
         p.error("--evaluate reports a model already trained: --extra and --piper train only "
                 "change training (use --piper eval)")
 
@@ -240,6 +244,18 @@ def main(argv=None) -> int:
                        if sp == "train" and str(v).startswith("festival:")})
         corpus = with_supplement(corpus, converted_rows(corpus, fest, a.convert, seed=cfg.seed))
     synths = ("espeak", "festival")
+    if a.real_negatives:
+        from host.data import realneg
+
+        langs = tuple(a.real_negatives.split(","))
+        if any(lg not in realneg.SPEAKERS for lg in langs) or realneg.missing(langs):
+            p.error(realneg.missing([lg for lg in langs if lg in realneg.SPEAKERS]) or
+                    f"--real-negatives takes {', '.join(realneg.SPEAKERS)}, got {a.real_negatives!r}")
+        wins = realneg.windows(langs)
+        corpus = with_supplement(corpus, {("asterisk:" + ",".join(langs), f"real speech {i}", "filler", i): w
+                                          for i, w in enumerate(wins)})
+        synths += ("asterisk",)
+        print(f"real-speech negatives: {len(wins)} one-second windows ({', '.join(langs)})", flush=True)
     if a.piper == "train":
         corpus, synths = with_supplement(corpus, joe), synths + ("piper",)
     if a.evaluate:

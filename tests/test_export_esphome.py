@@ -196,3 +196,53 @@ print(json.dumps({"stride": mww.stride, "cutoff": mww.probability_cutoff, "windo
     assert got["cutoff"] == res.manifest["micro"]["probability_cutoff"]
     assert got["n"] > 100 and 0.0 <= got["max"] <= 1.0
     assert got["in"][1] == -128 and abs(got["in"][0] - 26 / 255) < 1e-6 and "uint8" in got["out_dtype"]
+
+
+def test_telephone_band_removes_the_top_band():
+    sr = FE.SAMPLE_RATE
+    t = np.arange(sr) / sr
+    x = (np.sin(2 * np.pi * 1000 * t) + np.sin(2 * np.pi * 6000 * t)).astype(np.float32) * 8000
+    y = E.telephone_band(x)
+    spec = np.abs(np.fft.rfft(y)) / len(y)
+    assert len(y) == len(x) and y.dtype == np.float32
+    assert spec[1000] > 3000 and spec[6000] < 40          # 1 kHz kept, 6 kHz gone (bins are 1 Hz)
+
+
+def test_real_speech_prompts_are_negatives_in_their_own_channel():
+    rng = np.random.default_rng(3)
+    clips = [_phrase(rng, f) for f in (400, 440, 480, 520, 560)]
+    speech = [rng.normal(0, 3000, int(2.5 * FE.SAMPLE_RATE)).astype(np.float32) for _ in range(2)]
+    cfg = E.ExportConfig(user_copies=1, noise_contexts=2, real_copies=2, real_hop=20, telephone=1.0,
+                         log=lambda m: None)
+    X, y, counts = E.build_training_set("hey tone", clips, None, cfg, real=speech)
+    _X0, y0, c0 = E.build_training_set("hey tone", clips, None, cfg, real=None)
+    assert c0["real_speech"] == 0 and counts["real_speech"] >= 2 * 2 * 5   # 2 copies of 2 prompts
+    assert len(y) == len(y0) + counts["real_speech"]
+    assert y.sum() == y0.sum() > 0                        # every real-speech window is a negative
+    assert X.shape[1:] == (E.WINDOW, FE.CHANNELS)
+
+
+def test_real_speech_names_missing_packages_and_refuses_allison(monkeypatch, tmp_path):
+    from edge.errors import EdgelearnError
+    from host.data import realneg
+
+    said = []
+    monkeypatch.setattr(realneg, "SOUNDS", tmp_path)          # nothing installed
+    cfg = E.ExportConfig(real_speech=("fr", "ru"), log=said.append)
+    assert E.real_speech(cfg) == []
+    assert len(said) == 1 and "apt-get install asterisk-core-sounds-fr-wav asterisk-core-sounds-ru-wav" in said[0]
+    assert E.real_speech(E.ExportConfig(real_speech=(), log=said.append)) == [] and len(said) == 1
+    with pytest.raises(EdgelearnError, match="Allison"):
+        E.real_speech(E.ExportConfig(real_speech=("es",), log=said.append))
+
+
+def test_other_voices_say_the_phrase_and_the_corpus_words():
+    import shutil
+
+    assert E.other_voices("hey tone", E.ExportConfig()) == ([], [])      # off by default
+    if shutil.which("flite") is None:
+        pytest.skip("flite is not installed (scripts/bootstrap.sh installs it)")
+    cfg = E.ExportConfig(other_voices=("flite:kal16",), other_renders=2, other_words=1, log=lambda m: None)
+    pos, words = E.other_voices("hey tone", cfg)
+    assert len(pos) == 2 and len(words) == len(E._vocab("hey tone"))
+    assert all(p.dtype == np.float32 and np.abs(p).max() > 100 for p in pos + words)

@@ -29,6 +29,9 @@ training, fresh runs and sentences of the training voices are scored and the win
 corpus's validation voices (never on a benchmark's): the highest sliding-window mean on their
 speech plus 0.05, within 0.9-0.97 (the model's outputs are confident: a high cutoff costs little
 recall, and synthetic validation speech understates real false accepts). About 4 CPU minutes in all on one x86 core.
+Two more sources of negatives are options, off by default because they cost recall on development
+data (docs/edge-runtime.md, "ESPHome"): other speakers' real prompts from Debian (``real_speech``)
+and voices outside the corpus saying the phrase and its words (``other_voices``).
 
     >>> res = export_esphome("hey jarvis", ["a.wav", "b.wav", ...], "out/")
     >>> res.model_path, res.manifest["micro"]["probability_cutoff"]
@@ -90,6 +93,25 @@ class ExportConfig:
     mine_epochs: int = 6             # then fine-tuning on everything
     near_miss_voices: int = 16       # espeak-ng voices that speak the near misses
     noise_contexts: int = 300
+    # Real human speech as negatives: Debian's asterisk-core-sounds prompts of these languages,
+    # where installed (host/data/realneg.py; Spanish is left out: it is Allison, the benchmarks'
+    # English real-speech speaker). Each prompt is placed over background ``real_copies`` times and
+    # cut into windows every ``real_hop`` frames; a fresh copy of each joins the hard-negative mining.
+    # Off by default: measured on development data it cost recall (docs/edge-runtime.md, "ESPHome"),
+    # e.g. ("fr", "it", "ru").
+    real_speech: tuple = ()
+    real_copies: int = 1
+    real_hop: int = 40
+    # The prompts are 8 kHz telephone audio: this share of every synthetic context (positives
+    # included) is band-limited to 4 kHz too, so that a missing top band does not mean "negative"
+    telephone: float = 0.0
+    # Voices outside the corpus ("synth:name") that say the phrase (``other_renders`` each) and the
+    # corpus's words (``other_words`` renders of each), so that the user's clips are not the only
+    # audio of their kind, e.g. ("flite:kal16", "flite:kal"), Flite's diphone voices (the corpus has
+    # no Flite voice in training). Off by default: it cost recall on development data.
+    other_voices: tuple = ()
+    other_renders: int = 12
+    other_words: int = 3
     epochs: int = 30
     batch: int = 128
     lr: float = 2e-3
@@ -171,6 +193,18 @@ def _background(rng, n: int, speech_power: float, pool) -> np.ndarray:
     return noise * np.float32(np.sqrt(speech_power / 10 ** (snr / 10)))
 
 
+def telephone_band(x: np.ndarray) -> np.ndarray:
+    """x (16 kHz) through 8 kHz and back: nothing above 4 kHz, as the real-speech prompts."""
+    from scipy.signal import resample_poly
+
+    return resample_poly(resample_poly(x, 1, 2), 2, 1)[: len(x)].astype(np.float32)
+
+
+def _channel(rng, x: np.ndarray, telephone: float) -> np.ndarray:
+    """The speech of one context, band-limited to 4 kHz with probability ``telephone``."""
+    return telephone_band(x) if telephone and rng.random() < telephone else x
+
+
 def _augment_utt(rng, utt: np.ndarray) -> np.ndarray:
     from host import augment as A
     from host.data import noise as N
@@ -195,9 +229,9 @@ def _level(rng, ctx: np.ndarray) -> np.ndarray:
     return np.clip(ctx * (rng.uniform(0.05, 0.8) * 32767 / peak), -32768, 32767).astype(np.int16)
 
 
-def _positive_context(rng, utt: np.ndarray, pool):
+def _positive_context(rng, utt: np.ndarray, pool, telephone: float = 0.0):
     """(int16 context, end sample of the phrase, start sample) with ~1-1.3 s of background first."""
-    x = _augment_utt(rng, utt)
+    x = _channel(rng, _augment_utt(rng, utt), telephone)
     lead = int(rng.uniform(1.05, 1.3) * FE.SAMPLE_RATE)
     tail = int(0.35 * FE.SAMPLE_RATE)
     n = lead + len(x) + tail
@@ -271,7 +305,7 @@ def _dense(f: np.ndarray, rng, hop: int) -> list[np.ndarray]:
     return _windows(f, range(WINDOW - 1 + int(rng.integers(hop)), len(f), hop))
 
 
-def _run_context_feats(rng, runs, pool, seconds: float = 3.0) -> np.ndarray:
+def _run_context_feats(rng, runs, pool, seconds: float = 3.0, telephone: float = 0.0) -> np.ndarray:
     """Features of ``seconds`` of corpus words one after another (30-400 ms apart) over background."""
     n_ctx = int(seconds * FE.SAMPLE_RATE)
     ctx = np.zeros(n_ctx, np.float32)
@@ -281,12 +315,13 @@ def _run_context_feats(rng, runs, pool, seconds: float = 3.0) -> np.ndarray:
         m = min(len(u), n_ctx - at)
         ctx[at:at + m] += u[:m]
         at += len(u) + int(rng.uniform(0.03, 0.4) * FE.SAMPLE_RATE)
+    ctx = _channel(rng, ctx, telephone)
     ctx += _background(rng, n_ctx, _power(ctx), pool) + _floor(rng, n_ctx)
     return FE.features(_level(rng, ctx))
 
 
-def _sentence_feats(rng, u: np.ndarray, pool) -> np.ndarray:
-    a = _augment_utt(rng, u)
+def _sentence_feats(rng, u: np.ndarray, pool, telephone: float = 0.0) -> np.ndarray:
+    a = _channel(rng, _augment_utt(rng, u), telephone)
     lead = int(1.0 * FE.SAMPLE_RATE)
     n = len(a) + lead + int(0.2 * FE.SAMPLE_RATE)
     ctx = np.zeros(n, np.float32)
@@ -310,20 +345,41 @@ def _vocab(phrase: str) -> list[str]:
     return [w for w in SPEECH_COMMANDS + FILLERS + CUSTOM_PHRASES if w != phrase]
 
 
-def mine_negatives(model, phrase: str, corpus, cfg: "ExportConfig", voices=None) -> np.ndarray:
-    """Hard negatives: fresh runs of corpus words and sentences (new draws, training voices only),
-    scored by the model; the windows it scores above cfg.mine_min, at most cfg.mine_max."""
+def real_speech(cfg: "ExportConfig") -> list[np.ndarray]:
+    """The installed real-speech prompts of ``cfg.real_speech`` (16 kHz float32 at int16 scale);
+    says once which packages would add more."""
+    from host.data import realneg
+
+    if not cfg.real_speech:
+        return []
+    if "es" in cfg.real_speech:
+        raise EdgelearnError("real_speech includes 'es': the Spanish prompts are Allison, the "
+                             "benchmarks' English real-speech speaker", fix="leave 'es' out")
+    lack = realneg.missing(cfg.real_speech)
+    if lack:
+        _say(cfg, f"export esphome: fewer real-speech negatives than the recipe's: {lack}")
+    return [x for lang in cfg.real_speech for _n, _t, x in realneg.prompts(lang)]
+
+
+def mine_negatives(model, phrase: str, corpus, cfg: "ExportConfig", voices=None, real=None,
+                   other_words=None) -> np.ndarray:
+    """Hard negatives: fresh runs of corpus words and sentences (new draws, training voices only)
+    and fresh copies of the real-speech prompts ``real``, scored by the model; the windows it
+    scores above cfg.mine_min, at most cfg.mine_max."""
     rng = np.random.default_rng([cfg.seed, 9])
     runs, pool = _sources(phrase, corpus)
     if not runs:
         return np.zeros((0, WINDOW, FE.CHANNELS), np.float16)
+    runs = runs + list(other_words or [])
     if voices is None:
         voices = _training_voices(corpus)
     wins = []
     for _ in range(cfg.mine_contexts):
-        wins += _dense(_run_context_feats(rng, runs, pool), rng, 10)
+        wins += _dense(_run_context_feats(rng, runs, pool, telephone=cfg.telephone), rng, 10)
     for u in _espeak_sentences(rng, voices, cfg.mine_contexts // 4, _vocab(phrase)):
-        wins += _dense(_sentence_feats(rng, u, pool), rng, 10)
+        wins += _dense(_sentence_feats(rng, u, pool, cfg.telephone), rng, 10)
+    for u in real or []:
+        wins += _dense(_sentence_feats(rng, u, pool), rng, 20)
     W = np.stack(wins).astype(np.float16)
     logits = np.concatenate([model.predict(W[a:a + 8192, :, None, :].astype(np.float32), batch_size=1024,
                                            verbose=0)[:, 0, 0] for a in range(0, len(W), 8192)])
@@ -378,18 +434,44 @@ def render_phrase(phrase: str, voices, cfg: ExportConfig, seed: int) -> list[np.
     return [got[j[4]].astype(np.float32) for j in jobs if j[4] in got]
 
 
-def build_training_set(phrase: str, user_clips, corpus, cfg: ExportConfig, voices=None):
+def other_voices(phrase: str, cfg: ExportConfig) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(renders of the phrase, renders of the corpus's other words) by ``cfg.other_voices``."""
+    from host.data import synth
+    from host.data.synth import Voice
+
+    voices = [Voice(*v.split(":", 1)) for v in cfg.other_voices]
+    if not voices:
+        return [], []
+    synth.check_installed({v.synth for v in voices})
+    rng = np.random.default_rng([cfg.seed, 13])
+    jobs = []
+    for v in voices:
+        jobs += [(v, phrase, float(rng.uniform(0.8, 1.2)), float(rng.uniform(0.85, 1.3)), ("p", v.id, k))
+                 for k in range(cfg.other_renders)]
+        jobs += [(v, w, float(rng.uniform(0.8, 1.2)), float(rng.uniform(0.85, 1.3)), ("w", v.id, w, k))
+                 for w in _vocab(phrase) for k in range(cfg.other_words)]
+    got = synth.render_jobs(jobs, "rendering other voices")
+    pos = [got[j[4]].astype(np.float32) for j in jobs if j[4] in got and j[4][0] == "p"]
+    return pos, [got[j[4]].astype(np.float32) for j in jobs if j[4] in got and j[4][0] == "w"]
+
+
+def build_training_set(phrase: str, user_clips, corpus, cfg: ExportConfig, voices=None, real=None,
+                       others=None):
     """(X float32 (N, WINDOW, 40) features, y float32 (N,)) and counts by source.
 
     ``corpus``: a ``host.data.corpus.Corpus`` (its training split's words are negatives and its
     training voices speak the phrase) or None (tests: the user's clips and noise only).
-    ``voices``: who speaks the phrase and the near misses (default: the corpus's training voices)."""
+    ``voices``: who speaks the phrase and the near misses (default: the corpus's training voices).
+    ``real``: real-speech prompts (``real_speech(cfg)``), every window of them a negative.
+    ``others``: ``other_voices(phrase, cfg)``: more positives, and more words for the runs."""
     rng = np.random.default_rng([cfg.seed, 1])
     if voices is None:
         voices = _training_voices(corpus) if corpus is not None else []
     words = phrase.split()
     runs, pool = _sources(phrase, corpus)
     synth_pos = render_phrase(phrase, voices, cfg, seed=cfg.seed * 7 + 11)
+    if others:
+        synth_pos, runs = synth_pos + others[0], runs + others[1]
     esp = [v for v in voices if v.synth == "espeak"][: cfg.near_miss_voices]
     near = []
     if esp:
@@ -403,17 +485,18 @@ def build_training_set(phrase: str, user_clips, corpus, cfg: ExportConfig, voice
         sentences = _espeak_sentences(rng, voices, cfg.sentences, _vocab(phrase))
 
     X, y, counts = [], [], {"positive": 0, "partial": 0, "scrambled": 0, "speech": 0, "sentence": 0,
-                            "near_miss": 0, "noise": 0}
+                            "real_speech": 0, "near_miss": 0, "noise": 0}
+    tel = cfg.telephone
 
     def positive(utt, copies, n_scrambled):
         for _ in range(copies):
             for _ in range(n_scrambled):
-                pcm, end, _start = _positive_context(rng, scrambled(rng, utt), pool)
+                pcm, end, _start = _positive_context(rng, scrambled(rng, utt), pool, tel)
                 f = FE.features(pcm)
                 e = FE.frame_of_sample(end)
                 for w in _windows(f, [e + int(rng.integers(0, 25))]):
                     X.append(w); y.append(0.0); counts["scrambled"] += 1
-            pcm, end, start = _positive_context(rng, utt, pool)
+            pcm, end, start = _positive_context(rng, utt, pool, tel)
             f = FE.features(pcm)
             e = FE.frame_of_sample(end)
             for d in rng.integers(0, 25, size=3):
@@ -428,14 +511,18 @@ def build_training_set(phrase: str, user_clips, corpus, cfg: ExportConfig, voice
     for u in user_clips:
         positive(np.asarray(u, np.float32), cfg.user_copies, cfg.user_scrambled)
     for _ in range(cfg.run_contexts if runs else 0):
-        for w in _dense(_run_context_feats(rng, runs, pool), rng, cfg.hop):
+        for w in _dense(_run_context_feats(rng, runs, pool, telephone=tel), rng, cfg.hop):
             X.append(w); y.append(0.0); counts["speech"] += 1
     for u in sentences:
-        for w in _dense(_sentence_feats(rng, u, pool), rng, cfg.hop):
+        for w in _dense(_sentence_feats(rng, u, pool, tel), rng, cfg.hop):
             X.append(w); y.append(0.0); counts["sentence"] += 1
+    for u in real or []:
+        for _ in range(cfg.real_copies):
+            for w in _dense(_sentence_feats(rng, u, pool), rng, cfg.real_hop):
+                X.append(w); y.append(0.0); counts["real_speech"] += 1
     for u in near:
         for _ in range(2):
-            pcm, end, _start = _positive_context(rng, u, pool)
+            pcm, end, _start = _positive_context(rng, u, pool, tel)
             f = FE.features(pcm)
             e = FE.frame_of_sample(end)
             for w in _windows(f, [e + int(rng.integers(0, 25)), e + int(rng.integers(-20, 0))]):
@@ -723,11 +810,14 @@ def export_esphome(phrase: str, wavs, out_dir, cfg: ExportConfig | None = None, 
         from host.data.corpus import build_corpus
         corpus = build_corpus(progress=True)
     _say(cfg, f"export esphome: building training windows for {phrase!r} ({len(user)} clips of yours)")
-    X, y, counts = build_training_set(phrase, user, corpus, cfg, voices=voices)
+    real = real_speech(cfg) if corpus is not None else []
+    others = other_voices(phrase, cfg) if corpus is not None else ([], [])
+    X, y, counts = build_training_set(phrase, user, corpus, cfg, voices=voices, real=real, others=others)
+    counts["other_voice_renders"] = len(others[0]) + len(others[1])
     _say(cfg, f"export esphome: {len(y)} windows ({int(y.sum())} positive); training {cfg.epochs} epochs on CPU")
     model = train_model(X, y, cfg)
     if corpus is not None and cfg.mine_contexts:
-        hard = mine_negatives(model, phrase, corpus, cfg, voices)
+        hard = mine_negatives(model, phrase, corpus, cfg, voices, real=real, other_words=others[1])
         counts["mined"] = len(hard)
         _say(cfg, f"export esphome: {len(hard)} hard negatives mined; fine-tuning {cfg.mine_epochs} epochs")
         if len(hard):

@@ -680,6 +680,8 @@ class Agent:
     # -- the way out -----------------------------------------------------------------------------
     def _write_status(self) -> None:
         st = {**self.status, "updated": time.time(), "adapting": self.child is not None}
+        if self.wyoming is not None:  # Home Assistant's side: clients served, detections sent, model sets
+            st["wyoming_stats"] = self.wyoming.stats()
         atomic_write(self.state_dir / AGENT_FILE, json.dumps(st, indent=1).encode())
 
     def _finish(self) -> None:

@@ -205,6 +205,8 @@ class WakeServer:
         self._kw_lock, self._build_lock, self._sets_lock = threading.Lock(), threading.Lock(), threading.Lock()
         self._kw_sig, self._enrolled = None, []
         self.connections = 0  # served so far (tests and status)
+        self.open = 0         # connected now
+        self.detections = 0   # detection events sent, every client
         self.loads = 0        # model sets loaded (``ModelSet``): one per keyword selection and state
         self._base = None
         self._sets: OrderedDict = OrderedDict()  # (base, enrolled) -> ModelSet, for ``_sets_for``
@@ -318,10 +320,12 @@ class WakeServer:
         return None
 
     def stats(self) -> dict:
-        """The loaded sets and their lock's use: {"loads", "sets", "streams", "pushes", "waits", "wait_s"}."""
+        """Clients and the loaded sets: {"connections" (served so far), "open" (now), "detections"
+        (events sent), "loads", "sets", "streams", "pushes", "waits", "wait_s"} (the sets' lock use)."""
         with self._sets_lock:
             sets = list(self._sets.values())
-        return {"loads": self.loads, "sets": len(sets), "streams": sum(m.streams for m in sets),
+        return {"connections": self.connections, "open": self.open, "detections": self.detections,
+                "loads": self.loads, "sets": len(sets), "streams": sum(m.streams for m in sets),
                 "pushes": sum(m.pushes for m in sets), "waits": sum(m.waits for m in sets),
                 "wait_s": sum(m.wait_s for m in sets)}
 
@@ -418,11 +422,13 @@ class WakeServer:
         task = asyncio.current_task()
         self._handlers.add(task)
         self.connections += 1
+        self.open += 1
         try:
             await _Connection(self, reader, writer).run()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away: only this connection ends
         finally:
+            self.open -= 1
             self._handlers.discard(task)
             writer.close()
             try:
@@ -586,5 +592,6 @@ class _Connection:
     def _detection(self, ev):
         wake = _wyoming()[5]
         self.fired += 1
+        self.server.detections += 1
         return wake.Detection(name=ev["keyword"], timestamp=int(round(ev["time_s"] * 1000)),
                               context=self.context).event()

@@ -338,6 +338,14 @@ def test_the_agent_serves_wyoming_in_its_own_process(enrolled, tmp_path, capsys)
     got = detections(events)
     assert [n for n, _ in got] == [KW] * 3
     assert [t / 1000 for _, t in got] == pytest.approx([e["time_s"] for e in enrolled[2]], abs=0.05)
+    def served():
+        ws = (read_status(st) or {}).get("wyoming_stats") or {}
+        return ws.get("detections") == 3 and ws.get("open") == 0
+
+    while time.monotonic() < deadline and not served():
+        time.sleep(0.05)   # agent.json says what Home Assistant's side got (the client has gone)
+    ws = read_status(st)["wyoming_stats"]
+    assert ws["connections"] == 1 and ws["open"] == 0 and ws["detections"] == 3 and ws["streams"] == 1
     agent.stop()
     th.join(TIMEOUT)
     assert not th.is_alive()

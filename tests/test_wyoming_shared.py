@@ -118,6 +118,8 @@ def test_concurrent_connections_get_exactly_their_own_events_from_models_loaded_
         assert srv.loads == 3  # one model set per keyword selection, not one per connection
         st = srv.stats()
         assert st["sets"] == 3 and st["streams"] == len(plan)
+        assert st["connections"] == len(plan)
+        assert st["detections"] == sum(len(detections(e)) for e in got)
         again = run(together())  # and a second round of streams uses the same sets
         assert [detections(e) for e in again] == [detections(e) for e in got]
         assert srv.loads == 3 and srv.stats()["streams"] == 2 * len(plan)

@@ -239,7 +239,11 @@ def test_real_speech_names_missing_packages_and_refuses_allison(monkeypatch, tmp
 def test_other_voices_say_the_phrase_and_the_corpus_words():
     import shutil
 
+    from edge.errors import EdgelearnError
+
     assert E.other_voices("hey tone", E.ExportConfig()) == ([], [])      # off by default
+    with pytest.raises(EdgelearnError, match="synth:name"):
+        E.other_voices("hey tone", E.ExportConfig(other_voices=("kal16",)))
     if shutil.which("flite") is None:
         pytest.skip("flite is not installed (scripts/bootstrap.sh installs it)")
     cfg = E.ExportConfig(other_voices=("flite:kal16",), other_renders=2, other_words=1, log=lambda m: None)

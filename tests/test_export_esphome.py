@@ -234,6 +234,8 @@ def test_real_speech_names_missing_packages_and_refuses_allison(monkeypatch, tmp
     assert E.real_speech(E.ExportConfig(real_speech=(), log=said.append)) == [] and len(said) == 1
     with pytest.raises(EdgelearnError, match="Allison"):
         E.real_speech(E.ExportConfig(real_speech=("es",), log=said.append))
+    with pytest.raises(EdgelearnError, match="'de' has no prompts"):
+        E.real_speech(E.ExportConfig(real_speech=("de",), log=said.append))
 
 
 def test_other_voices_say_the_phrase_and_the_corpus_words():

@@ -96,6 +96,7 @@ class AgentConfig:
     threshold: object = None
     sensitivity: float | None = None
     confirm: float = 0.9
+    asr: bool = False              # PocketSphinx confirms base-keyword detections (edge/confirm.py)
     data: Path | None = None       # labelled clips DIR/<label>/*.wav: adaptation, federated examples, health check
     strategy: str = "bias-only"
     adapt_every_s: float = 3600.0  # how often to ask the scheduler for an adaptation run
@@ -382,7 +383,7 @@ class Agent:
     def _detector(self):
         return self.device.detector(keywords=self.cfg.keywords, threshold=self.cfg.threshold,
                                     sensitivity=self.cfg.sensitivity, confirm=self.cfg.confirm,
-                                    replay=self.child is None)
+                                    replay=self.child is None, asr=self.cfg.asr)
 
     def run(self) -> dict:
         source = _chunks_of(self.cfg.source)

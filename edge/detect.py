@@ -14,6 +14,12 @@ peak's first: ``CustomKeywords.searches``); a rejected candidate gives no event 
 no refractory period (``rejected`` counts them; ``verified``, the windows checked), so the
 encoder's cost per hop is unchanged and the verifier runs only when the first stage fires.
 
+With ``asr`` (``edge.confirm.AsrConfirm``, the Pi tier), a base keyword's candidate is held
+until ``AFTER_S`` of audio past its keyword end has arrived, then the recogniser decodes that
+audio (from ``BEFORE_S`` before the keyword end) and the event stands only if it heard the
+command (``says``; ``edge.confirm``: the command alone); a rejected one, like a custom keyword's, gives no event and no refractory period. The
+event keeps its ``time_s`` and comes up to ``AFTER_S`` later.
+
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
 
@@ -32,6 +38,7 @@ from edge.errors import EdgelearnError
 
 NON_KEYWORDS = ("_silence_", "_unknown_")
 THRESHOLD = 0.7  # a base keyword's threshold when none is calibrated for it
+_KEEP_S = 2.0    # audio kept for the recogniser (edge.confirm: BEFORE_S + AFTER_S, and slack)
 
 
 def default_keywords(model) -> list[str]:
@@ -45,17 +52,18 @@ def default_keywords(model) -> list[str]:
 class Detector:
     def __init__(self, km, custom=None, keywords=None, stride: int = 4, smooth: int = 2,
                  threshold: float | dict = THRESHOLD, refractory_s: float = 1.0, peak_window_s: float = 0.4,
-                 head=None, on_event=None):
+                 head=None, on_event=None, asr=None):
         """``km``: a KeywordModel; ``custom``: CustomKeywords or None; ``keywords``: base labels
         to report (default: the bundle's 12-class command words, else every word label);
         ``threshold``: one for every base keyword, or {keyword: threshold} (``edge.operating``);
         ``head``: an adapted embedding head (``edge.adapt.EmbeddingHead``) that replaces the bundle's base
         posteriors (an adapted conv tail comes as ``km``: ``edge.adapt.TailModel``);
         ``on_event(event, window)``: called with each event and the normalised (49, 10)
-        window of its peak, e.g. to feed confirmed detections to the replay buffer."""
+        window of its peak, e.g. to feed confirmed detections to the replay buffer; ``asr``: a
+        recogniser that confirms base keywords (``says(word, pcm) -> bool``; ``edge.confirm``)."""
         if stride < 1 or smooth < 1:
             raise EdgelearnError(f"stride ({stride}) and smooth ({smooth}) must be >= 1")
-        self.km, self.custom, self.head, self.on_event = km, custom, head, on_event
+        self.km, self.custom, self.head, self.on_event, self.asr = km, custom, head, on_event, asr
         labels = list(km.labels)
         if keywords is None:
             keywords = default_keywords(km)
@@ -92,6 +100,9 @@ class Detector:
         self.invocations = 0
         self.rejected = 0
         self.verified = 0      # windows the second stage ran on
+        self.pending = None    # a base keyword's candidate waiting for the recogniser's audio
+        self.audio = np.zeros(0, np.int16)  # the last seconds of audio, with asr
+        self.samples = 0       # samples pushed since reset
 
     def _window(self) -> np.ndarray:
         i = self.n_frames % F.N_FRAMES
@@ -99,6 +110,11 @@ class Detector:
 
     def push(self, pcm) -> list[dict]:
         events = []
+        if self.asr is not None:  # the recogniser's copy (int16, as the audio came); the front end gets pcm as is
+            raw = np.clip(np.asarray(pcm), -32768, 32767).astype(np.int16)
+            self.samples += len(raw)
+            keep = int((_KEEP_S + self.peak_hops * self.stride * F.HOP_LENGTH / F.SAMPLE_RATE) * F.SAMPLE_RATE)
+            self.audio = np.concatenate([self.audio, raw])[-(keep + len(raw)):]
         for fr in self.stream.push(pcm):
             i = self.n_frames % F.N_FRAMES
             self.frames[i] = fr
@@ -108,7 +124,32 @@ class Detector:
                 ev = self._step()
                 if ev is not None:
                     events.append(ev)
+            if self.pending is not None and self.samples >= self._pending_end(self.pending[2]):
+                ev = self._confirm()
+                if ev is not None:
+                    events.append(ev)
         return events
+
+    def _confirm(self):
+        """Decide the pending base-keyword candidate with the recogniser on its audio so far."""
+        from edge.confirm import BEFORE_S
+
+        score, k, t, peak = self.pending
+        self.pending = None
+        start = self.samples - len(self.audio)  # absolute index of audio[0]
+        a = max(0, int(round((t - BEFORE_S) * F.SAMPLE_RATE)) - start)
+        b = max(a, min(len(self.audio), self._pending_end(t) - start))
+        if not self.asr.says(self.names[k], self.audio[a:b]):
+            self.rejected += 1
+            return None
+        return self._event(score, k, t, peak)
+
+    @staticmethod
+    def _pending_end(t: float) -> int:
+        """The sample the recogniser's audio for a keyword ending at ``t`` s runs to."""
+        from edge.confirm import AFTER_S
+
+        return int(round((t + AFTER_S) * F.SAMPLE_RATE))
 
     def continue_from(self, old: "Detector") -> list[dict]:
         """Take over ``old``'s audio (the front end's stream, the last 49 frames, the clock and the
@@ -118,11 +159,15 @@ class Detector:
         events = old.flush()
         self.stream, self.frames, self.n_frames = old.stream, old.frames, old.n_frames
         self.quiet_until = old.quiet_until
+        if self.asr is not None:
+            self.samples, self.audio = old.samples, old.audio
         return events
 
     def flush(self) -> list[dict]:
         """End of stream: emit a candidate still waiting for its peak window to close."""
         ev = self._emit() if self.candidate is not None else None
+        if self.pending is not None:
+            ev = self._confirm()
         return [ev] if ev else []
 
     def scores(self, feats: np.ndarray):
@@ -158,7 +203,7 @@ class Detector:
                 self.candidate = (score, ck, t, left - 1)
             if self.candidate[3] <= 0 or sm[ck] < self.thresholds[ck]:
                 out = self._emit()
-        elif over[k] >= 0 and end_s >= self.quiet_until:
+        elif over[k] >= 0 and end_s >= self.quiet_until and self.pending is None:
             self.candidate = (float(sm[k]), k, self._keyword_end(win, end_s), self.peak_hops)
             self._peak_window = cur
             self._windows = [cur]
@@ -176,10 +221,16 @@ class Detector:
             if not self._verify(k - nb, tried):
                 self.rejected += 1
                 return None
+        elif k < nb and self.asr is not None:
+            self.pending = (score, k, t, self._peak_window)
+            return None
+        return self._event(score, k, t, self._peak_window)
+
+    def _event(self, score, k, t, peak):
         self.quiet_until = t + self.refractory
         ev = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
         if self.on_event is not None:
-            self.on_event(ev, self._peak_window)
+            self.on_event(ev, peak)
         return ev
 
     def _verify(self, k: int, tried: list) -> bool:

@@ -291,7 +291,8 @@ class Device:
 
     # -- detect ----------------------------------------------------------------------------------
     def detect(self, source=None, *, mic: bool = False, keywords=None, threshold=None,
-               sensitivity: float | None = None, stride: int = 4, confirm: float = 0.9, replay: bool = True):
+               sensitivity: float | None = None, stride: int = 4, confirm: float = 0.9, replay: bool = True,
+               asr: bool = False):
         """Stream ``source`` through the detector; returns an iterator of events
         ``{"keyword", "time_s", "score"}``, each as soon as it is found.
 
@@ -304,16 +305,19 @@ class Device:
         ``edge.detect.THRESHOLD``); ``sensitivity``
         instead: the thresholds ``calibrate`` set for at most this many false accepts per hour.
         Base-keyword events at or above ``confirm`` feed the tail replay buffer unless
-        ``replay=False``. The models are loaded when this is called; the audio is read while the
-        iterator runs."""
+        ``replay=False``. ``asr``: PocketSphinx confirms every base-keyword detection, first stage at
+        ``edge.confirm.FIRST_STAGE`` unless a threshold or sensitivity is given (``edge.confirm``;
+        ``pip install 'edgelearn[asr]'``). The models are loaded when this is called; the audio is
+        read while the iterator runs."""
         if mic == (source is not None):
             raise EdgelearnError("detect needs one audio source", fix="pass a WAV file, samples or chunks, or mic=True")
         det, store = self.detector(keywords=keywords, threshold=threshold, sensitivity=sensitivity, stride=stride,
-                                   confirm=confirm, replay=replay)
+                                   confirm=confirm, replay=replay, asr=asr)
         return _events(det, source, mic, store)
 
     def detector(self, *, keywords=None, threshold=None, sensitivity: float | None = None, stride: int = 4,
-                 confirm: float = 0.9, replay: bool = True, enrolled=None, levels: dict | None = None):
+                 confirm: float = 0.9, replay: bool = True, enrolled=None, levels: dict | None = None,
+                 asr: bool = False):
         """(``edge.detect.Detector``, the tail replay store it feeds or None) for the state's keywords,
         active model and operating points (the options are ``detect``'s): what ``detect`` streams
         through, and what the agent swaps when the model changes (``Detector.continue_from``).
@@ -334,6 +338,13 @@ class Device:
             kws = [k for k in state.keywords if enrolled is None or k["name"] in set(enrolled)]
             kws = [{**k, "sensitivity": (levels or {}).get(k["name"], k.get("sensitivity", "medium"))} for k in kws]
             state = DeviceState(state.root, state.model_id, state.version, kws, bundle)
+        recogniser = None
+        if asr:
+            from edge.confirm import FIRST_STAGE, AsrConfirm
+
+            recogniser = AsrConfirm()
+            if threshold is None and sensitivity is None:
+                threshold = FIRST_STAGE
         self.recover()
         km, head = self.models()
         if keywords == "all":
@@ -365,7 +376,7 @@ class Device:
             if isinstance(threshold, dict):
                 threshold = {w: t for w, t in threshold.items() if w in keywords}
         det = Detector(km, custom=custom, keywords=keywords, threshold=threshold, stride=stride, head=head,
-                       on_event=feed)
+                       on_event=feed, asr=recogniser)
         return det, store
 
     def carry_to(self, new) -> dict:

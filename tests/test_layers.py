@@ -35,7 +35,10 @@ EDGE_THIRD_PARTY = {"numpy", "cryptography", "ai_edge_litert", "tflite_runtime",
                     # the Wyoming protocol (edge/wyoming.py, `edgelearn wyoming`): pure Python, the
                     # optional `wyoming` extra; the server runs on the device; zeroconf (same extra):
                     # its mDNS announcement for Home Assistant's discovery (edge/wyoming_mdns.py)
-                    "wyoming", "zeroconf"}
+                    "wyoming", "zeroconf",
+                    # the base commands' recogniser second stage on a Pi (edge/confirm.py, the
+                    # optional `asr` extra): PocketSphinx and its bundled US-English models
+                    "pocketsphinx"}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:

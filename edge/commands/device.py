@@ -53,6 +53,9 @@ def add_arguments(p) -> None:
             s.add_argument("--stride", type=int, default=4, help="hops (20 ms) between encoder runs")
             s.add_argument("--confirm", type=float, default=0.9,
                            help="base-keyword detections at or above this score feed the replay buffer")
+            s.add_argument("--asr", action="store_true",
+                           help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword "
+                                "detection; first stage at 0.3 unless --threshold (pip install 'edgelearn[asr]')")
             s.add_argument("--no-replay", action="store_true", help="do not feed detections to the replay buffer")
         elif name == "calibrate":
             s.add_argument("--wav", type=Path, nargs="+", required=True,
@@ -132,6 +135,9 @@ def add_arguments(p) -> None:
             s.add_argument("--keywords", default=None, help="comma-separated base keywords, or 'all'")
             s.add_argument("--confirm", type=float, default=0.9,
                            help="base-keyword detections at or above this score feed the replay buffer")
+            s.add_argument("--asr", action="store_true",
+                           help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword "
+                                "detection; first stage at 0.3 unless --threshold (pip install 'edgelearn[asr]')")
             s.add_argument("--on-detect", default=None, metavar="COMMAND",
                            help="shell command run for each detection (the event as JSON on stdin and in "
                                 "$EDGELEARN_EVENT; $EDGELEARN_KEYWORD, $EDGELEARN_SCORE, $EDGELEARN_TIME_S)")
@@ -192,7 +198,8 @@ def _run(args) -> int:
               else "none")
     cfg = AgentConfig(source=source,
                       on_detect=args.on_detect, keywords=_keywords(args.keywords), threshold=args.threshold,
-                      sensitivity=args.sensitivity, confirm=args.confirm, data=args.data, strategy=args.strategy,
+                      sensitivity=args.sensitivity, confirm=args.confirm, asr=args.asr, data=args.data,
+                      strategy=args.strategy,
                       adapt_every_s=args.adapt_every, adapt=not args.no_adapt, aggregator=args.aggregator,
                       device_id=args.device_id, device_key=args.device_key, checkin_every_s=args.checkin_every,
                       network=args.network, wyoming=args.wyoming, zeroconf=args.zeroconf)
@@ -211,7 +218,7 @@ def _detect(args) -> int:
     events = _device(args).detect(None if args.mic else args.wav, mic=args.mic, keywords=kws,
                                   threshold=args.threshold if args.sensitivity is None else None,
                                   sensitivity=args.sensitivity, stride=args.stride, confirm=args.confirm,
-                                  replay=not args.no_replay)
+                                  replay=not args.no_replay, asr=args.asr)
     for ev in events:
         print(json.dumps(ev) if args.json else f"{ev['time_s']:9.2f} s  {ev['keyword']:<16} {ev['score']:.2f}",
               flush=True)

@@ -429,7 +429,7 @@ class Agent:
 
         self.wyoming = WakeServer(self.device, self.cfg.wyoming, keywords=self.cfg.keywords,
                                   threshold=self.cfg.threshold, sensitivity=self.cfg.sensitivity,
-                                  zeroconf=self.cfg.zeroconf).start()
+                                  zeroconf=self.cfg.zeroconf, asr=self.cfg.asr).start()
         self.status["wyoming"] = self.wyoming.uri
         if self.wyoming.zeroconf is not None:
             self.status["zeroconf"] = self.wyoming.zeroconf.service

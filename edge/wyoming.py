@@ -181,12 +181,13 @@ class WakeServer:
     """The Wyoming wake-word service of ``device`` (an ``edge.Device``) at ``uri``.
 
     ``keywords``: the base keywords offered (None: the bundle's commands, as ``device detect``);
-    ``threshold`` / ``sensitivity``: as ``Device.detect``. The enrolled keywords are always offered.
+    ``threshold`` / ``sensitivity`` / ``asr``: as ``Device.detect`` (``asr``: PocketSphinx confirms
+    each base-keyword detection, ``edge.confirm``). The enrolled keywords are always offered.
     ``zeroconf``: False (default), True (announce under the default name) or a name (an
     ``edge.wyoming_mdns.Announcement``; while serving its ``service`` is ``NAME._wyoming._tcp.local.``)."""
 
     def __init__(self, device, uri: str = "tcp://0.0.0.0:10400", *, keywords=None, threshold=None,
-                 sensitivity: float | None = None, zeroconf=False):
+                 sensitivity: float | None = None, zeroconf=False, asr: bool = False):
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("the server takes a threshold or a sensitivity, not both",
                                  fix="pass --threshold T, or --sensitivity FA_PER_HOUR after `device calibrate`")
@@ -196,7 +197,10 @@ class WakeServer:
         if zeroconf:  # checked (and the zeroconf package imported) before any model loads
             from edge.wyoming_mdns import Announcement
             self.zeroconf = Announcement(uri, self.scheme_addr, None if zeroconf is True else zeroconf)
-        self.keywords, self.threshold, self.sensitivity = keywords, threshold, sensitivity
+        self.keywords, self.threshold, self.sensitivity, self.asr = keywords, threshold, sensitivity, asr
+        if asr:  # a missing PocketSphinx is one sentence here, not at the first stream
+            from edge.confirm import AsrConfirm
+            AsrConfirm()
         self._server = None
         self._loop = None
         self._thread = None
@@ -298,7 +302,7 @@ class WakeServer:
             if isinstance(thr, dict):
                 thr = {w: t for w, t in thr.items() if w in b}
             det, _ = device.detector(keywords=b, threshold=thr, sensitivity=self.sensitivity, replay=False,
-                                     enrolled=c)
+                                     enrolled=c, asr=self.asr)
             ms = ModelSet(det, sig[1])
             with self._sets_lock:
                 if not self._current(sig):  # the state changed: the old sets go (streams in flight keep theirs)

@@ -109,11 +109,7 @@ def test_pocketsphinx_hears_the_word_and_not_the_word_inside_another(kal16):
     assert asr.decoded == 3 and asr.seconds > 2
 
 
-def test_device_detect_asr_finds_what_0_7_misses_and_drops_words_inside_sentences(kal16, tmp_path):
-    """The shipped model on one stream: at 0.7 it misses "stop"; at 0.3 alone it also fires inside
-    the sentences; at 0.3 with the recogniser it keeps "yes" and "stop" and drops the rest."""
-    import edge
-
+def _kal16_stream(kal16):
     gap = np.zeros(24000, np.int16)
     parts, spans, t = [], [], 1.5
     for w in kal16.values():
@@ -122,7 +118,6 @@ def test_device_detect_asr_finds_what_0_7_misses_and_drops_words_inside_sentence
         t += len(w) / 16000 + 1.5
     pcm = np.concatenate(parts + [gap])
     pcm = (pcm + np.random.default_rng(0).standard_normal(len(pcm)) * 3).astype(np.int16)
-    dev = edge.Device(tempfile.mkdtemp(dir=tmp_path))
 
     def said(events):
         out = []
@@ -130,6 +125,16 @@ def test_device_detect_asr_finds_what_0_7_misses_and_drops_words_inside_sentence
             i = next(i for i, (a, b) in enumerate(spans) if a - 0.1 <= e["time_s"] <= b + 1.0)
             out.append((e["keyword"], list(kal16)[i]))
         return out
+    return pcm, said
+
+
+def test_device_detect_asr_finds_what_0_7_misses_and_drops_words_inside_sentences(kal16, tmp_path):
+    """The shipped model on one stream: at 0.7 it misses "stop"; at 0.3 alone it also fires inside
+    the sentences; at 0.3 with the recogniser it keeps "yes" and "stop" and drops the rest."""
+    import edge
+
+    pcm, said = _kal16_stream(kal16)
+    dev = edge.Device(tempfile.mkdtemp(dir=tmp_path))
 
     assert ("stop", "stop") not in said(dev.detect(pcm, replay=False))
     low = said(dev.detect(pcm, replay=False, threshold=FIRST_STAGE))
@@ -146,3 +151,19 @@ def test_device_detect_asr_finds_what_0_7_misses_and_drops_words_inside_sentence
                           "--wav", str(wav), "--asr", "--json", "--no-replay"],
                          capture_output=True, text=True, check=True).stdout
     assert [json.loads(line)["keyword"] for line in out.splitlines()] == ["yes", "stop"]
+
+
+def test_the_wyoming_server_confirms_with_the_recogniser_too(kal16, tmp_path):
+    """``edgelearn wyoming --asr``: the server's shared models hold base keywords for the recogniser,
+    stream by stream, in 1,024-sample chunks as Home Assistant sends them."""
+    pytest.importorskip("wyoming")
+    import edge
+    from edge.wyoming import WakeServer
+
+    pcm, said = _kal16_stream(kal16)
+    ms = WakeServer(edge.Device(tmp_path / "st"), "tcp://127.0.0.1:0", asr=True).model_set(None)
+    for _ in range(2):  # two streams through one model set
+        det, out = ms.detector(), []
+        for i in range(0, len(pcm), 1024):
+            out += ms.push(det, pcm[i:i + 1024])
+        assert said(out + ms.flush(det)) == [("yes", "yes"), ("stop", "stop")]

@@ -30,6 +30,9 @@ def add_arguments(p) -> None:
     level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
                        help="per-keyword thresholds from `device calibrate`")
     add_zeroconf_argument(p)
+    p.add_argument("--asr", action="store_true",
+                   help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword detection; "
+                        "first stage at 0.3 unless --threshold (pip install 'edgelearn[asr]')")
     p.add_argument("--keywords", default=None,
                    help="comma-separated base keywords to offer, or 'all' (default: the bundle's commands)")
 
@@ -49,7 +52,7 @@ def run(args) -> int:
         [w.strip() for w in args.keywords.split(",") if w.strip()]
     device = Device(args.state, args.bundle, backend=args.backend, trusted_keys=args.pubkey)
     server = WakeServer(device, args.uri, keywords=kws, threshold=args.threshold, sensitivity=args.sensitivity,
-                        zeroconf=args.zeroconf)
+                        zeroconf=args.zeroconf, asr=args.asr)
 
     def ready():
         out = {"uri": server.uri, "models": server.models()}

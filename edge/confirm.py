@@ -20,7 +20,7 @@ The rule, the beams and ``FIRST_STAGE`` were chosen on development data only
 half, synthetic word pairs, French and Italian prompts; docs/edge-runtime.md, "A recogniser
 trained on real speech"); ``bench/kws_confirm.py`` reports it on bench ``kws_base``'s streams.
 
-    >>> det = Detector(km, threshold=FIRST_STAGE, confirm=AsrConfirm())   # edge.detect
+    >>> det = Detector(km, threshold=FIRST_STAGE, asr=AsrConfirm())   # edge.detect
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class AsrConfirm:
                 from pocketsphinx import Decoder
             except ImportError:
                 raise EdgelearnError("the recogniser second stage needs PocketSphinx, which is not installed",
-                                     fix="pip install 'edgelearn[asr]' (or run without --confirm)") from None
+                                     fix="pip install 'edgelearn[asr]' (or run without --asr)") from None
             decoder = Decoder(samprate=SAMPLE_RATE, loglevel="FATAL", **DECODER)
         self.decoder = decoder
         self.decoded, self.seconds = 0, 0.0

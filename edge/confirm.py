@@ -44,6 +44,13 @@ def available() -> bool:
     return True
 
 
+def require() -> None:
+    """One sentence, before any model loads, where PocketSphinx is missing."""
+    if not available():
+        raise EdgelearnError("the recogniser second stage needs PocketSphinx, which is not installed",
+                             fix="pip install 'edgelearn[asr]' (or run without --asr)")
+
+
 class AsrConfirm:
     """``says(word, pcm) -> bool``: is PocketSphinx's full-vocabulary decode of ``pcm`` (int16,
     16 kHz) ``word`` alone? ``decoded`` and ``seconds`` count the snippets and their audio;
@@ -51,11 +58,9 @@ class AsrConfirm:
 
     def __init__(self, decoder=None):
         if decoder is None:
-            try:
-                from pocketsphinx import Decoder
-            except ImportError:
-                raise EdgelearnError("the recogniser second stage needs PocketSphinx, which is not installed",
-                                     fix="pip install 'edgelearn[asr]' (or run without --asr)") from None
+            require()
+            from pocketsphinx import Decoder
+
             decoder = Decoder(samprate=SAMPLE_RATE, loglevel="FATAL", **DECODER)
         self.decoder = decoder
         self.decoded, self.seconds = 0, 0.0

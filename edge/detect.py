@@ -17,8 +17,9 @@ encoder's cost per hop is unchanged and the verifier runs only when the first st
 With ``asr`` (``edge.confirm.AsrConfirm``, the Pi tier), a base keyword's candidate is held
 until ``AFTER_S`` of audio past its keyword end has arrived, then the recogniser decodes that
 audio (from ``BEFORE_S`` before the keyword end) and the event stands only if it heard the
-command (``says``; ``edge.confirm``: the command alone); a rejected one, like a custom keyword's, gives no event and no refractory period. The
-event keeps its ``time_s`` and comes up to ``AFTER_S`` later.
+command (``says``; ``edge.confirm``: the command alone); a rejected one, like a custom keyword's,
+gives no event and no refractory period. The event keeps its ``time_s`` and comes up to
+``AFTER_S`` later.
 
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
@@ -34,11 +35,11 @@ from __future__ import annotations
 import numpy as np
 
 from edge import features as F
+from edge.confirm import AFTER_S, BEFORE_S
 from edge.errors import EdgelearnError
 
 NON_KEYWORDS = ("_silence_", "_unknown_")
 THRESHOLD = 0.7  # a base keyword's threshold when none is calibrated for it
-_KEEP_S = 2.0    # audio kept for the recogniser (edge.confirm: BEFORE_S + AFTER_S, and slack)
 
 
 def default_keywords(model) -> list[str]:
@@ -85,6 +86,8 @@ class Detector:
         self.stride, self.smooth = stride, smooth
         self.refractory = refractory_s
         self.peak_hops = max(1, int(round(peak_window_s * F.SAMPLE_RATE / F.HOP_LENGTH / stride)))
+        # audio the recogniser may need: its snippet, the peak window's delay, and a margin
+        self._keep = int((BEFORE_S + AFTER_S + 0.5) * F.SAMPLE_RATE) + self.peak_hops * stride * F.HOP_LENGTH
         self.reset()
 
     def reset(self) -> None:
@@ -113,8 +116,7 @@ class Detector:
         if self.asr is not None:  # the recogniser's copy (int16, as the audio came); the front end gets pcm as is
             raw = np.clip(np.asarray(pcm), -32768, 32767).astype(np.int16)
             self.samples += len(raw)
-            keep = int((_KEEP_S + self.peak_hops * self.stride * F.HOP_LENGTH / F.SAMPLE_RATE) * F.SAMPLE_RATE)
-            self.audio = np.concatenate([self.audio, raw])[-(keep + len(raw)):]
+            self.audio = np.concatenate([self.audio, raw])[-(self._keep + len(raw)):]
         for fr in self.stream.push(pcm):
             i = self.n_frames % F.N_FRAMES
             self.frames[i] = fr
@@ -132,8 +134,6 @@ class Detector:
 
     def _confirm(self):
         """Decide the pending base-keyword candidate with the recogniser on its audio so far."""
-        from edge.confirm import BEFORE_S
-
         score, k, t, peak = self.pending
         self.pending = None
         start = self.samples - len(self.audio)  # absolute index of audio[0]
@@ -147,8 +147,6 @@ class Detector:
     @staticmethod
     def _pending_end(t: float) -> int:
         """The sample the recogniser's audio for a keyword ending at ``t`` s runs to."""
-        from edge.confirm import AFTER_S
-
         return int(round((t + AFTER_S) * F.SAMPLE_RATE))
 
     def continue_from(self, old: "Detector") -> list[dict]:

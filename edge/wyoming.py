@@ -199,8 +199,8 @@ class WakeServer:
             self.zeroconf = Announcement(uri, self.scheme_addr, None if zeroconf is True else zeroconf)
         self.keywords, self.threshold, self.sensitivity, self.asr = keywords, threshold, sensitivity, asr
         if asr:  # a missing PocketSphinx is one sentence here, not at the first stream
-            from edge.confirm import AsrConfirm
-            AsrConfirm()
+            from edge.confirm import require
+            require()
         self._server = None
         self._loop = None
         self._thread = None

@@ -62,6 +62,7 @@ FL_DIR = "fl"
 FL_AUGMENT = 8
 SAMPLE_RATE = 16000
 HEALTH_TOLERANCE = 0.05  # a new version may name at most this fraction fewer labelled clips right
+STAGE_COUNTS = ("rejected", "asr_decoded", "asr_audio_s")  # agent.json's second_stage
 HOLD_ENV = "EDGELEARN_AGENT_HOLD"  # test-only: stop the federated thread at a named point (_HeldTransport)
 # while the active context was adapted against an older head (a new version arrived), a run the
 # scheduler deferred or paused is asked for again this soon (else every adapt_every_s)
@@ -110,6 +111,11 @@ class AgentConfig:
     extra_env: dict = field(default_factory=dict)
     wyoming: str | None = None     # also serve the keywords to Home Assistant here (tcp://HOST:PORT)
     zeroconf: object = False       # announce that server on mDNS: True (default name) or a name
+
+
+def _number(v) -> float:
+    """A counter read back from agent.json: a non-negative number, else 0 (an older or damaged file)."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else 0
 
 
 def read_status(state_dir) -> dict | None:
@@ -252,6 +258,7 @@ class Agent:
 
         rejected = prev.get("rejected")
         checked = prev.get("fl_version")
+        stage = record("second_stage") or {}
         last_round = prev.get("last_round", None if prev else 0)
         self.status = {"pid": os.getpid(), "started": time.time(), "audio_s": 0.0,
                        "detections": count("detections"), "rounds_joined": count("rounds_joined"),
@@ -263,7 +270,13 @@ class Agent:
                        # the last round whose upload is counted here (None: unknown, an agent.json of before)
                        "last_round": last_round if isinstance(last_round, int) and not isinstance(last_round, bool)
                        else None,
-                       "rejected": [v for v in rejected if isinstance(v, int)] if isinstance(rejected, list) else []}
+                       "rejected": [v for v in rejected if isinstance(v, int)] if isinstance(rejected, list) else [],
+                       # what the second stages dropped: candidates rejected (a custom keyword's verifier,
+                       # an adapted command's, or with --asr the recogniser), the recogniser's decodes
+                       # and the seconds of audio it decoded; carried over restarts like the counters above
+                       "second_stage": {k: _number(stage.get(k)) for k in STAGE_COUNTS}}
+        self._det = None
+        self._stage_base = dict(self.status["second_stage"])
         self._check_config()
         self._clips = None
         self.device, unchecked = self._open_device()
@@ -391,6 +404,7 @@ class Agent:
         self.status["state"] = "running"
         self._write_status()
         det, replay = self._detector()
+        self._det = det
         try:
             if self.cfg.wyoming:  # inside: a server that cannot start (port taken, mDNS) ends the run cleanly
                 self._serve_wyoming()
@@ -409,7 +423,8 @@ class Agent:
                     new, replay = self._detector()
                     for ev in new.continue_from(det):
                         self._emit(ev)
-                    det = new
+                    self._stage_base = self._stage_counts()  # the old detector's counts, kept
+                    det = self._det = new
             for ev in det.flush():
                 self._emit(ev)
         finally:
@@ -679,7 +694,18 @@ class Agent:
                                      "steps": None, "strategy": self.cfg.strategy}
 
     # -- the way out -----------------------------------------------------------------------------
+    def _stage_counts(self) -> dict:
+        """The second stages' counters: those of the detectors before this one plus this one's."""
+        det, out = self._det, dict(self._stage_base)
+        if det is not None:
+            out["rejected"] += det.rejected
+            if det.asr is not None:
+                out["asr_decoded"] += det.asr.decoded
+                out["asr_audio_s"] = round(out["asr_audio_s"] + det.asr.seconds, 3)
+        return out
+
     def _write_status(self) -> None:
+        self.status["second_stage"] = self._stage_counts()
         st = {**self.status, "updated": time.time(), "adapting": self.child is not None}
         if self.wyoming is not None:  # Home Assistant's side: clients served, detections sent, model sets
             st["wyoming_stats"] = self.wyoming.stats()

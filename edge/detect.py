@@ -153,12 +153,21 @@ class Detector:
         """Take over ``old``'s audio (the front end's stream, the last 49 frames, the clock and the
         refractory period) so detection goes on with this detector's model and keywords without
         dropping or repeating audio; ``old``'s open candidate is decided first, by ``old``, and
-        returned as its events. Smoothing starts afresh (the scores of two models are not averaged)."""
-        events = old.flush()
+        returned as its events. Smoothing starts afresh (the scores of two models are not averaged).
+        A base keyword's candidate held for the recogniser moves to this detector, which decides it
+        when its audio has come, as ``old`` would have (deciding it now would cut its snippet short)."""
+        ev = old._emit() if old.candidate is not None else None  # a base keyword's is held: old.pending
+        events = [ev] if ev else []
+        held, old.pending = old.pending, None
+        if held is not None and (self.asr is None or old.names[held[1]] not in self.names[:len(self.base_idx)]):
+            old.pending, held = held, None  # nowhere to go: decided on the audio there is
+            events += old.flush()
         self.stream, self.frames, self.n_frames = old.stream, old.frames, old.n_frames
         self.quiet_until = old.quiet_until
         if self.asr is not None:
             self.samples, self.audio = old.samples, old.audio
+        if held is not None:
+            self.pending = (held[0], self.names.index(old.names[held[1]]), *held[2:])
         return events
 
     def flush(self) -> list[dict]:

@@ -92,6 +92,14 @@ def main(argv) -> int:
     emb = load_embeddings(progress=False)
     va = emb.rows("val")
     val = (emb.X[va], emb.y[va].astype(np.int64))
+    # the training voices' own eval clips, by synthesizer (the operator holds them): does the fleet's
+    # federation pull the head away from the voices it was trained on? (never the test split)
+    tr = emb.rows("train")
+    fams = {fam: tr[np.char.startswith(emb.voice[tr].astype(str), fam)] for fam in ("espeak", "festival")}
+    train = {fam: (emb.X[r], emb.y[r].astype(np.int64)) for fam, r in fams.items() if len(r)}
+
+    def train_scores(h):
+        return {fam: command_recall(head_logits(h, X), y, labels)["balanced"] for fam, (X, y) in train.items()}
 
     def score(h):
         f = float(np.mean([command_recall(head_logits(h, X), y, labels)["balanced"] for X, y in dev.values()]))
@@ -107,7 +115,8 @@ def main(argv) -> int:
 
     s0 = command_recall(head_logits(extract_head(), slt[0]), slt[1], labels)["balanced"]
     f0, v0 = score(extract_head())
-    print(json.dumps({"shipped": {"fleet_dev": f0, "val": v0}}), flush=True)
+    t0 = train_scores(extract_head())
+    print(json.dumps({"shipped": {"fleet_dev": f0, "val": v0, "train": t0}}), flush=True)
     for name, over in settings.items():
         for rep in range(first, first + reps):
             base = dict(task="shipped-head", devices=FV.DEVICES, rounds=FV.ROUNDS, clients_per_round=FV.CLIENTS,
@@ -119,8 +128,9 @@ def main(argv) -> int:
             res = simulate(cfg, d, progress=False, fleet=fleet)
             done = [r for r in res["rounds"] if r["status"] in ("closed", "rejected")]
             f, v = score(final_head(d, res["final_version"]))
+            tl = {fam: round(100 * (t0[fam] - x), 2) for fam, x in train_scores(final_head(d, res["final_version"])).items()}
             print(json.dumps({"name": name, "rep": rep, "fleet_dev_gain": round(100 * (f - f0), 1),
-                              "val_loss": round(100 * (v0 - v), 2), "rounds": len(done),
+                              "val_loss": round(100 * (v0 - v), 2), "train_loss": tl, "rounds": len(done),
                               "published": sum(r["status"] == "closed" for r in done),
                               "joined": {v: sum(n for n, f in zip(res["participation"], fleet) if f["voice"] == v)
                                          for v in FLEET_VOICES},

@@ -27,10 +27,10 @@ def _heldout(p, n=400, seed=0):
     return X, y.astype(np.int64), {**p, "classifier.w": w}
 
 
-def _registry(tmp_path, classes=None, **cfg):
+def _registry(tmp_path, classes=None, groups=None, **cfg):
     p = small_params()
     X, y, p = _heldout(p)
-    held = (X, y) if classes is None else (X, y, classes)
+    held = (X, y) if classes is None and groups is None else (X, y, classes, groups)
     state, _ = make_state(tmp_path, AggregatorConfig(clients_per_round=1, **cfg), n_devices=1, params=p,
                           heldout=held)
     return build_app(state, tick_interval=0), p, X, y
@@ -92,6 +92,38 @@ def test_against_start_stops_losses_adding_up(tmp_path):
         assert ok and ref == pytest.approx(score(v2))
         ok, new, ref = reg.check(v3, tol, metric="balanced", against="start")
         assert not ok and ref == pytest.approx(score(p))
+
+
+def test_groups_are_gated_each_on_their_own(tmp_path):
+    """A held-out set of two groups (say the val voices and a few rows of another voice family): a
+    version that loses one label's rows in the small group only passes a pooled gate, not a grouped one."""
+    p = small_params()
+    X, y, _ = _heldout(p)
+    groups = np.zeros(len(y), np.int64)
+    small = np.flatnonzero(y == 1)[: max(2, int((y == 1).sum()) // 4)]
+    groups[small] = 1  # a quarter of label 1's rows are the second group
+    app, p, X, y = _registry(tmp_path / "grouped", groups=groups)
+    moved = {**p, "classifier.w": p["classifier.w"].copy()}
+    moved["classifier.w"][:, 1] = 0.0  # label 1 no longer named, in every group
+    with InProcessTransport(app):
+        reg = app.state.aggregator.registry
+        assert reg.groups is not None and int(reg.groups.sum()) == len(small)
+        ok, acc, ref = reg.check(moved, 0.05)   # plain accuracy, grouped: group 1 is all label 1
+        assert not ok and ref - acc > 0.5       # the worst group's scores are what comes back
+        assert reg.check(p, 0.0)[0]             # the start itself passes
+    pooled, q, _, _ = _registry(tmp_path / "pooled")
+    with InProcessTransport(pooled):
+        ok, acc, ref = pooled.state.aggregator.registry.check(moved, 0.05)  # ~2 % of all rows: passes
+        assert ok and ref - acc < 0.05
+
+
+def test_bad_groups_are_one_sentence_and_write_nothing(tmp_path):
+    p = small_params()
+    X, y, p = _heldout(p)
+    for bad in (np.zeros(3, np.int64), np.zeros(len(y), np.float32)):
+        with pytest.raises(EdgelearnError, match="held-out groups must be one integer per row"):
+            make_state(tmp_path, AggregatorConfig(), n_devices=1, params=p, heldout=(X, y, None, bad))
+        assert not (tmp_path / "agg").exists()
 
 
 def test_bad_gate_settings_are_one_sentence():

@@ -80,6 +80,28 @@ def test_the_end_of_the_stream_decides_a_held_candidate_on_the_audio_there_is():
     assert len(rec.snippets[0][1]) == cut - int(round((first["time_s"] - BEFORE_S) * 16000))
 
 
+@pytest.mark.parametrize("every", [1, 2, 5])
+def test_a_model_switch_while_a_candidate_is_held_decides_it_on_its_whole_audio(every):
+    """``continue_from`` (the agent's switch to a new model) while a base keyword waits for the
+    recogniser's audio: the new detector decides it when all of its audio has come, so the
+    recogniser never gets a snippet cut short by a switch (before, 17,760-23,840 samples of 24,000).
+    (Which candidates open still depends on the switches: smoothing starts afresh in each model.)"""
+    script, pcm, _ = _stream()
+    got, rec, held, model = [], Recorder(), 0, Scripted(script)  # one script: its runs go on
+    det = Detector(model, asr=rec)
+    for n, i in enumerate(range(0, len(pcm), 1600)):
+        got += det.push(pcm[i:i + 1600])
+        if n % every == 0:
+            new = Detector(model, asr=rec)
+            got += new.continue_from(det)
+            held += new.pending is not None
+            det = new
+    got += det.flush()
+    assert held > 0 and len(got) >= 5
+    full = int(round((BEFORE_S + AFTER_S) * 16000))
+    assert len(rec.snippets) == len(got) and all(abs(len(s) - full) <= 1 for _, s in rec.snippets)
+
+
 def test_without_pocketsphinx_the_recogniser_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "pocketsphinx", None)
     assert not available()
@@ -151,6 +173,41 @@ def test_device_detect_asr_finds_what_0_7_misses_and_drops_words_inside_sentence
                           "--wav", str(wav), "--asr", "--json", "--no-replay"],
                          capture_output=True, text=True, check=True).stdout
     assert [json.loads(line)["keyword"] for line in out.splitlines()] == ["yes", "stop"]
+
+
+def test_the_agent_counts_what_the_recogniser_decoded_and_dropped(kal16, tmp_path, monkeypatch):
+    """``device run --asr``: agent.json (and ``device status``) say how many candidates the second
+    stage dropped and how much audio the recogniser decoded, over detector restarts and over runs."""
+    import edge
+    from edge.agent import Agent, AgentConfig, read_status
+    from edge.device import CHUNK
+
+    pcm, said = _kal16_stream(kal16)
+    state = tmp_path / "st"
+    det, _ = edge.Device(state).detector(replay=False, asr=True)
+    want = said(detect_pcm(det, pcm))
+    counts = {"rejected": det.rejected, "asr_decoded": det.asr.decoded}
+    assert counts["rejected"] > 0 and want == [("yes", "yes"), ("stop", "stop")]
+    for run, restart_every in ((1, 0), (2, 40)):  # the second run restarts its detector every 40 chunks
+        out = []
+        agent = Agent(state, AgentConfig(source=[pcm[i:i + CHUNK] for i in range(0, len(pcm), CHUNK)],
+                                         asr=True))
+        agent._emit = out.append
+        if restart_every:
+            n = {"i": 0}
+
+            def tick(agent=agent, n=n):
+                n["i"] += 1
+                agent._restart = n["i"] % restart_every == 0
+                agent._write_status()
+            monkeypatch.setattr(agent, "_tick", tick)
+        agent.run()
+        assert said(out) == want
+        stage = read_status(state)["second_stage"]
+        assert stage["rejected"] == run * counts["rejected"], run
+        assert stage["asr_decoded"] == run * counts["asr_decoded"]
+        assert stage["asr_audio_s"] == pytest.approx(run * det.asr.seconds, abs=0.01)
+    assert edge.Device(state).status()["agent"]["second_stage"] == stage
 
 
 def test_the_wyoming_server_confirms_with_the_recogniser_too(kal16, tmp_path):

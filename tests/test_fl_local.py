@@ -11,6 +11,7 @@ import pytest
 
 from edge.bundle import load_bundle
 from edge.device import Device
+from edge.errors import EdgelearnError
 from edge.fl.local import detected_examples, local_examples
 from edge.fl.model import FederatedHeadTrainer, head_logits
 from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
@@ -114,10 +115,23 @@ def test_shipped_head_task_starts_from_the_shipped_model(tmp_path, bundle):
 
 
 def _split_set(rng, n=120):
+    """Val rows of espeak voices, then a few train rows of a Festival voice (a second gate group)."""
     from host.fleet.data import EmbeddingSet
 
-    X = np.abs(rng.standard_normal((n, 64))).astype(np.float32)
-    return EmbeddingSet(X, rng.integers(0, 37, n).astype(np.int16), np.array(["v"] * n), np.array(["val"] * n))
+    X = np.abs(rng.standard_normal((n + 20, 64))).astype(np.float32)
+    return EmbeddingSet(X, rng.integers(0, 37, n + 20).astype(np.int16),
+                        np.array(["espeak:en-us+m1"] * n + ["festival:kal_diphone"] * 20),
+                        np.array(["val"] * n + ["train"] * 20))
+
+
+def test_a_held_out_group_that_names_nothing_is_one_sentence():
+    from host.fleet.simulate import _group_rows
+
+    data = _split_set(np.random.default_rng(0))
+    assert list(_group_rows(data, "train:festival")) == list(range(120, 140))
+    assert len(_group_rows(data, "val")) == 120
+    with pytest.raises(EdgelearnError, match="'train:flite' has no rows"):
+        _group_rows(data, "train:flite")
 
 
 @pytest.mark.slow
@@ -133,8 +147,12 @@ def test_a_few_shipped_head_rounds_over_loopback_move_the_head(tmp_path, bundle)
                               augment=3, ambient=_windows(4, 20 + i, level=200.0))
         fleet.append({"device": dev, "X": X, "y": y})
     cfg = SimConfig(task="shipped-head", devices=3, rounds=2, clients_per_round=2, drop_rate=0.0,
-                    slow_fraction=0.0, time_scale=0.01, eval_tolerance=1.0, local_epochs=2)
+                    slow_fraction=0.0, time_scale=0.01, eval_tolerance=1.0, local_epochs=2,
+                    heldout_groups=("train:festival",))
     res = simulate(cfg, tmp_path / "sim", data=_split_set(rng), progress=False, fleet=fleet)
+    (held,) = (tmp_path / "sim").rglob("heldout.npz")  # the gate holds the val rows and the Festival rows apart
+    with np.load(held) as z:
+        assert np.bincount(z["groups"]).tolist() == [120, 20] and len(z["y"]) == 140
     done = [r for r in res["rounds"] if r["status"] == "closed"]
     assert len(done) >= 2 and res["final_version"] > res["models"][0]["version"]
     h0, h = extract_head(), final_head(tmp_path / "sim")

@@ -60,7 +60,7 @@ class ModelRegistry:
         (self.dir / "bundles").mkdir(parents=True, exist_ok=True)
         if self.shared:
             self.drop_cache()  # what a killed process left may be a version that never committed
-        self.heldout, self.classes, self.negatives = None, None, None
+        self.heldout, self.classes, self.negatives, self.groups = None, None, None, None
         self._reference_counts = None
         h = self._local("heldout.npz")
         if h.exists():
@@ -68,6 +68,8 @@ class ModelRegistry:
                 self.heldout = (z["X"].astype(np.float32), z["y"].astype(np.int64))
                 if "classes" in z.files:  # label id -> reported class (e.g. 35 words -> 12 classes)
                     self.classes = z["classes"].astype(np.int64)
+                if "groups" in z.files:  # row -> group (e.g. a voice family): each is gated on its own
+                    self.groups = z["groups"].astype(np.int64)
                 if "neg_X" in z.files:  # keyword-free speech, window by window (``operating``)
                     self.negatives = (z["neg_X"].astype(np.float32), z["neg_ends"].astype(np.float64),
                                       z["keywords"].astype(np.int64), float(z["neg_hours"]))
@@ -142,14 +144,16 @@ class ModelRegistry:
     def zip_path(self, version: int) -> Path:
         return self.dir / "bundles" / f"v{version}.zip"
 
-    def accuracy(self, params: dict, metric: str = "accuracy") -> float | None:
+    def accuracy(self, params: dict, metric: str = "accuracy", rows=None) -> float | None:
         """The held-out score of ``params``: plain accuracy, or (``balanced``) the mean of each class's
         recall over the classes the held-out set has. With a ``classes`` map in ``heldout.npz``, labels
         and predictions are first folded into the classes they are reported as (a device reporting
-        the 12-class task names any of the 25 other words `_unknown_`)."""
+        the 12-class task names any of the 25 other words `_unknown_`). ``rows``: only those."""
         if self.heldout is None:
             return None
         X, y = self.heldout
+        if rows is not None:
+            X, y = X[rows], y[rows]
         pred = np.argmax(head_logits(params, X), axis=1)
         if self.classes is not None:
             pred, y = self.classes[pred], self.classes[y]
@@ -199,11 +203,19 @@ class ModelRegistry:
               against: str = "current") -> tuple[bool, float | None, float | None]:
         """(publish?, new score, reference score) on the held-out set (``accuracy``'s ``metric``),
         the reference being the current version or (``against="start"``) the first published one;
-        always True without a held-out set."""
+        always True without a held-out set. With ``groups`` in the held-out set (e.g. voice
+        families), every group must be within ``tolerance`` of its own reference score, so a gain on
+        the many rows of one group cannot hide a loss on the few of another; the scores returned are
+        then those of the group that fell the most."""
         if self.heldout is None:
             return True, None, None
-        ref = self.accuracy(self.params(self.start_version() if against == "start" else None), metric)
-        acc = self.accuracy(new, metric)
+        old = self.params(self.start_version() if against == "start" else None)
+        if self.groups is None:
+            ref, acc = self.accuracy(old, metric), self.accuracy(new, metric)
+            return acc >= ref - tolerance, acc, ref
+        pairs = [(self.accuracy(new, metric, self.groups == g), self.accuracy(old, metric, self.groups == g))
+                 for g in np.unique(self.groups)]
+        acc, ref = min(pairs, key=lambda p: p[0] - p[1])
         return acc >= ref - tolerance, acc, ref
 
     # --- building ---------------------------------------------------------

@@ -50,9 +50,17 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
         from host.fleet.data import extract_head
         params = extract_head(bundle)
     held = None
-    if heldout is not None:  # (X, y) or (X, y, classes): label id -> the class it is reported as
-        X, y = heldout[:2]
+    if heldout is not None:  # (X, y), (X, y, classes): label id -> the class it is reported as, or
+        X, y = heldout[:2]    # (X, y, classes, groups): row -> group, each gated on its own
         held = {"X": np.asarray(X, np.float32), "y": np.asarray(y, np.int64)}
+        if len(heldout) > 3 and heldout[3] is not None:
+            groups = np.asarray(heldout[3])
+            if groups.shape != held["y"].shape or not np.issubdtype(groups.dtype, np.integer):
+                if store is not None:
+                    store.close()
+                raise EdgelearnError(f"held-out groups must be one integer per row ({len(held['y'])}), "
+                                     f"not {groups.dtype} {groups.shape}", fix="pass one group id per held-out row")
+            held["groups"] = groups.astype(np.int64)
         if len(heldout) > 2 and heldout[2] is not None:
             try:  # checked before anything is written
                 held["classes"] = _classes(heldout[2], held["y"], params)

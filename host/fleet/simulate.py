@@ -62,6 +62,9 @@ class SimConfig:
     augment: int = 8                 # shipped-head: copies of each labelled clip
     negative_share: float = 0.5      # shipped-head: share of _unknown_/_silence_ in every local batch
     heldout_split: str = "val"       # shipped-head: the corpus split the aggregator gates on
+    # shipped-head: more groups the gate holds each on its own, "SPLIT:SYNTH" (e.g. "train:festival": the
+    # training Festival voices' eval clips, which the operator holds); () = the split alone
+    heldout_groups: tuple = ()
     head_tensors: tuple = ("classifier.w", "classifier.b")  # shipped-head: what devices train (sparse); () = all
     keep_absent: bool = True         # shipped-head: outputs of labels a device never hears keep their weights
     local_epochs: int = 5
@@ -194,6 +197,18 @@ def device_trainer(cfg: SimConfig, labels):
                                 keep_absent=cfg.keep_absent)
 
 
+def _group_rows(data, spec: str):
+    """``"SPLIT:SYNTH"`` -> the rows of that split whose voice is that synthesizer's."""
+    from edge.errors import EdgelearnError
+
+    split, _, synth = str(spec).partition(":")
+    rows = data.rows(split)
+    rows = rows[np.char.startswith(data.voice[rows].astype(str), synth + ":")] if synth else rows
+    if not len(rows):
+        raise EdgelearnError(f"held-out group {spec!r} has no rows", fix="use SPLIT:SYNTH, e.g. train:festival")
+    return rows
+
+
 def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=None, negatives=None) -> dict:
     """Run the fleet until ``cfg.rounds`` rounds have closed; returns rounds, devices and bytes.
     ``fleet``: the shipped-head task's prepared devices (``voice_fleet``), else made here;
@@ -244,11 +259,15 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
         state = init_population(out, acfg, cfg.devices, cfg.seed, params, (data.X[held], data.y[held]))
         keys = {device_id(i): device_key(cfg.seed, i) for i in range(cfg.devices)}
     else:
+        groups = None
+        if shipped and cfg.heldout_groups:
+            parts = [held] + [_group_rows(data, g) for g in cfg.heldout_groups]
+            held, groups = np.concatenate(parts), np.repeat(np.arange(len(parts)), [len(p) for p in parts])
         heldout = (data.X[held], data.y[held])
         if shipped:  # gated as the 12-class task a device reports (host.evaluate.to12)
             from host.evaluate import to12
 
-            heldout += (to12(np.arange(len(fleet[0]["device"].bundle.labels))),)
+            heldout += (to12(np.arange(len(fleet[0]["device"].bundle.labels))), groups)
         state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params, heldout=heldout,
                                  negatives=negatives)
     app, server, th, port = serve_aggregator(state, cfg)

@@ -194,18 +194,23 @@ def _chunks_of(source):
         yield from wav.chunks(CHUNK)
 
 
-def health_check(bundle, clips=None, baseline: float | None = None, backend: str = "auto") -> dict:
+def health_check(bundle, clips=None, baseline: float | None = None, backend: str = "auto",
+                 state_dir=None, adapted_from=None) -> dict:
     """The deep check a new version passes before detection uses it: its keyword model (with a
     federated version's head, as detection scores) loads, gives
     finite posteriors that sum to 1 on silence, noise and (when given) the device's labelled clips
     ``(windows, labels)``, and names at least ``baseline - HEALTH_TOLERANCE`` of those clips right.
+    With ``state_dir``, the model is the one detection runs there: the active adapted context on
+    ``bundle`` (``edge.device.detection_models``; ``adapted_from``: the version the contexts are
+    bound to now, read as they would run on ``bundle`` once carried, nothing moved).
     Returns {"ok", "accuracy", "reason"}."""
     import numpy as np
 
-    from edge.device import base_models
+    from edge.device import base_models, detection_models
 
-    try:
-        km, head = base_models(bundle, backend)  # what detection scores with (a federated head included)
+    try:  # what detection scores with (a federated head and an adapted context included)
+        km, head = (base_models(bundle, backend) if state_dir is None
+                    else detection_models(bundle, state_dir, backend, adapted_from=adapted_from))
         probe = np.stack([np.zeros(SAMPLE_RATE, np.int16),
                           np.random.default_rng(0).integers(-3000, 3000, SAMPLE_RATE).astype(np.int16)])
         windows = probe if clips is None else np.concatenate([probe, clips[0]])
@@ -645,8 +650,12 @@ class Agent:
         store = self._fl_store()
         new = store.current()
         clips = self.labelled_clips()
-        base = health_check(self.device.bundle, clips, backend=self.backend)["accuracy"] if clips is not None else None
-        h = health_check(new, clips, baseline=base, backend=self.backend)
+        # the path detection runs (an adapted context, rebased onto the new head): before 2026-12-03 the
+        # two versions' base models were compared, so an adaptation the new version breaks went unseen
+        run = self.device.bundle
+        base = health_check(run, clips, backend=self.backend, state_dir=self.state_dir)["accuracy"] \
+            if clips is not None else None
+        h = health_check(new, clips, baseline=base, backend=self.backend, state_dir=self.state_dir, adapted_from=run)
         if h["ok"]:
             # a run in progress trains against the running version, and its commit would bind the adapt
             # pointer back to it: stopped first (its checkpoint is not resumed on another head)

@@ -45,7 +45,7 @@ def open_bundle(bundle=None, trusted_keys=None):
     return load_bundle(bundle or DEFAULT_BUNDLE, trusted_keys=trusted_keys or default_trusted_keys())
 
 
-def detection_models(bundle, state_dir, backend: str = "auto"):
+def detection_models(bundle, state_dir, backend: str = "auto", adapted_from=None):
     """(model, head) detection runs in ``state_dir``: the bundle's encoder when no adapted context is
     active; backbone + the active context's conv tail (``edge.adapt.TailModel``) for a conv-tail
     context; the encoder + the adapted embedding head (``edge.adapt.EmbeddingHead``) for an embedding-head one
@@ -54,12 +54,21 @@ def detection_models(bundle, state_dir, backend: str = "auto"):
     adapter factors alone, ``adapter.a``/``adapter.b``, was taken for a conv tail, which ignored
     it, and now runs as the head it is). On a federated version the conv tail ends in the version's
     head (``edge.adapt.load_tail``); a context adapted against another head runs rebased onto this
-    one until it is adapted again on it (``AdaptStore.load_carried``, ``detection_info``)."""
+    one until it is adapted again on it (``AdaptStore.load_carried``, ``detection_info``).
+    ``adapted_from``: the bundle the contexts are bound to now (the running version): what detection
+    would run on ``bundle`` once ``Device.carry_to`` moved them, before anything moves (the agent's
+    health check of a new version); a pointer already moved to ``bundle`` is read as it is."""
     from edge.adapt.delta import CONV_TAIL, EMBEDDING_HEAD, delta_kind
     from edge.adapt.store import AdaptStore
     from edge.kws import KeywordModel
 
-    delta, _ = AdaptStore(state_dir, bundle).load_carried()
+    store = None
+    if adapted_from is not None:
+        try:
+            store = AdaptStore(state_dir, adapted_from)
+        except EdgelearnError:
+            pass  # bound to `bundle` already (a carry_to stopped between its writes), or unreadable: below
+    delta, _ = (store or AdaptStore(state_dir, bundle)).load_carried(onto=bundle)
     kind = delta_kind(delta)
     if kind == EMBEDDING_HEAD:
         from edge.adapt import EmbeddingHead

@@ -1,7 +1,7 @@
 """Command-line options from a config dataclass: each field is written once, in its dataclass.
 
 ``add_config_arguments`` adds one ``--field-name`` per named field, its type and default read from the
-dataclass (a bool is a switch); ``config_from_args`` builds the dataclass back from the parsed options.
+dataclass (a bool is a switch, a list takes numbers); ``config_from_args`` builds the dataclass back from the parsed options.
 A field kept in seconds can be offered in milliseconds (``units={"max_queue_delay": "ms"}``:
 ``--max-queue-delay-ms``, divided by 1000 on the way in) or with an ``-s`` suffix (``"s"``).
 
@@ -39,6 +39,9 @@ def add_config_arguments(parser, cls, names, *, help=None, choices=None, units=N
         kw = {"dest": name, "help": help.get(name)}
         if isinstance(default, bool):
             parser.add_argument(_flag(name, unit), action="store_true", default=default, **kw)
+            continue
+        if isinstance(default, list):  # a list of numbers (``--eval-shrink 0.5 0.25``)
+            parser.add_argument(_flag(name, unit), nargs="*", type=float, default=default, metavar="X", **kw)
             continue
         if unit:
             default = default * _SCALE[unit]

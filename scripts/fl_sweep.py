@@ -44,6 +44,28 @@ per schedule, points; val_loss never above 0 in any run):
 
 18 rounds gained in every schedule but 3 (rms heard 5 times either way) and was adopted as bench
 fl_voices's ``ROUNDS``; 6 clients a round was not (no better where it finished, and it stalls).
+
+A gate per voice family, and publishing part of a failing step (2026-12-02/03, six schedules; each
+line also reports ``train_loss``, points of command recall lost on the corpus's training voices by
+synthesizer, a development stand-in for the test split's Festival voice):
+
+    $ .venv/bin/python scripts/fl_sweep.py '{"gfest": {"heldout_groups": ["train:festival"]},
+          "gtrain": {"heldout_groups": ["train:festival", "train:espeak"]}}' 6
+    $ .venv/bin/python scripts/fl_sweep.py '{"gfest_s": {"heldout_groups": ["train:festival"],
+          "extra": {"eval_shrink": [0.5, 0.25]}}, "base_s": {"extra": {"eval_shrink": [0.5, 0.25]}}}' 6
+
+    base     fleet +44.6 / +40.4 / +35.8 / +23.8 / +39.6 / +40.8, slt +25.0 / +17.5 / +15.0 / 0.0 /
+             +18.8 / +20.0; Festival training voices lose 2.9-7.9 points
+    gfest    fleet +37.1 / +29.2 / +26.2 / +19.2 / +27.9 / +26.7, slt +13.8 / +6.2 / +6.2 / -2.5 /
+             +3.8 / +7.5; Festival <= 0.4 lost; 6-11 of 18 rounds published
+    gtrain   fleet +24.2 / +28.8 / +21.3 / +14.2 / +35.0 / +24.2, slt +6.2 / +5.0 / +3.8 / +1.3 /
+             +17.5 / +6.2
+    gfest_s  fleet +37.5 / +30.4 / +26.2 / +20.4 / +31.2 / +28.8, slt +15.0 / +6.2 / +6.2 / -2.5 /
+             +7.5 / +6.2; Festival <= 0.42 lost; 9-12 of 18 published
+    base_s   as base within the simulator's run-to-run spread (the val gate rarely fails)
+
+Neither was adopted by the bench (docs/protocol.md): holding the Festival voices costs the fleet's
+and slt's gains about one for one.
 """
 
 from __future__ import annotations

@@ -281,3 +281,59 @@ def test_a_regressing_aggregate_is_rejected_and_the_version_stays(tmp_path):
         st_ = t.agg.store.one("SELECT status, note FROM rounds WHERE round_id=?", (task["round_id"],))
         assert st_[0] == "rejected" and "rolled back" in st_[1]
         np.testing.assert_array_equal(t.agg.registry.params()["classifier.w"], p["classifier.w"])
+
+
+def _one_bias_step(tmp_path, shrink, fractions=(0.5, 0.25)):
+    """One round whose only update raises one class's bias, on a held-out set the current head names
+    perfectly: the more of the step is taken, the more rows that class takes over. The tolerance sits
+    between what the two ``fractions`` of the step lose, so the first fails the gate and the second
+    passes. Returns (the start params, the delta, lost(fraction), the round's row, versions before and
+    after, the params after)."""
+    from edge.fl.model import head_logits
+
+    rng = np.random.default_rng(0)
+    p = small_params()
+    X = rng.standard_normal((400, 64)).astype(np.float32)
+    y = np.argmax(head_logits(p, X), axis=1)
+    delta = np.zeros_like(p["classifier.b"])
+    delta[int(np.bincount(y, minlength=len(delta)).argmin())] = 2.0  # a rare class, pushed up everywhere
+
+    def lost(a):
+        return 1.0 - float(np.mean(np.argmax(head_logits({**p, "classifier.b": p["classifier.b"] + a * delta}, X), 1) == y))
+
+    assert lost(1.0) > lost(fractions[0]) > lost(fractions[1])
+    tol = (lost(fractions[0]) + lost(fractions[1])) / 2
+    state, keys = make_state(tmp_path, AggregatorConfig(clients_per_round=1, eval_tolerance=tol, eval_shrink=shrink),
+                             n_devices=1, params=p, heldout=(X, y))
+    app = build_app(state, tick_interval=0)
+    with InProcessTransport(app) as t:
+        t.keys, t.agg = keys, app.state.aggregator
+        v = t.agg.registry.current
+        task = checkin(t, "dev0")["task"]
+        frame = frame_for(t, "dev0", task, codec=DENSE_F32, tensors=[("classifier.b", delta)])
+        assert upload(t, "dev0", frame)[0] == 200
+        row = t.agg.store.one("SELECT status, note, accuracy FROM rounds WHERE round_id=?", (task["round_id"],))
+        return p, delta, lost, row, (v, t.agg.registry.current), t.agg.registry.params()
+
+
+def test_a_gated_aggregate_is_published_in_part_when_a_smaller_step_passes(tmp_path):
+    p, delta, lost, (status, note, acc), (v, now), new = _one_bias_step(tmp_path, [0.5, 0.25, 0.1])
+    assert now == v + 1  # published: a quarter of the step (a half fails the gate)
+    assert status == "closed" and "published 0.25 of the aggregate" in note
+    assert acc == pytest.approx(1.0 - lost(0.25))
+    np.testing.assert_allclose(new["classifier.b"], p["classifier.b"] + 0.25 * delta, atol=1e-6)
+    np.testing.assert_array_equal(new["classifier.w"], p["classifier.w"])
+
+
+def test_a_gated_aggregate_no_fraction_saves_is_rejected_whole(tmp_path):
+    p, _, _, (status, note, _), (v, now), new = _one_bias_step(tmp_path, [0.5])
+    assert now == v and status == "rejected" and "rolled back" in note
+    np.testing.assert_array_equal(new["classifier.b"], p["classifier.b"])
+
+
+@pytest.mark.parametrize("bad", [[1.0], [0.5, 0], ["half"], [True], 0.5])
+def test_bad_shrink_settings_are_one_sentence(bad):
+    from edge.errors import EdgelearnError
+
+    with pytest.raises(EdgelearnError, match="eval_shrink=.*fractions between 0 and 1"):
+        AggregatorConfig(eval_shrink=bad)

@@ -4,7 +4,7 @@ dataclass's own defaults; units and switches round-trip; every CLI that uses it 
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import pytest
 
@@ -17,25 +17,31 @@ class Knobs:
     delay: float = 0.25
     fast: bool = False
     mode: str = "sync"
+    parts: list = field(default_factory=list)
+
+
+NAMES = ["replicas", "delay", "fast", "mode", "parts"]
 
 
 def parser(**kw):
     p = argparse.ArgumentParser()
-    add_config_arguments(p, Knobs, ["replicas", "delay", "fast", "mode"], **kw)
+    add_config_arguments(p, Knobs, NAMES, **kw)
     return p
 
 
 def test_defaults_types_switches_and_units_round_trip():
     units = {"delay": "ms"}
     p = parser(units=units, choices={"mode": ("sync", "async")})
-    assert config_from_args(Knobs, p.parse_args([]), ["replicas", "delay", "fast", "mode"], units=units) == Knobs()
-    a = p.parse_args(["--replicas", "3", "--delay-ms", "40", "--fast", "--mode", "async"])
-    assert config_from_args(Knobs, a, ["replicas", "delay", "fast", "mode"], units=units) == \
-        Knobs(replicas=3, delay=0.04, fast=True, mode="async")
+    assert config_from_args(Knobs, p.parse_args([]), NAMES, units=units) == Knobs()
+    a = p.parse_args(["--replicas", "3", "--delay-ms", "40", "--fast", "--mode", "async", "--parts", "0.5", "0.25"])
+    assert config_from_args(Knobs, a, NAMES, units=units) == \
+        Knobs(replicas=3, delay=0.04, fast=True, mode="async", parts=[0.5, 0.25])
     with pytest.raises(SystemExit):
         p.parse_args(["--mode", "sometimes"])
     with pytest.raises(SystemExit):
         p.parse_args(["--replicas", "two"])
+    with pytest.raises(SystemExit):
+        p.parse_args(["--parts", "half"])
 
 
 def test_an_unknown_field_is_a_programming_error():

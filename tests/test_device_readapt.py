@@ -346,3 +346,35 @@ def test_a_run_in_progress_at_the_switch_is_stopped_and_the_next_one_adapts_on_t
     info = detection_info(s["v2"], state)
     assert info["adapted_on"] == 2 and not info["rebased"]
     assert hears_new_head(Device(state, s["v2"]).models(), s)
+
+
+def test_a_version_that_undoes_the_adaptation_fails_its_health_check(adapted, fleet_agent, tmp_path):
+    """v3's head swaps ``yes`` with ``up`` and ``no`` with ``down``. The device's clips (loud noise
+    labelled yes/no) are named by neither base model (``_silence_``), so comparing the two versions'
+    base models (the check before 2026-12-03) let it through; detection would run the adapted context
+    rebased onto it, which now names them up or down: rolled back, and detection stays on the
+    running adapted model."""
+    from edge.agent import health_check
+
+    s = adapted
+    state = s["state"]
+    running = Device(state).bundle
+    head = swapped_head(running, "yes", "up")
+    a, b = running.labels.index("no"), running.labels.index("down")
+    for k in ("classifier.w", "classifier.b"):  # and no <-> down
+        head[k][..., [a, b]] = head[k][..., [b, a]]
+    v3_dir, keys = federated_version(tmp_path, 3, head)
+    agent = Agent(state, AgentConfig(source=[], data=s["data"], **fleet_agent), trusted_keys=keys)
+    clips = agent.labelled_clips()
+    before = health_check(running, clips, state_dir=state)
+    assert before["ok"] and before["accuracy"] > 0.2  # what the device adapted to (base: 0, all _silence_)
+    v3 = load_bundle(v3_dir, trusted_keys=keys)
+    assert health_check(v3, clips, baseline=health_check(running, clips)["accuracy"])["ok"]  # the old comparison
+    agent._fl_store().install(v3_dir)
+    agent._switch_version(3)
+    h = agent.status["last_health"]
+    assert not h["ok"] and h["accuracy"] < 0.5 and "the running version" in h["reason"], h
+    assert agent.device.bundle.version == running.version and agent.status["rejected"] == [3]
+    after = Device(state)  # the adapt pointer never moved: the running path as it was
+    assert detection_info(after.bundle, state)["context"] == "default"
+    assert health_check(after.bundle, clips, state_dir=state)["accuracy"] == before["accuracy"]

@@ -303,17 +303,19 @@ class AdaptStore:
             raise EdgelearnError(f"adapted version {path} is damaged ({e})", fix=fix) from None
         return arrays, info
 
-    def load_carried(self, context: str | None = None) -> tuple[dict, dict]:
+    def load_carried(self, context: str | None = None, onto=None) -> tuple[dict, dict]:
         """(the context's current delta as this store's bundle runs it, its info): a conv-tail delta
         trained against another head than the bundle's tail ends in (a federated version it was
-        carried to, ``Device.carry_to``) is rebased onto it (``edge.adapt.delta.rebase``)."""
+        carried to, ``Device.carry_to``) is rebased onto it (``edge.adapt.delta.rebase``).
+        ``onto``: as that bundle would run it instead (a version not carried to yet; reads only)."""
         from edge.adapt.delta import CONV_TAIL, delta_kind, rebase, stale
 
+        onto = self.bundle if onto is None else onto
         delta, info = self.load_with_info(context)
-        if delta and delta_kind(delta) == CONV_TAIL and stale(info, self.bundle):
+        if delta and delta_kind(delta) == CONV_TAIL and stale(info, onto):
             from edge.adapt.conv import load_tail
 
-            delta = rebase(delta, info, self.bundle, load_tail(self.bundle))
+            delta = rebase(delta, info, onto, load_tail(onto))
         return delta, info
 
     def use(self, context: str | None) -> None:

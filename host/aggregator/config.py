@@ -87,6 +87,11 @@ class AggregatorConfig:
     # lost against what: "current" (the version the round started from; small losses can add up over
     # rounds) or "start" (the first version the aggregator published: the model federation began with)
     eval_against: str = "current"
+    # an aggregate that fails the gate: publish instead the current version moved only this fraction of
+    # the way toward it, the first fraction (in the order given) that passes; [] = reject it whole. A
+    # step that would cost one voice more than the tolerance often carries a smaller one that does not
+    # (with a gate per voice group, most rounds fail whole: docs/protocol.md)
+    eval_shrink: list = field(default_factory=list)
     synchronous: str = "full"          # SQLite: "full" survives a power cut, "normal" a process crash
     seed: int = 0
 
@@ -98,6 +103,10 @@ class AggregatorConfig:
             problems.append(f"eval_metric={self.eval_metric!r} (use accuracy or balanced)")
         if self.eval_against not in ("current", "start"):
             problems.append(f"eval_against={self.eval_against!r} (use current or start)")
+        shrink = self.eval_shrink
+        if not isinstance(shrink, (list, tuple)) or not all(
+                isinstance(a, (int, float)) and not isinstance(a, bool) and 0 < a < 1 for a in shrink):
+            problems.append(f"eval_shrink={self.eval_shrink!r} (a list of fractions between 0 and 1, e.g. [0.5, 0.25])")
         if self.clients_per_round < 1 or self.buffer_size < 1:
             problems.append("clients_per_round and buffer_size must be >= 1")
         if self.overselect < 1 or self.max_overselect < self.overselect:

@@ -300,10 +300,23 @@ class RoundManager(Uploads):
                     self.store.set_meta("dp_accountant", json.dumps(self.strategy.accountant.state()))
                 publish, acc, cur = self.reg.check(new, self.cfg.eval_tolerance, self.cfg.eval_metric,
                                                    self.cfg.eval_against)
+                note = why
+                for a in ([] if publish else self.cfg.eval_shrink):
+                    # part of the step: the strategy's state stays the aggregated one (a DP accountant
+                    # counts this release too; momentum keeps the whole step it saw)
+                    part = {k: params[k] + np.float32(a) * (w - params[k]) if k in params else w
+                            for k, w in new.items()}
+                    ok, a_acc, a_cur = self.reg.check(part, self.cfg.eval_tolerance, self.cfg.eval_metric,
+                                                      self.cfg.eval_against)
+                    if ok:
+                        note = (f"{why}; published {a:g} of the aggregate (whole: held-out {self.cfg.eval_metric} "
+                                f"{acc:.4f} < {self.cfg.eval_against} {cur:.4f} - {self.cfg.eval_tolerance})")
+                        new, publish, acc, cur = part, True, a_acc, a_cur
+                        break
                 if publish:
                     v = self.reg.publish(new, r["round_id"], acc, eps, self.strategy.state())
                     c.execute("UPDATE rounds SET status='closed', closed=?, result_version=?, accuracy=?, note=? "
-                              "WHERE round_id=?", (self.clock(), v, acc, why, r["round_id"]))
+                              "WHERE round_id=?", (self.clock(), v, acc, note, r["round_id"]))
                 else:
                     self.strategy.load_state(snapshot)
                     c.execute("UPDATE rounds SET status='rejected', closed=?, accuracy=?, note=? WHERE round_id=?",

@@ -23,7 +23,7 @@ from host.fl.strategies import STRATEGIES
 # the AggregatorConfig fields `aggregator init` offers as options (the rest keep their defaults)
 INIT_FIELDS = ("mode", "strategy", "clients_per_round", "overselect", "max_overselect", "round_timeout",
                "buffer_size", "codec", "dp_clip", "dp_noise", "dp_reproducible", "secure_aggregation",
-               "checkin_max_skew", "eval_tolerance", "eval_metric", "eval_against")
+               "checkin_max_skew", "eval_tolerance", "eval_metric", "eval_against", "eval_shrink")
 CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS,
            "eval_metric": ("accuracy", "balanced"), "eval_against": ("current", "start")}
 
@@ -59,7 +59,9 @@ def add_arguments(p) -> None:
         "eval_metric": "balanced: the mean of each class's recall (a held-out set that is mostly `_unknown_` "
                        "hides a lost command from plain accuracy); --heldout-corpus scores the 12-class task",
         "eval_against": "start: against the first published version, so losses under the tolerance cannot "
-                        "add up over rounds; current: against the version the round started from"})
+                        "add up over rounds; current: against the version the round started from",
+        "eval_shrink": "fractions (e.g. 0.5 0.25): an aggregate that fails the check is published moved only "
+                       "the first of these parts of the way from the current version that passes"})
     v = sub.add_parser("provision", help="register a device and write its HMAC key file")
     v.add_argument("--state", required=True)
     v.add_argument("--db", help=DB_HELP)

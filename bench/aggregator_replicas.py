@@ -4,7 +4,7 @@ Ingest: HTTP uploads of 10k-parameter int8 updates (bench/aggregator_ingest.py's
 and frames, 64 keep-alive connections) into one ``aggregator serve`` on SQLite (the reference,
 synchronous=full) and into 1 and 2 ``aggregator serve --db postgresql://`` replicas of one database
 (the load split evenly over both), every run in this process on a fresh database of one throwaway
-PostgreSQL server (fsync on; tests/pgserver.py). Every configuration acknowledges an update only
+PostgreSQL server (fsync on; bench/_pgserver.py). Every configuration acknowledges an update only
 after its commit. The three configurations run interleaved ``REPEATS`` times (the cores are shared
 with whatever else runs) and the median run is the value; CPU of the replicas, of the PostgreSQL
 server and of the load generator is reported per run.
@@ -98,7 +98,7 @@ async def _spread(ports, frames, conns=64):
 
 
 def ingest(pg, td: Path, name: str, replicas: int):
-    from tests.pgserver import free_port
+    from bench._pgserver import free_port
 
     db = pg.database(name) if replicas else None
     state, key, frames, _ = _prepare(td / name, N_WARM + N_MEASURE, db, {**BIG, "synchronous": "full"})
@@ -207,7 +207,7 @@ def kill_test(pg, td: Path):
     from host.aggregator.models import load_params
     from host.aggregator.store import open_store
     from host.wire_numpy import decode_update
-    from tests.pgserver import free_port
+    from bench._pgserver import free_port
 
     db = pg.database("kill")
     cfg = dict(clients_per_round=KILL_K, overselect=1.0, max_overselect=1.0, round_timeout=10**6,
@@ -299,7 +299,7 @@ def _median(results: list) -> dict:
 
 
 def main():
-    from tests.pgserver import PgServer
+    from bench._pgserver import PgServer
 
     rows = []
     with PgServer() as pg, tempfile.TemporaryDirectory() as td:

@@ -31,7 +31,7 @@ KEYS = {d: bytes([i + 1]) * 32 for i, d in enumerate(DEVICES)}
 
 @pytest.fixture(scope="module")
 def pg():
-    from pgserver import PgServer, missing_reason
+    from bench._pgserver import PgServer, missing_reason
 
     why = missing_reason()
     if why:

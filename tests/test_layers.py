@@ -6,6 +6,7 @@
 - ``edge/portable/`` imports only itself and modules MicroPython has;
 - ``firmware/`` imports only ``edge.portable``, itself and modules MicroPython has;
 - ``host/`` imports no test, benchmark or hardware-in-the-loop code;
+- ``bench/`` imports no test code (tests import benchmark helpers, never the other way);
 - no two top-level layers import each other (no circles).
 
 Every import counts, also the ones inside functions: a lazy import is still a dependency.
@@ -124,6 +125,11 @@ def test_firmware_imports_only_portable_code_and_micropython_modules():
 def test_host_imports_no_test_bench_or_hil_code():
     bad = violations("host", lambda p, m: m.split(".")[0] not in ("tests", "bench", "hil", "scripts"))
     assert not bad, "host/ ships in the wheel; test, benchmark and rig code does not:\n" + "\n".join(bad)
+
+
+def test_bench_imports_no_test_code():
+    bad = violations("bench", lambda p, m: m.split(".")[0] != "tests")
+    assert not bad, "a benchmark runs without the test tree (its helpers live in bench/):\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("top", ["edge", "host", "firmware"])

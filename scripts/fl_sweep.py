@@ -63,6 +63,10 @@ synthesizer, a development stand-in for the test split's Festival voice):
     gfest_s  fleet +37.5 / +30.4 / +26.2 / +20.4 / +31.2 / +28.8, slt +15.0 / +6.2 / +6.2 / -2.5 /
              +7.5 / +6.2; Festival <= 0.42 lost; 9-12 of 18 published
     base_s   as base within the simulator's run-to-run spread (the val gate rarely fails)
+    gfest_t2 gfest_s with eval_tolerance 0.02: fleet +38.3 / +32.9 / +25.8 / +25.0 / +33.3 / +34.2,
+             slt +17.5 / +6.2 / +5.0 / -1.3 / +8.8 / +11.2; Festival 0.83-1.25 lost
+             ('{"gfest_t2": {"heldout_groups": ["train:festival"], "eval_tolerance": 0.02,
+               "extra": {"eval_shrink": [0.5, 0.25]}}}')
 
 Neither was adopted by the bench (docs/protocol.md): holding the Festival voices costs the fleet's
 and slt's gains about one for one.

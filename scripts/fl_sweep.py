@@ -93,7 +93,7 @@ def main(argv) -> int:
     from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
     from host.data.words import COMMANDS10
     from host.fleet.data import extract_head, load_embeddings
-    from host.fleet.simulate import SimConfig, final_head, simulate
+    from host.fleet.simulate import SimConfig, final_head, group_rows, simulate
     from host.fleet.voices import FLEET_VOICES, command_recall, heldout_clips, make_fleet, prepare_devices
 
     settings = json.loads(argv[0]) if argv else {"base": {}}
@@ -120,9 +120,8 @@ def main(argv) -> int:
     val = (emb.X[va], emb.y[va].astype(np.int64))
     # the training voices' own eval clips, by synthesizer (the operator holds them): does the fleet's
     # federation pull the head away from the voices it was trained on? (never the test split)
-    tr = emb.rows("train")
-    fams = {fam: tr[np.char.startswith(emb.voice[tr].astype(str), fam)] for fam in ("espeak", "festival")}
-    train = {fam: (emb.X[r], emb.y[r].astype(np.int64)) for fam, r in fams.items() if len(r)}
+    fams = {fam: group_rows(emb, f"train:{fam}") for fam in ("espeak", "festival")}  # the gate's own groups
+    train = {fam: (emb.X[r], emb.y[r].astype(np.int64)) for fam, r in fams.items()}
 
     def train_scores(h):
         return {fam: command_recall(head_logits(h, X), y, labels)["balanced"] for fam, (X, y) in train.items()}

@@ -125,13 +125,13 @@ def _split_set(rng, n=120):
 
 
 def test_a_held_out_group_that_names_nothing_is_one_sentence():
-    from host.fleet.simulate import _group_rows
+    from host.fleet.simulate import group_rows
 
     data = _split_set(np.random.default_rng(0))
-    assert list(_group_rows(data, "train:festival")) == list(range(120, 140))
-    assert len(_group_rows(data, "val")) == 120
+    assert list(group_rows(data, "train:festival")) == list(range(120, 140))
+    assert len(group_rows(data, "val")) == 120
     with pytest.raises(EdgelearnError, match="'train:flite' has no rows"):
-        _group_rows(data, "train:flite")
+        group_rows(data, "train:flite")
 
 
 @pytest.mark.slow

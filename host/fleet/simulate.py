@@ -197,7 +197,7 @@ def device_trainer(cfg: SimConfig, labels):
                                 keep_absent=cfg.keep_absent)
 
 
-def _group_rows(data, spec: str):
+def group_rows(data, spec: str):
     """``"SPLIT:SYNTH"`` -> the rows of that split whose voice is that synthesizer's."""
     from edge.errors import EdgelearnError
 
@@ -261,7 +261,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
     else:
         groups = None
         if shipped and cfg.heldout_groups:
-            parts = [held] + [_group_rows(data, g) for g in cfg.heldout_groups]
+            parts = [held] + [group_rows(data, g) for g in cfg.heldout_groups]
             held, groups = np.concatenate(parts), np.repeat(np.arange(len(parts)), [len(p) for p in parts])
         heldout = (data.X[held], data.y[held])
         if shipped:  # gated as the 12-class task a device reports (host.evaluate.to12)

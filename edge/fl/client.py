@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.atomic import atomic_write, npz_bytes
-from edge.fl.model import FederatedHeadTrainer, load_head, head_logits
+from edge.fl.model import FederatedHeadTrainer, head_logits, load_head, load_rehearsal
 from edge.fl.transport import FLError, HttpTransport, call
 from edge.portable import wire
 from edge.portable.chunks import iter_chunks
@@ -60,6 +60,7 @@ class FLClient:
         self._load_state()
         self.bytes_up = 0
         self._head = None  # (model version, head): the bundle this round verified
+        self._rehearsal = (None, None)  # (model version, (X, y) or None): that bundle's rehearsal set
 
     # state that must survive a power cut: the last seq used, and top-k residuals
     def _load_state(self):
@@ -142,6 +143,7 @@ class FLClient:
             bundle = self.store.current()
         head = load_head(bundle)
         self._head = (version, head)
+        self._rehearsal = (version, load_rehearsal(bundle, head))
         return head
 
     def _round_head(self, version: int) -> dict:
@@ -156,12 +158,20 @@ class FLClient:
         z = head_logits(head, np.zeros((1, head["classifier.w"].shape[0]), np.float32))
         if z.shape != (1, len(bundle.labels)) or not np.all(np.isfinite(z)):
             raise ValueError(f"head gives logits of shape {z.shape}, expected (1, {len(bundle.labels)})")
+        load_rehearsal(bundle, head)  # a version whose rehearsal set does not fit is not installed
 
     def train(self, task: dict) -> tuple[dict, int]:
         params = self.ensure_model(int(task["model_version"]))
         X, y = self.data() if callable(self.data) else self.data
         if len(y) == 0:
             raise FLError("the device has no examples to train on", fix="enrol some clips first")
+        n = len(y)
+        rehearsal = self._rehearsal[1] if self._rehearsal[0] == int(task["model_version"]) else None
+        if rehearsal is not None and len(rehearsal[1]):
+            # the version's rehearsal rows (the voices the model was trained on) train beside the
+            # device's own, so a round cannot forget them; the update is weighted by the device's rows
+            X = np.concatenate([np.asarray(X, np.float32), rehearsal[0]])
+            y = np.concatenate([np.asarray(y, np.int64), rehearsal[1]])
         new = self.trainer.train(params, X, y, task, self.rng)
         delta = {k: (new[k] - params[k]).astype(np.float32) for k in new}  # only the trained tensors
         clip = float(task.get("clip_norm") or 0)
@@ -169,7 +179,7 @@ class FLClient:
             norm = float(np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in delta.values())))
             if norm > clip:
                 delta = {k: v * np.float32(clip / norm) for k, v in delta.items()}
-        return delta, len(y)
+        return delta, n
 
     def encode(self, task: dict, delta: dict, num_examples: int) -> bytes:
         codec = CODECS[task.get("codec", "int8")]

@@ -3,6 +3,7 @@ embedding, as the bundle's ``head.npz`` carries it; its logits, its local traini
 
     head = load_head(bundle)                                    # {"proj.w": ..., "classifier.b": ...}
     new = FederatedHeadTrainer("bias-only").train(head, X, y, task, rng)  # the tensors it changed
+    R = load_rehearsal(bundle, head)    # (X, y) the aggregator ships beside the head, or None
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 from edge.errors import EdgelearnError
 
 HEAD_FILE = "head.npz"
+REHEARSAL_FILE = "rehearsal.npz"
 
 
 def head_logits(params: dict, X: np.ndarray) -> np.ndarray:
@@ -92,6 +94,33 @@ def load_head(bundle) -> dict:
     except (OSError, ValueError, KeyError) as e:
         raise EdgelearnError(f"bundle v{bundle.version} has no readable {name} ({e})",
                              fix="this bundle carries no federated head; install one from the aggregator") from None
+
+
+def load_rehearsal(bundle, head: dict):
+    """The rehearsal set a version's bundle carries (``rehearsal.npz``, named by manifest
+    ``extra.rehearsal.file``): embeddings ``X`` (N, D) and label ids ``y`` of the voices the shipped
+    model was trained on, which the operator's aggregator ships with every version so that each
+    device's local training also keeps those voices (the operator holds them; a device never has
+    them). None when the bundle carries none. A set that does not fit ``head`` (its input size, its
+    labels) is one EdgelearnError; ``FLClient``'s smoke check runs this before a version installs."""
+    spec = (bundle.manifest.get("extra", {}) or {}).get("rehearsal")
+    if not spec:
+        return None
+    name = spec.get("file", REHEARSAL_FILE)
+    try:
+        with np.load(bundle.path(name)) as z:
+            X, y = z["X"].astype(np.float32), z["y"].astype(np.int64)
+    except (OSError, ValueError, KeyError) as e:
+        raise EdgelearnError(f"bundle v{bundle.version}'s rehearsal set {name} is unreadable ({e})",
+                             fix="publish the version again from an aggregator whose --rehearsal file has X and y") from None
+    dim, n_labels = head["proj.w"].shape[0] if "proj.w" in head else head["classifier.w"].shape[0], \
+        head["classifier.b"].shape[0]
+    if X.ndim != 2 or X.shape[1] != dim or y.shape != (len(X),) or not np.all(np.isfinite(X)) \
+            or (len(y) and (y.min() < 0 or y.max() >= n_labels)):
+        raise EdgelearnError(f"bundle v{bundle.version}'s rehearsal set {name} does not fit its head: X {X.shape}, "
+                             f"y {y.shape}, for {dim}-d embeddings and {n_labels} labels",
+                             fix="publish the version again from an aggregator whose --rehearsal file fits the model")
+    return X, y
 
 
 SHIPPED_HEAD_TENSORS = ("classifier.w", "classifier.b")

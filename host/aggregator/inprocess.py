@@ -26,13 +26,14 @@ def small_params(seed: int = 0, dim: int = 64, classes: int = 37) -> dict:
 
 
 def make_state(tmp, cfg: AggregatorConfig, n_devices: int = 4, params=None, heldout=None,
-               prefix: str = "dev", db=None, negatives=None) -> tuple[Path, dict]:
+               prefix: str = "dev", db=None, negatives=None, rehearsal=None) -> tuple[Path, dict]:
     """An initialised state directory ``tmp/agg`` with ``n_devices`` provisioned devices; (state dir, {id: key}).
     With ``db`` (a ``postgresql://`` URL) the state lives in that database (``tmp/agg`` holds the keys);
-    ``negatives``: ``init_state``'s (the operating point's keyword-free speech)."""
+    ``negatives`` and ``rehearsal``: ``init_state``'s (the operating point's keyword-free speech; the
+    training voices every version ships for devices to rehearse)."""
     state = Path(tmp) / "agg"
     init_state(state, cfg, params=params if params is not None else small_params(), heldout=heldout, db=db,
-               negatives=negatives)
+               negatives=negatives, rehearsal=rehearsal)
     keys = {f"{prefix}{i}": provision(state, f"{prefix}{i}", db=db) for i in range(n_devices)}
     return state, keys
 

@@ -9,8 +9,12 @@ embeddings (voices no device trains on) is recorded as ``rejected`` and the
 current version stays: the automatic rollback. Files are written (atomically)
 before the database names them, so a crash leaves at worst an unnamed file.
 
+Every version's bundle also carries the operator's rehearsal set when ``init`` was given one
+(``rehearsal.npz``: embeddings of the voices the shipped model was trained on, which devices train on
+beside their own examples, ``edge.fl.model.load_rehearsal``).
+
 On a shared store (PostgreSQL, several replicas) the files also live in the database (``files``:
-the held-out set, the base bundle, each version's head, strategy state and zip), written in the
+the held-out set, the rehearsal set, the base bundle, each version's head, strategy state and zip), written in the
 transaction that publishes the version; a replica that lacks one locally (another machine
 published it) writes it into its own state directory from there before use.
 
@@ -28,11 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from edge.errors import EdgelearnError
-from edge.fl.model import HEAD_FILE, head_logits
+from edge.fl.model import HEAD_FILE, REHEARSAL_FILE, head_logits
 from edge.atomic import atomic_path, atomic_write, npz_bytes
 
 HEAD_ONNX = "head.onnx"
-_BASE_EXCLUDE = ("manifest.json", "manifest.sig", "manifest.mac", HEAD_FILE, HEAD_ONNX)
+_BASE_EXCLUDE = ("manifest.json", "manifest.sig", "manifest.mac", HEAD_FILE, HEAD_ONNX, REHEARSAL_FILE)
 # a version number is written once; a crash before its commit leaves no row, so a retry replaces nothing
 _REPLACE = (" ON CONFLICT(version) DO UPDATE SET parent=excluded.parent, round_id=excluded.round_id, "
             "status=excluded.status, accuracy=excluded.accuracy, epsilon=excluded.epsilon, path=excluded.path, "
@@ -245,6 +249,12 @@ class ModelRegistry:
         m["trainable"] = {**manifest.get("trainable", {}), "strategy": "federated-head", "file": HEAD_FILE,
                           "tensors": sorted(params)}
         m["extra"] = {**manifest.get("extra", {}), "fl": note}
+        m["extra"].pop("rehearsal", None)
+        rehearsal = self._local(REHEARSAL_FILE)
+        if rehearsal.exists():  # every version carries the operator's rehearsal set (init_state's)
+            files[REHEARSAL_FILE] = rehearsal
+            with np.load(rehearsal) as z:
+                m["extra"]["rehearsal"] = {"file": REHEARSAL_FILE, "rows": int(len(z["y"]))}
         op = self.operating(params, version)
         if op is not None:  # edge.device reads it: the version's default thresholds
             m["extra"]["operating"] = op

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.errors import EdgelearnError
+from edge.fl.model import REHEARSAL_FILE
 from edge.portable.wire import _ID_CHARS, MAX_DEVICE_ID_LEN
 from edge.atomic import atomic_write, npz_bytes
 from host.aggregator.config import AggregatorConfig
@@ -22,14 +23,16 @@ from host.aggregator.store import Store, open_store
 
 
 def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, heldout=None,
-               params: dict | None = None, db=None, negatives: dict | None = None) -> int:
+               params: dict | None = None, db=None, negatives: dict | None = None, rehearsal=None) -> int:
     """Write config, keys, held-out set and model version base+1; returns that version. With ``db`` a
     ``postgresql://`` URL, the database gets them too (config, held-out set, base bundle, version): every
     replica serving it reads them there; only the signing key stays a file each replica is given.
     ``negatives`` (with ``heldout``): keyword-free speech as the Detector's windows, {"X": (T, D)
     embeddings in stream order, "ends": (T, 2) their end and keyword-end times, "keywords": label
     ids, "hours"}: every later version is published with per-word thresholds matched on it
-    (``ModelRegistry.operating``)."""
+    (``ModelRegistry.operating``). ``rehearsal``: (X, y) embeddings and label ids of the voices the
+    shipped model was trained on; every version's bundle carries them (``rehearsal.npz``) and each
+    device trains on them beside its own examples (``edge.fl.model.load_rehearsal``)."""
     import json
     from dataclasses import asdict
 
@@ -68,6 +71,7 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
                 if store is not None:
                     store.close()
                 raise
+    rehearsal = None if rehearsal is None else _rehearsal(rehearsal, params, store)
     if negatives is not None:
         if held is None:
             raise EdgelearnError("negatives for the operating point need a held-out set beside them",
@@ -80,6 +84,8 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
     cfg.save(d / "config.json")
     if held is not None:
         atomic_write(d / "heldout.npz", npz_bytes(held))
+    if rehearsal is not None:
+        atomic_write(d / REHEARSAL_FILE, npz_bytes(rehearsal))
     if store is None:
         store = Store(d / "state.sqlite", cfg.synchronous)
     try:
@@ -90,9 +96,29 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
                 store.set_meta("config", json.dumps(asdict(cfg), sort_keys=True))
                 if heldout is not None:
                     store.put_file("heldout.npz", (d / "heldout.npz").read_bytes())
+                if rehearsal is not None:
+                    store.put_file(REHEARSAL_FILE, (d / REHEARSAL_FILE).read_bytes())
         return ModelRegistry(d, store, str(signing_key)).init_from_bundle(bundle, params, cfg.eval_metric)
     finally:
         store.close()
+
+
+def _rehearsal(rehearsal, params, store=None) -> dict:
+    """The rehearsal set, checked before anything is written: finite (N, D) embeddings for the head's
+    input and one label id per row that the head can name."""
+    X, y = np.asarray(rehearsal[0]), np.asarray(rehearsal[1])
+    dim = np.asarray(params["proj.w"] if "proj.w" in params else params["classifier.w"]).shape[0]
+    n = np.asarray(params["classifier.b"]).shape[0] if "classifier.b" in params else 0
+    ok = (X.ndim == 2 and X.shape[1] == dim and len(X) and np.issubdtype(X.dtype, np.number)
+          and np.all(np.isfinite(X)) and y.shape == (len(X),) and np.issubdtype(y.dtype, np.integer)
+          and y.min() >= 0 and y.max() < n)
+    if not ok:
+        if store is not None:
+            store.close()
+        raise EdgelearnError(f"the rehearsal set has X {X.shape} {X.dtype} and y {y.shape} {y.dtype}; it needs "
+                             f"finite (N, {dim}) embeddings and N integer labels from 0 to {n - 1}",
+                             fix="write X with the bundle encoder's embeddings and y with its label ids")
+    return {"X": X.astype(np.float32), "y": y.astype(np.int64)}
 
 
 def _classes(classes, y, params) -> np.ndarray:

@@ -1,6 +1,6 @@
 """``edgelearn aggregator``: create, provision, serve and inspect a federated aggregator.
 
-    $ edgelearn aggregator init --state agg/ --clients-per-round 10 --heldout-corpus
+    $ edgelearn aggregator init --state agg/ --clients-per-round 10 --heldout-corpus --rehearsal-corpus 24
     $ edgelearn aggregator provision --state agg/ --device pi-001 --out keys/
     $ edgelearn aggregator serve --state agg/ --port 8470
     $ edgelearn aggregator status --state agg/
@@ -42,6 +42,13 @@ def add_arguments(p) -> None:
     i.add_argument("--heldout", help="npz with X (N, D) embeddings and y labels for the publication check")
     i.add_argument("--heldout-corpus", action="store_true",
                    help="use embeddings of the corpus test voices as the held-out set")
+    i.add_argument("--rehearsal", metavar="FILE",
+                   help="npz with X (N, D) embeddings and y labels of the voices the model was trained on: every "
+                        "version ships them and devices train on them beside their own examples, so rounds do "
+                        "not forget those voices")
+    i.add_argument("--rehearsal-corpus", type=int, default=0, metavar="K",
+                   help="use K clips of each command from the corpus's training voices as the rehearsal set "
+                        "(24: what bench fl_voices runs)")
     i.add_argument("--operating-negatives", type=int, default=0, metavar="N",
                    help="render N word pairs by the corpus's training voices (900: ~24 min of speech, about a "
                         "minute) as keyword-free speech: every later version is published with per-word "
@@ -106,29 +113,54 @@ def init(args) -> int:
         km = KeywordModel(bundle)
         negatives = stream_negatives(km, word_pairs(args.operating_negatives, seed=41), default_keywords(km))
     v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout, db=args.db,
-                   negatives=negatives)
+                   negatives=negatives, rehearsal=_rehearsal(args))
     print(f"aggregator state in {args.state}: model version {v} published")
     return 0
 
 
+def _xy_npz(path, option: str):
+    """``X``, ``y`` and (if present) ``classes`` of an option's .npz file, or one EdgelearnError."""
+    import zipfile
+
+    import numpy as np
+
+    from edge.errors import EdgelearnError
+
+    try:
+        with np.load(path) as z:
+            return z["X"], z["y"], (z["classes"] if "classes" in z.files else None)
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise EdgelearnError(f"{option} {path} does not exist", fix="pass an .npz file with arrays X and y")
+        raise EdgelearnError(f"{option} {path} is not an .npz file with arrays X and y ({e})",
+                             fix="write one with numpy.savez(path, X=embeddings, y=labels)")
+
+
+def _rehearsal(args):
+    """The rehearsal set every version ships: --rehearsal's npz, K corpus training clips per command, or None."""
+    from edge.errors import EdgelearnError
+
+    if args.rehearsal and args.rehearsal_corpus:
+        raise EdgelearnError("--rehearsal and --rehearsal-corpus both name a rehearsal set", fix="give one of them")
+    if args.rehearsal:
+        return _xy_npz(args.rehearsal, "--rehearsal")[:2]
+    if args.rehearsal_corpus < 0:
+        raise EdgelearnError(f"--rehearsal-corpus {args.rehearsal_corpus} is negative",
+                             fix="give a number of clips per command, e.g. 24")
+    if args.rehearsal_corpus:
+        from host.data.words import COMMANDS10, LABELS
+        from host.fleet.data import load_embeddings, rehearsal_rows
+
+        data = load_embeddings(args.bundle)
+        rows = rehearsal_rows(data, [LABELS.index(w) for w in COMMANDS10], args.rehearsal_corpus)
+        return data.X[rows], data.y[rows]
+    return None
+
+
 def _heldout(args):
     """The publication check's held-out set: --heldout's npz, the corpus test voices, or None."""
-    if args.heldout:
-        import zipfile
-
-        import numpy as np
-
-        from edge.errors import EdgelearnError
-
-        try:
-            with np.load(args.heldout) as z:  # classes (optional): label id -> the class it is reported as
-                return z["X"], z["y"], (z["classes"] if "classes" in z.files else None)
-        except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-            if isinstance(e, FileNotFoundError):
-                raise EdgelearnError(f"--heldout {args.heldout} does not exist",
-                                     fix="pass an .npz file with arrays X and y (and optionally classes)")
-            raise EdgelearnError(f"--heldout {args.heldout} is not an .npz file with arrays X and y ({e})",
-                                 fix="write one with numpy.savez(path, X=windows, y=labels)")
+    if args.heldout:  # classes (optional): label id -> the class it is reported as
+        return _xy_npz(args.heldout, "--heldout")
     if args.heldout_corpus:
         import numpy as np
 

@@ -101,6 +101,21 @@ def load_embeddings(bundle_dir=None, cache_dir=None, progress: bool = True) -> E
     return data
 
 
+def rehearsal_rows(data: EmbeddingSet, labels, per_label: int, split: str = "train", seed: int = 0) -> np.ndarray:
+    """Rows for an aggregator's rehearsal set (``init_state(rehearsal=)``): ``per_label`` clips of each
+    label id in ``labels`` from ``split`` (the voices the shipped model was trained on), the first of
+    one fixed shuffle per label, so a smaller set is part of a larger one (``seed`` chooses the shuffle)."""
+    rows = data.rows(split)
+    out = []
+    for c in labels:
+        mine = rows[data.y[rows] == int(c)]
+        if len(mine) < per_label:
+            raise EdgelearnError(f"the {split} split has {len(mine)} clips of label {int(c)}, fewer than {per_label}",
+                                 fix=f"ask for at most {len(mine)} per label")
+        out.append(mine[np.random.default_rng([seed, int(c)]).permutation(len(mine))[:per_label]])
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
 def partition_noniid(data: EmbeddingSet, n_devices: int, seed: int = 0, split: str = "train",
                      words_per_device: int = 12, n_classes: int = 37) -> list[np.ndarray]:
     """Rows per device: each device is one voice (voices are reused when devices outnumber them)

@@ -65,6 +65,9 @@ class SimConfig:
     # shipped-head: more groups the gate holds each on its own, "SPLIT:SYNTH" (e.g. "train:festival": the
     # training Festival voices' eval clips, which the operator holds); () = the split alone
     heldout_groups: tuple = ()
+    # shipped-head: the aggregator ships this many training-voice clips of each command with every
+    # version and devices train on them beside their own (``init_state(rehearsal=)``); 0 = none
+    rehearsal_per_command: int = 0
     head_tensors: tuple = ("classifier.w", "classifier.b")  # shipped-head: what devices train (sparse); () = all
     keep_absent: bool = True         # shipped-head: outputs of labels a device never hears keep their weights
     local_epochs: int = 5
@@ -197,6 +200,15 @@ def device_trainer(cfg: SimConfig, labels):
                                 keep_absent=cfg.keep_absent)
 
 
+def simulated_rehearsal(data, cfg: SimConfig, labels) -> np.ndarray:
+    """The rows of the shipped-head fleet's rehearsal set: ``cfg.rehearsal_per_command`` training-split
+    clips of each command (``host.fleet.data.rehearsal_rows``)."""
+    from host.data.words import COMMANDS10
+    from host.fleet.data import rehearsal_rows
+
+    return rehearsal_rows(data, [list(labels).index(w) for w in COMMANDS10], cfg.rehearsal_per_command)
+
+
 def group_rows(data, spec: str):
     """``"SPLIT:SYNTH"`` -> the rows of that split whose voice is that synthesizer's."""
     from edge.errors import EdgelearnError
@@ -268,8 +280,12 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
             from host.evaluate import to12
 
             heldout += (to12(np.arange(len(fleet[0]["device"].bundle.labels))), groups)
+        rehearsal = None
+        if shipped and cfg.rehearsal_per_command:
+            rows = simulated_rehearsal(data, cfg, fleet[0]["device"].bundle.labels)
+            rehearsal = (data.X[rows], data.y[rows])
         state, keys = make_state(out, acfg, n_devices=cfg.devices, params=params, heldout=heldout,
-                                 negatives=negatives)
+                                 negatives=negatives, rehearsal=rehearsal)
     app, server, th, port = serve_aggregator(state, cfg)
     agg = app.state.aggregator
     rng = np.random.default_rng(cfg.seed)

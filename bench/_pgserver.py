@@ -16,10 +16,10 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+from host.netutil import free_port
 
 USER = "edgelearn"
 
@@ -52,12 +52,6 @@ def missing_reason() -> str | None:
         if shutil.which("runuser") is None:
             return "running as root without runuser to start PostgreSQL as the 'postgres' user"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PgServer:

@@ -98,7 +98,7 @@ async def _spread(ports, frames, conns=64):
 
 
 def ingest(pg, td: Path, name: str, replicas: int):
-    from bench._pgserver import free_port
+    from host.netutil import free_port
 
     db = pg.database(name) if replicas else None
     state, key, frames, _ = _prepare(td / name, N_WARM + N_MEASURE, db, {**BIG, "synchronous": "full"})
@@ -207,7 +207,7 @@ def kill_test(pg, td: Path):
     from host.aggregator.models import load_params
     from host.aggregator.store import open_store
     from host.wire_numpy import decode_update
-    from bench._pgserver import free_port
+    from host.netutil import free_port
 
     db = pg.database("kill")
     cfg = dict(clients_per_round=KILL_K, overselect=1.0, max_overselect=1.0, round_timeout=10**6,

@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,16 +34,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import row, write_results
+from host.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = (1, 4, 8, 16)
 SECONDS = 3.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model_under_test(tmp: Path) -> dict:

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import row, write_results
+from host.netutil import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OWW = ROOT / ".venv-wyoming-oww" / "bin" / "python"
@@ -94,12 +95,6 @@ def _stream(kw: np.ndarray, seconds: float, seed: int, end_in_clip: int) -> tupl
         ends.append((start + end_in_clip) / RATE)
         start += int(GAP_S * RATE)
     return np.clip(pcm, -32768, 32767).astype(np.int16), ends
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_s(pid: int) -> float:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import socket
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import numpy as np
 from devstate_helpers import make_keyword_clips
 
 from edge.audio import read_wav, write_wav
+from host.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "edge.cli"]
@@ -28,12 +28,6 @@ def stream(tmp: Path, copies: int = 1, seed: int = 5) -> np.ndarray:
     noise = lambda n: rng.standard_normal(n) * 100  # noqa: E731
     one = np.concatenate([noise(16000), kw, noise(40000), kw, noise(30000), kw, noise(16000)])
     return np.tile(one, copies).astype(np.int16)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trusted_keys(agg_state: Path, out: Path) -> Path:

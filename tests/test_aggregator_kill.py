@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -20,15 +19,10 @@ from host.aggregator.models import load_params
 from host.aggregator.store import Store
 from host.aggregator.inprocess import make_state, small_params
 from host.wire_numpy import decode_update, encode_update
+from host.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 40
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

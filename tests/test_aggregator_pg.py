@@ -30,7 +30,8 @@ from host.aggregator.inprocess import InProcessTransport, make_state, small_para
 from host.aggregator.models import load_params
 from host.aggregator.store import open_store
 from host.wire_numpy import decode_update, encode_update
-from bench._pgserver import PgServer, free_port, missing_reason
+from bench._pgserver import PgServer, missing_reason
+from host.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 AWAKE = {"battery": 1.0, "charging": True}

@@ -76,7 +76,7 @@ def test_two_node_cluster_runs_rounds_on_both_nodes(cluster, tmp_path):
 
 def test_bad_ray_address_is_one_sentence(tmp_path):
     _need_ray()
-    from host.fleet.ray_cluster import free_port
+    from host.netutil import free_port
 
     for addr, says in ((f"127.0.0.1:{free_port()}", "no Ray cluster answers at 127.0.0.1:"),
                        ("not-an-address", "is not local, auto or HOST:PORT")):

@@ -11,7 +11,6 @@ import math
 import os
 import re
 import signal
-import socket
 import sqlite3
 import stat
 import subprocess
@@ -28,6 +27,7 @@ from aggregator_helpers import FakeClock, serve_cmd, snapshot, start
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.rounds import Reject
 from host.aggregator.inprocess import InProcessTransport, make_state
+from host.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 HYP = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -192,12 +192,6 @@ def test_the_in_process_api_validates_too(agg):
 
 
 # --- one aggregator per state directory ----------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_second_aggregator_on_the_same_state_refuses_naming_the_holder(tmp_path):
     state, _ = make_state(tmp_path, AggregatorConfig(clients_per_round=2), n_devices=1)
     first = start(state, free_port())

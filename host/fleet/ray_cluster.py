@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,12 +23,7 @@ import time
 from pathlib import Path
 
 from edge.errors import EdgelearnError
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from host.netutil import free_port
 
 
 def _procs() -> dict:

@@ -110,7 +110,17 @@ slt render sets (``SLT_SEEDS``, 320 clips; the first command above with r24g2 as
 Rehearsal costs slt about 6 points and the Festival gate about 2 more: slt's +10 holds in 5 / 5 / 4
 schedules. Counting the schedules where all three hold at once (fleet +25, slt +10, the Festival
 training voices within 2 points, the stand-in for the test split): base 0, r24 1, r24g2 4 of 6, so
-the bench keeps r24g2.
+the bench keeps r24g2. Smaller sets and the gate alone, the same way (all settings from the bench's):
+
+    $ nice -n 5 .venv/bin/python scripts/fl_sweep.py '{"r12g2": {"rehearsal_per_command": 12},
+          "r6g2": {"rehearsal_per_command": 6}, "g2": {"rehearsal_per_command": 0}}' 6
+
+    r12g2  fleet mean 31.4, slt +16.2 / +10.9 / +7.5 / -2.8 / +15.3 / +14.4 (10.2); Festival 2.0-3.1 (2.4)
+    r6g2   fleet mean 31.8, slt +13.7 / +7.8 / +7.5 / -0.3 / +15.0 / +14.1 (9.6); Festival 1.9-2.6 (2.3)
+    g2     fleet +36.2 / +32.5 / +31.7 / +25.0 / +31.7 / +30.4 (31.2), slt +17.2 / +10.3 / +11.3 / +3.8 /
+           +9.4 / +8.4 (10.1); Festival 1.4-2.5 (2.0)
+
+All three goals together: r12g2 2, r6g2 2, g2 1 schedule of 6 (r24g2 4).
 An early form of this run (rehearsal rows added to each device's examples by this script, 2026-12-03)
 also tried the set over all 37 labels, 12 each: fleet +5 in the one schedule run (4 of 19 published).
 """

@@ -8,12 +8,14 @@ run across replicas; a bad or unreachable --db is one sentence."""
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import signal
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +91,8 @@ def test_two_serve_replicas_close_one_round_from_exactly_the_accepted_updates(pg
     url = _db(pg, request)
     n = 6
     cfg = AggregatorConfig(clients_per_round=n, overselect=1.0, max_overselect=1.0, round_timeout=3600)
-    state, keys = make_state(tmp_path, cfg, n_devices=n + 2, db=url)
+    rehearsal = (np.random.default_rng(1).standard_normal((12, 64)).astype(np.float32), np.arange(12) % 10)
+    state, keys = make_state(tmp_path, cfg, n_devices=n + 2, db=url, rehearsal=rehearsal)
     ports = [free_port(), free_port()]
     procs = [_serve(state, ports[0], url, _key_path(state)),
              _serve(tmp_path / "replica-b", ports[1], url, _key_path(state))]
@@ -118,13 +121,18 @@ def test_two_serve_replicas_close_one_round_from_exactly_the_accepted_updates(pg
         # both replicas serve the new version (published by one of them), byte for byte
         a, b = _get(ports[0], "/v1/bundles/3.zip"), _get(ports[1], "/v1/bundles/3.zip")
         assert a[0] == b[0] == 200 and a[1] == b[1]
+        # the rehearsal set init put into the database rides in the version, whichever replica built it
+        with zipfile.ZipFile(io.BytesIO(a[1])) as z:
+            name = next(n for n in z.namelist() if n.endswith("rehearsal.npz"))
+            with np.load(io.BytesIO(z.read(name))) as r:
+                assert np.array_equal(r["X"], rehearsal[0]) and np.array_equal(r["y"], rehearsal[1])
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=30)
     store = open_store(url, tmp_path)
     try:
-        head = load_params(__import__("io").BytesIO(store.get_file("models/v3.npz")))
+        head = load_params(io.BytesIO(store.get_file("models/v3.npz")))
         assert store.one("SELECT COUNT(*) FROM updates")[0] == 0
     finally:
         store.close()
@@ -188,7 +196,7 @@ def test_kill9_of_one_replica_during_ingestion_loses_no_acknowledged_update(pg, 
     assert [m["round_id"] for m in st["models"]] == [None, 1]
     store = open_store(url, tmp_path)
     try:
-        head = load_params(__import__("io").BytesIO(store.get_file("models/v3.npz")))
+        head = load_params(io.BytesIO(store.get_file("models/v3.npz")))
         assert store.one("SELECT COUNT(*) FROM devices WHERE rounds_joined = 1")[0] == n
     finally:
         store.close()

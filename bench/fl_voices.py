@@ -21,7 +21,8 @@ command) for:
 
 on held-out clips of the fleet's voices (fresh renders in fresh rooms, words no device heard),
 on a voice outside the fleet (Flite slt), and on the corpus test split (espeak-ng and Festival
-voices the model never trained on; the aggregator gates on the val split, never reported here);
+voices the model never trained on; the aggregator gates on the val split and the training Festival
+voices' clips, never reported here);
 then the same models in the streaming ``Detector`` over streams of the held-out commands, at 0.7,
 at per-word thresholds matched to the shipped model (``MATCHED``: for each word the lowest threshold
 at which the version fires no more often than the shipped model at 0.7 on ~24 min of word pairs by

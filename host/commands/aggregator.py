@@ -97,7 +97,7 @@ def init(args) -> int:
 
     from edge.errors import EdgelearnError
 
-    heldout = _heldout(args)
+    heldout, rehearsal = _heldout(args), _rehearsal(args)  # both read (and a bad one refused) before rendering
     cfg = config_from_args(AggregatorConfig, args, INIT_FIELDS)
     negatives = None
     if args.operating_negatives:
@@ -113,7 +113,7 @@ def init(args) -> int:
         km = KeywordModel(bundle)
         negatives = stream_negatives(km, word_pairs(args.operating_negatives, seed=41), default_keywords(km))
     v = init_state(args.state, cfg, bundle=args.bundle, signing_key=args.signing_key, heldout=heldout, db=args.db,
-                   negatives=negatives, rehearsal=_rehearsal(args))
+                   negatives=negatives, rehearsal=rehearsal)
     print(f"aggregator state in {args.state}: model version {v} published")
     return 0
 

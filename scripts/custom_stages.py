@@ -15,6 +15,7 @@ of renders heard; false accepts per hour per keyword on the Allison *development
     $ .venv/bin/python scripts/custom_stages.py --voices --two-heads   # as a second head beside the user's
     $ .venv/bin/python scripts/custom_stages.py --voices --two-heads --templates  # and every voice's templates
     $ .venv/bin/python scripts/custom_stages.py --voices --two-heads --templates --espeak-only
+    $ .venv/bin/python scripts/custom_stages.py --voices --two-heads --asr   # PocketSphinx as the second stage
 """
 
 from __future__ import annotations
@@ -94,19 +95,35 @@ def main() -> int:
     custom = state.custom()
     verifies = custom.verifies
 
-    def events(pcm, second: bool):
-        custom.verifies = verifies if second else (lambda k: False)
+    asr = None
+    if "--asr" in sys.argv:  # a second stage that compares against no voice: PocketSphinx's decode
+        from edge.confirm import AsrConfirm
+
+        asr = AsrConfirm()
+
+    def heard(phrase, words):  # the phrase's words, in order, somewhere in the decode
+        want = phrase.split()
+        return any(words[i:i + len(want)] == want for i in range(len(words) - len(want) + 1))
+
+    def events(pcm, second):
+        """Both stages (True), the first alone (False), or the first then the recogniser ("asr")."""
+        custom.verifies = verifies if second is True else (lambda k: False)
         try:
-            return detect_pcm(Detector(km, custom=custom, keywords=[]), pcm)
+            ev = detect_pcm(Detector(km, custom=custom, keywords=[]), pcm)
         finally:
             custom.verifies = verifies
+        if second == "asr":
+            ev = [e for e in ev if heard(e["keyword"], asr.words(
+                pcm[max(0, int((e["time_s"] - 1.5) * 16000)):int((e["time_s"] + 0.4) * 16000)]))]
+        return ev
 
     dev, _ = R.concat([p for p in R.load_prompts() if p.split == "dev"])
     dev = np.asarray(dev, np.int16)
     hours = len(dev) / 16000 / 3600
-    fa = {s: len(events(dev, s)) / hours / len(PHRASES) for s in (True, False)}
-    print(json.dumps({"real_dev_fa_per_hour_per_keyword": {"both stages": round(fa[True], 2),
-                                                           "first stage alone": round(fa[False], 2)},
+    modes = (True, False) + (("asr",) if asr else ())
+    label = {True: "both stages", False: "first stage alone", "asr": "first stage + recogniser"}
+    fa = {m: len(events(dev, m)) / hours / len(PHRASES) for m in modes}
+    print(json.dumps({"real_dev_fa_per_hour_per_keyword": {label[m]: round(fa[m], 2) for m in modes},
                       "hours": round(hours, 3)}), flush=True)
     # everyday words (none of the phrases') by the enrolment voice and two others, ~8 min each
     from host.data import synth as S
@@ -116,17 +133,16 @@ def main() -> int:
                            for i, v in enumerate((ENROL,) + OTHERS[:2])])
     th = len(talk) / 16000 / 3600
     print(json.dumps({"synthetic_fa_per_hour_per_keyword": {
-        "both stages": round(len(events(talk, True)) / th / len(PHRASES), 2),
-        "first stage alone": round(len(events(talk, False)) / th / len(PHRASES), 2)}, "hours": round(th, 3)}),
+        label[m]: round(len(events(talk, m)) / th / len(PHRASES), 2) for m in modes}, "hours": round(th, 3)}),
         flush=True)
     for vi, v in enumerate((ENROL,) + OTHERS):
         clips = [B.Clip(v[1], ph, c) for pi, ph in enumerate(PHRASES) for c in renders(v, ph, 6, 900 + 10 * vi + pi)]
         out = {"voice": f"{v[0]}:{v[1]}", "enrolled": v == ENROL}
         for snr in SNRS:
             pcm, spans = B.positive_stream(clips, snr_db=snr, seed=60 + vi, pool=pool)
-            for second in (True, False):
-                r = B.score_positives(events(pcm, second), spans, clips, words=PHRASES)
-                out[f"{'both' if second else 'first'}|{snr or 'clean'}"] = round(r["recall"], 3)
+            for m in modes:
+                r = B.score_positives(events(pcm, m), spans, clips, words=PHRASES)
+                out[f"{ {True: 'both', False: 'first', 'asr': 'asr'}[m]}|{snr or 'clean'}"] = round(r["recall"], 3)
         print(json.dumps(out), flush=True)
     return 0
 

@@ -109,18 +109,29 @@ def load_rehearsal(bundle, head: dict):
     name = spec.get("file", REHEARSAL_FILE)
     try:
         with np.load(bundle.path(name)) as z:
-            X, y = z["X"].astype(np.float32), z["y"].astype(np.int64)
+            X, y = z["X"], z["y"]
     except (OSError, ValueError, KeyError) as e:
         raise EdgelearnError(f"bundle v{bundle.version}'s rehearsal set {name} is unreadable ({e})",
                              fix="publish the version again from an aggregator whose --rehearsal file has X and y") from None
-    dim, n_labels = head["proj.w"].shape[0] if "proj.w" in head else head["classifier.w"].shape[0], \
-        head["classifier.b"].shape[0]
-    if X.ndim != 2 or X.shape[1] != dim or y.shape != (len(X),) or not np.all(np.isfinite(X)) \
-            or (len(y) and (y.min() < 0 or y.max() >= n_labels)):
-        raise EdgelearnError(f"bundle v{bundle.version}'s rehearsal set {name} does not fit its head: X {X.shape}, "
-                             f"y {y.shape}, for {dim}-d embeddings and {n_labels} labels",
+    why = rehearsal_misfit(X, y, head)
+    if why:
+        raise EdgelearnError(f"bundle v{bundle.version}'s rehearsal set {name} does not fit its head: {why}",
                              fix="publish the version again from an aggregator whose --rehearsal file fits the model")
-    return X, y
+    return X.astype(np.float32), y.astype(np.int64)
+
+
+def rehearsal_misfit(X, y, head: dict) -> str | None:
+    """Why a rehearsal set cannot train ``head`` (None when it can): finite (N, D) numbers for the head's
+    input, one integer label per row that the head can name. The aggregator checks a set with this
+    before it writes anything, and a device before it installs a version that carries one."""
+    X, y = np.asarray(X), np.asarray(y)
+    dim = np.asarray(head["proj.w"] if "proj.w" in head else head["classifier.w"]).shape[0]
+    n = np.asarray(head["classifier.b"]).shape[0] if "classifier.b" in head else 0
+    ok = (X.ndim == 2 and X.shape[1] == dim and len(X) > 0 and np.issubdtype(X.dtype, np.number)
+          and bool(np.all(np.isfinite(X))) and y.shape == (len(X),) and np.issubdtype(y.dtype, np.integer)
+          and y.min() >= 0 and y.max() < n)
+    return None if ok else (f"X {X.shape} {X.dtype} and y {y.shape} {y.dtype}; it needs finite (N, {dim}) "
+                            f"embeddings and N integer labels from 0 to {n - 1}")
 
 
 SHIPPED_HEAD_TENSORS = ("classifier.w", "classifier.b")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.errors import EdgelearnError
-from edge.fl.model import REHEARSAL_FILE
+from edge.fl.model import REHEARSAL_FILE, rehearsal_misfit
 from edge.portable.wire import _ID_CHARS, MAX_DEVICE_ID_LEN
 from edge.atomic import atomic_write, npz_bytes
 from host.aggregator.config import AggregatorConfig
@@ -104,19 +104,13 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
 
 
 def _rehearsal(rehearsal, params, store=None) -> dict:
-    """The rehearsal set, checked before anything is written: finite (N, D) embeddings for the head's
-    input and one label id per row that the head can name."""
+    """The rehearsal set, checked before anything is written (``edge.fl.model.rehearsal_misfit``)."""
     X, y = np.asarray(rehearsal[0]), np.asarray(rehearsal[1])
-    dim = np.asarray(params["proj.w"] if "proj.w" in params else params["classifier.w"]).shape[0]
-    n = np.asarray(params["classifier.b"]).shape[0] if "classifier.b" in params else 0
-    ok = (X.ndim == 2 and X.shape[1] == dim and len(X) and np.issubdtype(X.dtype, np.number)
-          and np.all(np.isfinite(X)) and y.shape == (len(X),) and np.issubdtype(y.dtype, np.integer)
-          and y.min() >= 0 and y.max() < n)
-    if not ok:
+    why = rehearsal_misfit(X, y, params)
+    if why:
         if store is not None:
             store.close()
-        raise EdgelearnError(f"the rehearsal set has X {X.shape} {X.dtype} and y {y.shape} {y.dtype}; it needs "
-                             f"finite (N, {dim}) embeddings and N integer labels from 0 to {n - 1}",
+        raise EdgelearnError(f"the rehearsal set has {why}",
                              fix="write X with the bundle encoder's embeddings and y with its label ids")
     return {"X": X.astype(np.float32), "y": y.astype(np.int64)}
 

@@ -156,7 +156,7 @@ def test_a_few_shipped_head_rounds_over_loopback_move_the_head(tmp_path, bundle)
     done = [r for r in res["rounds"] if r["status"] == "closed"]
     assert len(done) >= 2 and res["final_version"] > res["models"][0]["version"]
     h0, h = extract_head(), final_head(tmp_path / "sim")
-    assert np.array_equal(h["proj.w"], h0["proj.w"])  # the classifier is what the devices train
+    assert not np.allclose(h["proj.w"], h0["proj.w"])  # the whole head is what the devices train
     assert not np.allclose(h["classifier.w"], h0["classifier.w"])
     first = final_head(tmp_path / "sim", res["models"][0]["version"])
     assert all(np.array_equal(first[k], h0[k]) for k in h0)

@@ -36,8 +36,8 @@ def add_arguments(p) -> None:
                           "bench/fl_voices gates on the class-balanced figure against the shipped model "
                           "instead, through the aggregator's eval_metric / eval_against)",
         "task": "shipped-head: users speaking voices the shipped model never trained on (Flite, in their own "
-                "rooms), federating from the shipped classifier with their labelled clips, negatives and "
-                "confident detections (bench/fl_voices.py); empty: the corpus embeddings task"})
+                "rooms), federating the shipped head (projection and classifier) with their labelled clips, "
+                "negatives and confident detections (bench/fl_voices.py); empty: the corpus embeddings task"})
     add_config_arguments(s, SimConfig, SIM_FIELDS[11:], choices=CHOICES, help={
         "mcu_devices": "also run this many boards (real firmware on the MicroPython unix port) federating the "
                        "MCU model with their own aggregator",

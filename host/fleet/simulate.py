@@ -68,7 +68,7 @@ class SimConfig:
     # shipped-head: the aggregator ships this many training-voice clips of each command with every
     # version and devices train on them beside their own (``init_state(rehearsal=)``); 0 = none
     rehearsal_per_command: int = 0
-    head_tensors: tuple = ("classifier.w", "classifier.b")  # shipped-head: what devices train (sparse); () = all
+    head_tensors: tuple = ()          # shipped-head: what devices train (sparse); () = the whole head
     keep_absent: bool = True         # shipped-head: outputs of labels a device never hears keep their weights
     local_epochs: int = 5
     learning_rate: float = 0.1

@@ -145,7 +145,8 @@ def shipped_head_trainer(labels, negative_share: float = 0.5, tensors=SHIPPED_HE
     """The local trainer of the task that improves the shipped head (issue 18; bench/fl_voices.py):
     the whole head (``tensors``: only these, e.g. the classifier), outputs of labels the device never
     hears kept, ``negative_share`` of every batch ``_unknown_`` / ``_silence_``, the rest
-    class-balanced. Pass it as ``FLClient(..., trainer=...)``; the agent and the simulator both do."""
+    class-balanced. Pass it as ``FLClient(..., trainer=...)``, as the fleet simulator does (the agent keeps
+    FLClient's default whole-head trainer; edge/agent.py says why)."""
     from edge.adapt.recipe import negative_ids
 
     tensors = list(tensors or ())

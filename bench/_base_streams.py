@@ -95,6 +95,14 @@ def babble_pool() -> list[np.ndarray]:
     return [p for v in voices for p in S.render(v, [(w, 1.0, 1.0) for w in FILLERS[:20]])]
 
 
+def _noise(rng, i: int, n: int, pool) -> np.ndarray:
+    """n samples of the i-th stretch's noise: white, pink and babble in turn."""
+    colour = COLOURS[i % len(COLOURS)]
+    if colour == "babble":
+        return N.babble(rng, pool, 1, n=n)[0]
+    return N.coloured_noise(rng, colour, (1, n))[0]
+
+
 def positive_stream(clips: list[Clip], snr_db=None, seed: int = 0, pool=None):
     """(int16 stream, [(start_s, end_s)] per clip); noise over everything at ``snr_db``."""
     rng = np.random.default_rng(seed)
@@ -114,13 +122,24 @@ def positive_stream(clips: list[Clip], snr_db=None, seed: int = 0, pool=None):
     for i, ((a, b), c) in enumerate(zip(spans, clips)):
         lo = int(a * S.SR) - gap if i else 0
         hi = int(b * S.SR) + (gap if i == len(clips) - 1 else 0)
-        colour = COLOURS[i % len(COLOURS)]
-        if colour == "babble":
-            noise = N.babble(rng, pool, 1, n=hi - lo)[0]
-        else:
-            noise = N.coloured_noise(rng, colour, (1, hi - lo))[0]
-        out[lo:hi] += noise * np.sqrt(p_speech / 10 ** (snr_db / 10))
+        out[lo:hi] += _noise(rng, i, hi - lo, pool) * np.sqrt(p_speech / 10 ** (snr_db / 10))
     return np.clip(out, -32768, 32767).astype(np.int16), spans
+
+
+def noisy_speech(pcm: np.ndarray, spans, snr_db: float, seed: int = 0, pool=None) -> np.ndarray:
+    """A stream of speech (e.g. ``_realspeech.concat``'s prompts, ``spans`` in seconds) with noise over
+    it as ``positive_stream`` mixes it: white, pink and babble in turn, one stretch per utterance
+    (to the midpoints of the gaps), at ``snr_db`` below the utterances' mean speech power. Negative
+    speech as noisy as the positives."""
+    rng = np.random.default_rng(seed)
+    x = pcm.astype(np.float32)
+    cuts = [(int(a * S.SR), int(b * S.SR)) for a, b in spans]
+    p_speech = float(np.mean(np.concatenate([x[a:b] for a, b in cuts]) ** 2))
+    edges = [0] + [(cuts[i][1] + cuts[i + 1][0]) // 2 for i in range(len(cuts) - 1)] + [len(x)]
+    for i in range(len(cuts)):
+        lo, hi = edges[i], edges[i + 1]
+        x[lo:hi] += _noise(rng, i, hi - lo, pool) * np.sqrt(p_speech / 10 ** (snr_db / 10))
+    return np.clip(x, -32768, 32767).astype(np.int16)
 
 
 def with_floor(rng, n: int, rms: float = 3.0) -> np.ndarray:

@@ -82,16 +82,18 @@ for m in job["models"]:
         mww.reset()
         feats = MicroWakeWordFeatures()
         audio = np.load(s).astype("<i2").tobytes()
-        frame, times, probs = 0, [], []
+        frame, times, probs, raw = 0, [], [], []
         for i in range(0, len(audio), 2048):
             for f in feats.process_streaming(audio[i:i + 2048]):
                 p = mww.process_streaming_prob(f)
                 if not mww._features:              # an inference ran on this frame
                     times.append((frame * 160 + 480) / 16000)
                     probs.append(p)
+                    raw.append(mww._probabilities[-1])
                 frame += 1
         path = s[:-4] + "." + m["name"] + ".npz"
-        np.savez(path, t=np.array(times, np.float32), p=np.array(probs, np.float32))
+        np.savez(path, t=np.array(times, np.float32), p=np.array(probs, np.float32),
+                 raw=np.array(raw, np.float32))
         res["streams"].append(path)
     res["cpu_s"] = time.process_time() - t_cpu
     out["models"][m["name"]] = res
@@ -111,7 +113,9 @@ def run_mww(models: list[dict], streams: list[Path], tmp: Path, python: Path = M
         raise RuntimeError("pymicro-wakeword runner failed: " + " | ".join(r.stderr.strip().splitlines()[-5:]))
     res = json.loads(out.read_text())
     for m in res["models"].values():
-        m["streams"] = [(np.load(p)["t"], np.load(p)["p"]) for p in m["streams"]]
+        files = [np.load(p) for p in m["streams"]]
+        m["streams"] = [(f["t"], f["p"]) for f in files]
+        m["raw"] = [f["raw"] for f in files]     # each inference's own output, before the window
     return res
 
 

@@ -31,9 +31,13 @@ full); full adaptation then also through ``edgelearn device calibrate`` on the d
 The speaker recipe (``edge.adapt.recipe``, docs/edge-runtime.md "Speaker adaptation"), in a
 fresh state: the same 3 clips per command x 16 augmented, 10 s of room noise, and as ``_unknown_``
 the development half's keyword-free prompts plus ~4 min of the voice's own other words (words the
-scored own-speech stream never says); then the adapted tail alone at 0.7 and with the commands'
-second stage (``edge.adapt.verified``) at 0.7 (chosen on development data) and 0.9, with false
-accepts on the test half, on ~8 min of the voice's other words and on the synthetic sentences.
+scored own-speech stream never says), each also once more under noise (``noisy_ambient``); then the
+adapted tail alone at 0.7 and with the commands' second stage (``edge.adapt.verified``) at 0.7 (chosen
+on development data) and 0.9, and beside them the recipe as it was until 2026-12-03 (no noisy copies
+of the ambient windows) with both stages at 0.7, with false
+accepts on the test half (clean, and under white, pink and babble noise at 20 and 10 dB SNR as the
+positives: ``_base_streams.noisy_speech``), on ~8 min of the voice's other words and on the
+synthetic sentences.
 
 Reference in the same run: PocketSphinx keyphrase search (the ``pocketsphinx`` package's
 English model, zero-shot from the ten words' text, in its own venv: ``bench/peers``) on the
@@ -67,6 +71,7 @@ from edge.operating import calibrate, stream_scores
 from host.data.words import COMMANDS10
 
 TARGET_FA_H = 0.5
+NOISY_FA_SNRS = (20, 10)  # the real-speech test half also under noise (white, pink, babble) at these SNRs
 SPEAKER_THRESHOLDS = (0.7, 0.9)  # first-stage thresholds of the two-stage rows; 0.7 chosen on development data
 CALIBRATED_FA_H = 2.0  # what an adapted device calibrates for on 16 minutes (one event is 3.6 FA/h)
 PEER_SWEEP = (1e-20, 1e-5, 1.0, 1e5, 1e10, 1e20, 1e30, 1e40)  # larger: stricter
@@ -191,7 +196,7 @@ def adapt_voice(bundle_dir, voice, strategy, others: bool) -> Path:
     return root / "state"
 
 
-def adapt_speaker(bundle, voice, ambient_wavs):
+def adapt_speaker(bundle, voice, ambient_wavs, **options):
     """A fresh state adapted with the speaker recipe (``edge.adapt.recipe``: ``device adapt --recipe
     speaker --ambient WAV...``) from the same 3 clips per command of ``voice`` plus 10 s of room noise,
     with the ambient windows of ``ambient_wavs`` (audio the device heard that says no command) as
@@ -204,7 +209,7 @@ def adapt_speaker(bundle, voice, ambient_wavs):
     state = Path(tempfile.mkdtemp(prefix=f"{voice}_speaker_", dir=TMP)) / "state"
     t0 = time.process_time()
     res = Device(state, bundle).adapt((windows, [c.word for c in clips]), recipe="speaker", ambient=ambient_wavs,
-                                      force=True)
+                                      force=True, **options)
     res["cpu_s"] = time.process_time() - t0
     return state, res
 
@@ -228,6 +233,9 @@ def speaker_rows(bundle, km, streams, test, syn, keyword_free) -> tuple[list[dic
 
     rows, report = [], {}
     room = _wav(R.concat(keyword_free)[0])
+    test_pcm, test_spans = R.concat(test)
+    pool = B.babble_pool()
+    noisy_test = {snr: B.noisy_speech(test_pcm, test_spans, snr, seed=500 + snr, pool=pool) for snr in NOISY_FA_SNRS}
     for v in B.VOICES:
         own = Path(TMP) / f"{v}_own_speech.wav"
         own.write_bytes(pcm_to_wav_bytes(B.other_speech(v, n=200, seed=8, half=1)))  # heard before adapting
@@ -242,6 +250,11 @@ def speaker_rows(bundle, km, streams, test, syn, keyword_free) -> tuple[list[dic
             # what `device detect` runs on the adapted state (Device.detector: both stages)
             dets[f"two-stage, at {thr:g}"] = lambda thr=thr: Device(state, bundle).detector(threshold=thr,
                                                                                            replay=False)[0]
+        # the reference: the recipe as it was until 2026-12-03, without a noisy copy of each ambient window
+        old_state, _ = adapt_speaker(bundle, v, [room, str(own)], noisy_ambient=False)
+        dets[f"two-stage, at {SPEAKER_THRESHOLDS[0]:g}, without the noisy ambient copies (the recipe until "
+             "2026-12-03)"] = lambda: Device(old_state, bundle).detector(threshold=SPEAKER_THRESHOLDS[0],
+                                                                         replay=False)[0]
         report[v] = {"adapt": {k: res[k] for k in ("status", "steps_done", "n", "cpu_s", "loss_first", "loss",
                                                     "verified")},
                      "before": {"clean": before, "own_speech": before_own}}
@@ -249,7 +262,9 @@ def speaker_rows(bundle, km, streams, test, syn, keyword_free) -> tuple[list[dic
             after = {snr: B.score_positives(detect_pcm(make(), streams[(v, snr)][0]), *streams[(v, snr)][1:])
                      for snr in B.SNRS}
             fa, own_fa, syn_fa = real_fa_with(make, test), negative_fa_with(make, said), negative_fa_with(make, syn)
-            report[v][label] = {"positives": after, "real_test": fa, "own_speech": own_fa, "synthetic": syn_fa}
+            fa_noisy = {snr: real_fa_with(make, test, x) for snr, x in noisy_test.items()}
+            report[v][label] = {"positives": after, "real_test": fa, "own_speech": own_fa, "synthetic": syn_fa,
+                                **{f"real_test_{snr}db": f for snr, f in fa_noisy.items()}}
             rows.append(row(f"adapted to {v} (speaker recipe: {SPEAKER['strategy']}, {SPEAKER['optimizer']}, "
                             f"{res['steps_done']} steps; 3 clips per command x {SPEAKER['augment']} augmented + 10 s "
                             f"of room noise; ambient as _unknown_: the development half's keyword-free prompts + "
@@ -258,6 +273,7 @@ def speaker_rows(bundle, km, streams, test, syn, keyword_free) -> tuple[list[dic
                             "fraction", "before adapting (0.7)", round(before["balanced"], 4), ratio=None,
                             at_20db=round(after[20]["balanced"], 4), at_10db=round(after[10]["balanced"], 4),
                             real_fa_per_hour=round(fa["fa_per_hour"], 2), real_fa_examples=fa["examples"],
+                            **{f"real_fa_per_hour_{snr}db": round(f["fa_per_hour"], 2) for snr, f in fa_noisy.items()},
                             in_sentence=f"{fa['in_sentence_found']}/{fa['in_sentence_said']}",
                             own_speech_fa_per_hour=round(own_fa["fa_per_hour"], 2),
                             own_speech_fa_before=round(before_own["fa_per_hour"], 2),
@@ -266,8 +282,10 @@ def speaker_rows(bundle, km, streams, test, syn, keyword_free) -> tuple[list[dic
     return rows, report
 
 
-def real_fa_with(make, test) -> dict:
-    pcm, spans = R.concat(test)
+def real_fa_with(make, test, pcm=None) -> dict:
+    """False accepts of ``make()``'s detector on the test half (``pcm``: the same prompts with noise)."""
+    clean, spans = R.concat(test)
+    pcm = clean if pcm is None else pcm
     t0 = time.process_time()
     evs = detect_pcm(make(), pcm)
     cpu = time.process_time() - t0

@@ -576,8 +576,8 @@ class Device:
               steps: int | None = None, rank: int = 4, memory_budget: int = 256 * 1024, replay_bytes: int = 1 << 20,
               distill: float = 0.5, context: str = DEFAULT_CONTEXT, dw4: str = "auto", ambient=None,
               augment: int | None = None, balance: bool | None = None, negative_share: float | None = None,
-              negative_distill: float | None = None, verify: bool | None = None, lr: float | None = None,
-              seed: int = 0, force: bool = False) -> dict:
+              negative_distill: float | None = None, verify: bool | None = None, noisy_ambient: bool | None = None,
+              lr: float | None = None, seed: int = 0, force: bool = False) -> dict:
         """Train the float conv tail on the frozen int8 backbone with replay, and commit it as the
         next version of ``context`` (which becomes active).
 
@@ -586,8 +586,9 @@ class Device:
         are: bias-only, SGD, 200 steps) or ``"speaker"`` (``edge.adapt.recipe.SPEAKER``: speaker
         adaptation of the base commands from ~3 clips each, with negatives and a second stage);
         ``strategy``, ``optimizer``, ``steps``, ``augment`` (copies of each command clip),
-        ``balance``, ``negative_share``, ``negative_distill`` and ``verify`` (build the commands'
-        second stage, ``edge.adapt.verified``) override the recipe's. ``ambient``: WAV paths (or
+        ``balance``, ``negative_share``, ``negative_distill``, ``verify`` (build the commands'
+        second stage, ``edge.adapt.verified``) and ``noisy_ambient`` (a noisy copy of every ambient
+        window too) override the recipe's. ``ambient``: WAV paths (or
         (N, 16000) int16 windows) of everyday audio of the place that says none of the commands,
         trained on as ``_unknown_`` (``edge.adapt.ambient``). Unless ``force``, the scheduler decides
         first (a run it defers returns ``{"status": "deferred", "reason": ...}``) and may pause the
@@ -608,7 +609,8 @@ class Device:
 
         check_distill(distill)
         r = resolve(recipe, strategy=strategy, optimizer=optimizer, steps=steps, augment=augment, balance=balance,
-                    negative_share=negative_share, negative_distill=negative_distill, verify=verify)
+                    negative_share=negative_share, negative_distill=negative_distill, verify=verify,
+                    noisy_ambient=noisy_ambient)
         bundle = self.bundle
         sched = self.scheduler()
         store = self.recover(sched)
@@ -622,7 +624,8 @@ class Device:
                 return {"status": "deferred", "reason": d.reason}
             steps = min(steps, d.steps)
         # the plain recipe trains on the clips as given, in their order (as before the recipe existed)
-        x_in, yy = (training_windows(windows, y, km.labels, ambient=amb, augment=r["augment"], seed=seed)
+        x_in, yy = (training_windows(windows, y, km.labels, ambient=amb, augment=r["augment"], seed=seed,
+                                     noisy_ambient=r["noisy_ambient"])
                     if r["augment"] > 1 or amb is not None else (windows, y))
         bb = Backbone(bundle, backend=self.backend)
         x = cached_features(self.state_dir, bb, km, x_in)  # int8; epochs never rerun the backbone

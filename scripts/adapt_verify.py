@@ -3,10 +3,12 @@
 The speaker recipe (``edge.adapt.recipe``) as the first stage, and the custom keywords' time-order
 verifier (``edge.verify``: templates and noise-level thresholds from the same 3 clips per command,
 every window of a candidate tried, as the Detector does for a version-6 custom keyword) as the
-second, on the same 2-fold development setup as ``scripts/adapt_recipe.py``. The Detector does not
-verify base keywords today; this measures whether it should.
+second, on the same 2-fold development setup as ``scripts/adapt_recipe.py``, with false accepts also
+on each Allison fold under noise (white, pink, babble at ``NOISY_SNRS`` dB: ``bench._base_streams.
+noisy_speech``, cached beside the clean folds). ``--verify`` is a JSON object or list of
+``Verifier.calibrate`` overrides (pass targets, levels), each scored on the same adapted tails.
 
-    $ .venv/bin/python scripts/adapt_verify.py --recipe '{...}'     # JSON lines out
+    $ .venv/bin/python scripts/adapt_verify.py --recipe '{...}' [--verify '[{}, {"pass_target": 0.9}]']
 """
 
 from __future__ import annotations
@@ -67,10 +69,29 @@ def build_feats(km):
         print("feats", name, flush=True)
 
 
+NOISY_SNRS = (20, 10)
+
+
+def build_noisy(km, bb):
+    pool = None
+    for f in (0, 1):
+        for snr in NOISY_SNRS:
+            name = f"allison_fold{f}_{snr}"
+            if A._load(name) is not None and A._load(f"feats_{name}") is not None:
+                continue
+            pool = pool or A.B.babble_pool()
+            d, src = A._load(f"allison_pcm{f}"), A._load(f"allison_fold{f}")
+            pcm = A.B.noisy_speech(d["pcm"], [tuple(s) for s in d["spans"]], snr, seed=300 + 10 * f + snr, pool=pool)
+            x, ends, hours = A.stream_features(km, bb, pcm)
+            A._save(name, x=x, ends=ends, hours=hours, spans=src["spans"], names=src["names"])
+            A._save(f"feats_{name}", f=stream_feats(km, pcm))
+            print("noisy negatives", name, flush=True)
+
+
 class Second:
     """Per-command verifier entries from one voice's adaptation clips; cached decisions per window."""
 
-    def __init__(self, bundle, km, voice, ev):
+    def __init__(self, bundle, km, voice, ev, cal=None):
         from edge.verify import Verifier
 
         self.v = Verifier(bundle)
@@ -82,7 +103,7 @@ class Second:
         for w in A.COMMANDS10:
             win = d["w"][[i for i, x in enumerate(words) if x == w]]
             tpl = self.v.templates(win, km.scale)
-            levels, _, _ = self.v.calibrate(win, tpl, km.scale, rng)
+            levels, _, _ = self.v.calibrate(win, tpl, km.scale, rng, **(cal or {}))
             self.entries.append((tpl, levels))
         self.cache = {}
 
@@ -107,7 +128,8 @@ class Second:
 
 
 def score(ev, sec, voice, delta, fold_):
-    streams = {"allison": f"allison_fold{1 - fold_}", "self": f"self_{voice}", "syn": "synthetic"}
+    streams = {"allison": f"allison_fold{1 - fold_}", "self": f"self_{voice}", "syn": "synthetic",
+               **{f"allison{snr}": f"allison_fold{1 - fold_}_{snr}" for snr in NOISY_SNRS}}
     sc = {k: ev.scores(delta, n) for k, n in streams.items()}
     pos = {snr: ev.scores(delta, f"dev_{voice}_{snr}") for snr in ("clean", 20, 10)}
     out = {}
@@ -138,6 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--voices", default=",".join(A.B.VOICES))
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--verify", default="{}", help="edge.verify calibrate() overrides, JSON")
     a = ap.parse_args(argv)
     from edge.adapt import Backbone
     from edge.bundle import load_bundle
@@ -147,30 +170,39 @@ def main(argv=None) -> int:
     km, bb = KeywordModel(bundle), Backbone(bundle)
     A.build(km, bb)
     build_feats(km)
+    build_noisy(km, bb)
     ev = A.Evaluator(bundle, km.labels, km, bb)
     recipe = json.loads(a.recipe)
     t0 = time.time()
     voices = a.voices.split(",")
     hours = {"allison": sum(float(ev.data(f"allison_fold{f}")["hours"]) for f in (0, 1))}
-    per = {}
+    cals = json.loads(a.verify)
+    cals = cals if isinstance(cals, list) else [cals]
+    per = [{} for _ in cals]
     for v in voices:
-        sec = Second(bundle, km, v, ev)
         hours.update({"self": 2 * float(ev.data(f"self_{v}")["hours"]), "syn": 2 * float(ev.data("synthetic")["hours"])})
-        res = [score(ev, sec, v, A.adapt(ev, v, recipe, ambient_x=ev.ambient_x(f)), f) for f in (0, 1)]
-        per[v] = {}
-        for label in res[0]:
-            x, y = res[0][label], res[1][label]
-            o = {k: round((x[k] + y[k]) / 2, 4) for k in x if k.startswith("recall")}
-            for k in ("allison", "self", "syn"):
-                o[f"{k}_fa_h"] = round((x[f"{k}_fa"] + y[f"{k}_fa"]) / hours[k], 2)
-            per[v][label] = o
-    mean = {lab: {k: round(float(np.mean([per[v][lab][k] for v in voices])), 4) for k in per[voices[0]][lab]}
-            for lab in per[voices[0]]}
-    line = json.dumps({"recipe": recipe, "mean": mean, "per_voice": per, "seconds": round(time.time() - t0, 1)})
-    print(line)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(line + "\n")
+        for snr in NOISY_SNRS:
+            hours[f"allison{snr}"] = hours["allison"]
+        deltas = [A.adapt(ev, v, recipe, ambient_x=ev.ambient_x(f)) for f in (0, 1)]
+        for c, cal in enumerate(cals):
+            sec = Second(bundle, km, v, ev, cal)
+            res = [score(ev, sec, v, deltas[f], f) for f in (0, 1)]
+            per[c][v] = {}
+            for label in res[0]:
+                x, y = res[0][label], res[1][label]
+                o = {k: round((x[k] + y[k]) / 2, 4) for k in x if k.startswith("recall")}
+                for k in ("allison", "self", "syn", *(f"allison{snr}" for snr in NOISY_SNRS)):
+                    o[f"{k}_fa_h"] = round((x[f"{k}_fa"] + y[f"{k}_fa"]) / hours[k], 2)
+                per[c][v][label] = o
+    for cal, pc in zip(cals, per):
+        mean = {lab: {k: round(float(np.mean([pc[v][lab][k] for v in voices])), 4) for k in pc[voices[0]][lab]}
+                for lab in pc[voices[0]]}
+        line = json.dumps({"recipe": recipe, "verify": cal, "mean": mean, "per_voice": pc,
+                           "seconds": round(time.time() - t0, 1)})
+        print(line, flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(line + "\n")
     return 0
 
 

@@ -16,6 +16,8 @@ of renders heard; false accepts per hour per keyword on the Allison *development
     $ .venv/bin/python scripts/custom_stages.py --voices --two-heads --templates  # and every voice's templates
     $ .venv/bin/python scripts/custom_stages.py --voices --two-heads --templates --espeak-only
     $ .venv/bin/python scripts/custom_stages.py --voices --two-heads --asr   # PocketSphinx as the second stage
+    $ .venv/bin/python scripts/custom_stages.py --voices --two-heads --templates --converted 4  # + 4 voice
+                                                         # conversions of each user clip beside the voices
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ def main() -> int:
             said = [E.prepare_clip(S.render(v, [(ph, float(rng.uniform(0.9, 1.1)), float(rng.uniform(0.9, 1.1)))])[0],
                                    f"{v}") for v in voices]
             user = [E.prepare_clip(c, "user") for c in renders(ENROL, ph, 5, pi)]
+            if "--converted" in sys.argv:  # the user's clips voice-converted (host/data/lpc_vocoder.py) as more voices
+                from host.data.lpc_vocoder import random_convert
+
+                n_conv = int(sys.argv[sys.argv.index("--converted") + 1])
+                said += [E.prepare_clip(np.clip(random_convert(rng, np.asarray(c, np.float32)), -32768, 32767)
+                                        .astype(np.int16), "converted") for c in user for _ in range(n_conv)]
             pos, _ = km.infer(km.features(E.augment(user + said, rng)))
             w, b = E.train_head(pos, bank)
             ck = E.CustomKeywords([{"name": ph, "w": w, "b": b, "threshold": 0.5}])
@@ -91,7 +99,8 @@ def main() -> int:
                 entry["verify"] = V.pack(tpl, ver.qparams, levels, dist, ver.version)
         print(json.dumps({"variant": f"first stage trained with {len(voices)} training voices too",
                           "two_heads": "--two-heads" in sys.argv,
-                          "templates_of_every_voice": "--templates" in sys.argv}), flush=True)
+                          "templates_of_every_voice": "--templates" in sys.argv,
+                          "converted": "--converted" in sys.argv}), flush=True)
     custom = state.custom()
     verifies = custom.verifies
 

@@ -10,8 +10,12 @@ cutoff with <= 0.5 and <= 2 false accepts per hour on the development negatives 
 chooses), the false accepts per source at the cutoff the manifest gives and at 0.995, and the
 windows the recipe made.
 
+With a third argument (sliding-window sizes, e.g. ``1,5,10``) each model's outputs are also scored
+as pymicro-wakeword would average them over that many inferences (a manifest's
+``sliding_window_size``), with no retraining.
+
     $ .venv/bin/python scripts/esphome_dev.py '{"base": {"real_speech": [], "telephone": 0},
-          "real": {}}' ["hey jarvis,okay nabu"]          # ~4 min of training per setting and phrase
+          "real": {}}' ["hey jarvis,okay nabu"] [1,3,5,10]   # ~4 min of training per setting and phrase
 """
 
 from __future__ import annotations
@@ -28,13 +32,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 DEV_SEED = 55   # the positives' render seed (the bench's is 5)
 
 
+def window_mean(raw: np.ndarray, w: int) -> np.ndarray:
+    """pymicro-wakeword's sliding-window mean of the last w outputs (0 until w outputs exist)."""
+    c = np.r_[0.0, np.cumsum(raw, dtype=np.float64)]
+    m = np.zeros(len(raw), np.float32)
+    m[w - 1:] = (c[w:] - c[:-w]) / w
+    return m
+
+
 def main(argv) -> int:
     from bench import _base_streams as B
     from bench import esphome_export as BE
     from host.export import esphome as E
 
     settings = json.loads(argv[0]) if argv else {"recipe": {}}
-    phrases = argv[1].split(",") if len(argv) > 1 else list(BE.PHRASES)
+    phrases = argv[1].split(",") if len(argv) > 1 and argv[1] else list(BE.PHRASES)
+    windows = [int(w) for w in argv[2].split(",")] if len(argv) > 2 else []
     tmp = Path(tempfile.mkdtemp(prefix="esphome_dev_"))
     pool = B.babble_pool()
     neg = BE._negatives("dev", pool)
@@ -54,7 +67,7 @@ def main(argv) -> int:
         models, made = [], {}
         for name, over in settings.items():
             over = {k: tuple(v) if isinstance(v, list) else v for k, v in over.items()}
-            res = E.export_esphome(phrase, None, tmp / name / slug, E.ExportConfig(seed=0, **over),
+            res = E.export_esphome(phrase, None, tmp / name / slug, E.ExportConfig(**{"seed": 0, **over}),
                                    clips=BE._user_clips(phrase))
             models.append({"name": name, "config": str(res.manifest_path)})
             made[name] = (res.n_windows, res.manifest["micro"]["probability_cutoff"])
@@ -70,6 +83,15 @@ def main(argv) -> int:
                                      "fa_dev": v["fa_dev"]}
                                  for k, v in sc.items() if k in ("fa<=0.5", "fa<=2", "manifest")},
                               "fa_by_source": by_source, "windows": made[name][0]}), flush=True)
+            for w in windows:      # the same outputs under another sliding-window size
+                res = dict(out["models"][name], streams=[(t, window_mean(r, w)) for (t, _p), r
+                                                         in zip(st, out["models"][name]["raw"])])
+                sc = BE._score(res, pos, pos_idx, neg_idx, neg_idx, hours, hours)
+                print(json.dumps({"setting": name, "phrase": phrase, "sliding_window": w,
+                                  **{k: {"cutoff": v["cutoff"], "met": v["target_met_on_dev"],
+                                         "frr": round(v["frr"], 1), "frr_by_voice": v["frr_by_voice"],
+                                         "fa_dev": v["fa_dev"]}
+                                     for k, v in sc.items() if k in ("fa<=0.5", "fa<=2")}}), flush=True)
     return 0
 
 

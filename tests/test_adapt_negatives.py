@@ -234,6 +234,12 @@ def test_training_windows_augment_word_clips_and_label_ambient_unknown():
     assert train_options(labels)["negatives"] == (3, 2) and train_options(labels)["negative_share"] == 0.75
     with pytest.raises(EdgelearnError, match="no _unknown_"):
         training_windows(w, y, ["yes", "no", "_silence_", "x"], ambient=amb)
+    # the speaker recipe's noisy ambient: each ambient window, then one changed copy of each
+    xn, yn = training_windows(w, y, labels, ambient=amb, augment=4, noisy_ambient=True)
+    assert xn.shape == (3 * 4 + 2 + 2 * 7, 16000) and (yn[14:] == 3).all()
+    np.testing.assert_array_equal(xn[:21], xw)
+    assert all(not np.array_equal(xn[21 + i], amb[i]) for i in range(7))
+    np.testing.assert_array_equal(xn, training_windows(w, y, labels, ambient=amb, augment=4, noisy_ambient=True)[0])
 
 
 def test_speaker_recipe_commits_a_version_with_its_replay_and_refuses_unknown_options(tmp_path):
@@ -252,7 +258,7 @@ def test_speaker_recipe_commits_a_version_with_its_replay_and_refuses_unknown_op
     amb = (rng.standard_normal((6, 16000)) * 300).astype(np.int16)
     dev = Device(tmp_path / "st", bundle)
     res = dev.adapt((w, y), recipe="speaker", ambient=amb, steps=4, augment=2, force=True)
-    assert res["status"] == "done" and res["version"] == 1 and res["n"] == 4 * 2 + 6
+    assert res["status"] == "done" and res["version"] == 1 and res["n"] == 4 * 2 + 2 * 6  # ambient + noisy copies
     assert (res["recipe"], res["strategy"]) == ("speaker", "full")
     assert "dw4_w" in res["tensors"] and AdaptStore(tmp_path / "st", bundle).current("default") == 1
     rb = ReplayBuffer.from_bytes((tmp_path / "st" / "replay_tail.bin").read_bytes())
@@ -293,7 +299,7 @@ def test_device_adapt_cli_speaker_recipe_then_detection_runs_both_stages(tmp_pat
     assert main(["device", "adapt", "--state", str(st), "--data", str(data), "--recipe", "speaker",
                  "--ambient", str(amb), "--steps", "3", "--augment", "2", "--force"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["recipe"] == "speaker" and res["verified"] == ["no", "yes"] and res["n"] == 6 * 2 + 7
+    assert res["recipe"] == "speaker" and res["verified"] == ["no", "yes"] and res["n"] == 6 * 2 + 2 * 7
     det, _ = Device(st).detector(replay=False)
     assert type(det.custom).__name__ == "VerifiedCommands" and det.custom.n_base == 2
     assert sorted(det.names[-2:]) == ["no", "yes"] and not {"no", "yes"} & set(det.names[:-2])

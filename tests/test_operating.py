@@ -118,6 +118,23 @@ def test_positive_hits_and_real_speech_false_accepts_are_counted_by_the_rules():
         [{"keyword": "no", "time_s": 1.0}, {"keyword": "no", "time_s": 2.1}]
 
 
+def test_noisy_speech_puts_noise_at_the_asked_snr_over_every_utterance_and_keeps_the_speech():
+    rng = np.random.default_rng(0)
+    pcm = np.zeros(16000 * 4, np.int16)
+    spans = [(0.5, 1.5), (2.5, 3.5)]
+    for a, b in spans:
+        pcm[int(a * 16000):int(b * 16000)] = (rng.standard_normal(16000) * 3000).astype(np.int16)
+    pool = [(rng.standard_normal(16000 * 3) * 1000).astype(np.float32)]
+    for snr in (20, 10):
+        x = B.noisy_speech(pcm, spans, snr, seed=1, pool=pool)
+        assert x.shape == pcm.shape and x.dtype == np.int16
+        added = x.astype(np.float64) - pcm
+        gap = added[int(1.6 * 16000):int(2.4 * 16000)]          # noise between the utterances too
+        p_speech = float(np.mean(pcm[8000:24000].astype(np.float64) ** 2))
+        assert 10 * np.log10(p_speech / np.mean(gap ** 2)) == pytest.approx(snr, abs=1.5)
+    np.testing.assert_array_equal(x, B.noisy_speech(pcm, spans, 10, seed=1, pool=pool))   # a function of its seed
+
+
 def test_stream_scores_in_chunks_equal_the_whole_stream():
     pcm = (np.random.default_rng(1).standard_normal(16000 * 5) * 300).astype(np.int16)
     script = list(np.linspace(0, 1, 300))

@@ -224,3 +224,24 @@ def test_kws_custom_events_and_fair_thresholds():
     chosen = K.fair_thresholds(negatives, [0.5, 0.9, 0.95, 0.99])
     assert chosen == {"hey jarvis": 0.95, "alexa": 0.99, "hey mycroft": 0.95, "okay nabu": 0.95}
     assert K.fair_thresholds(negatives, [0.5, 0.9]) is None
+
+
+def test_kws_custom_scores_real_speech_under_noise_as_its_own_negatives():
+    """False accepts on the noisy copies of the real test half are counted apart from the clean ones
+    (per hour per wake word) and get their own row."""
+    import numpy as np
+
+    from bench import kws_custom as K
+
+    def events_of(name, pcm):
+        return [{"keyword": "alexa", "time_s": 1.0}] * (2 if name.startswith("real_test_") else 1)
+
+    hour = np.zeros(16000 * 3600, np.int16)
+    r = K.score(events_of, {}, {}, {"real_test": hour}, {"real_test_20db": hour, "real_test_10db": hour})
+    assert r["fa"]["real"]["fa"] == 1 and r["fa"]["noisy"]["fa"] == 4
+    assert r["fa"]["noisy"]["fa_per_hour"] == 4 / 2 / len(K.PHRASES)
+    assert "noisy" not in K.score(events_of, {}, {}, {"real_test": hour})["fa"]
+    heard = {f"{v}|{snr}": {"recall": 1.0, "n": 1} for v in ("flite:awb", "flite:rms") for snr in (None, 20, 10, 5)}
+    rows = [x for x in K.condition_rows("x", {**r, "positives": heard}) if "negative speech" in x["name"]]
+    assert [x["name"] for x in rows] == ["x: real negative speech (60 min)",
+                                         "x: real negative speech under 20 and 10 dB noise (120 min)"]

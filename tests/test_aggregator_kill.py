@@ -3,6 +3,7 @@ or counted twice, and the round's aggregate equals FedAvg over exactly one updat
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import threading
@@ -49,8 +50,8 @@ def test_sigkill_mid_round_loses_and_duplicates_nothing(tmp_path):
             for d in part:
                 try:
                     s, ans = post(port, "/v1/updates", frames[d], {"X-Edgelearn-Device": d})
-                except OSError:
-                    return  # the server died under us
+                except (OSError, http.client.HTTPException):
+                    return  # the server died under us (refused, reset, or cut mid-answer)
                 if s == 200:
                     with lock:
                         acked.add(d)

@@ -239,6 +239,8 @@ def test_training_windows_augment_word_clips_and_label_ambient_unknown():
     assert xn.shape == (3 * 4 + 2 + 2 * 7, 16000) and (yn[14:] == 3).all()
     np.testing.assert_array_equal(xn[:21], xw)
     assert all(not np.array_equal(xn[21 + i], amb[i]) for i in range(7))
+    from edge.adapt.ambient import augment   # the copies are those of augment(n=2) after each clip itself
+    np.testing.assert_array_equal(xn[21:], augment(amb, 2, np.random.default_rng([0, 1]))[1::2])
     np.testing.assert_array_equal(xn, training_windows(w, y, labels, ambient=amb, augment=4, noisy_ambient=True)[0])
 
 

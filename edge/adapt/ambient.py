@@ -97,9 +97,11 @@ def _shift(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1.12),
-            gain_db=(-6.0, 6.0), snr_db=(5.0, 30.0), clean_share: float = 0.25) -> np.ndarray:
+            gain_db=(-6.0, 6.0), snr_db=(5.0, 30.0), clean_share: float = 0.25,
+            with_clip: bool = True) -> np.ndarray:
     """(len(clips) * n, 16000) int16: every clip ``n`` times, in clip order (clip i's copies are
-    rows i*n .. i*n + n - 1). The first copy of each clip is the clip itself; of the others a
+    rows i*n .. i*n + n - 1). The first copy of each clip is the clip itself (``with_clip``; else
+    all n are changed copies, drawn as copies 1.. would be); of the others a
     ``clean_share`` get no added noise, the rest a random ``noise`` window (int16, e.g. from
     ``ambient_windows``; else white noise) at an SNR drawn from ``snr_db`` on the clip's speech."""
     clips = np.asarray(clips)
@@ -109,10 +111,12 @@ def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1
         raise EdgelearnError(f"{n} copies per clip", fix="pass n >= 1")
     out = np.empty((len(clips) * n, WINDOW), np.int16)
     smax = int(round(shift_s * SR))
+    first = 1 if with_clip else 0
     for i, c in enumerate(clips):
-        out[i * n] = c
+        if with_clip:
+            out[i * n] = c
         level = _speech_rms(c)
-        for j in range(1, n):
+        for j in range(first, n):
             x = _speed(c, float(rng.uniform(*speed)))
             x = _shift(x, int(rng.integers(-smax, smax + 1)))
             g = 10 ** (float(rng.uniform(*gain_db)) / 20)

@@ -93,7 +93,7 @@ def training_windows(windows, y, labels, ambient=None, augment: int = 0, seed: i
             raise EdgelearnError("the bundle has no _unknown_ label for ambient audio", fix="adapt without --ambient")
         amb = np.asarray(ambient, windows.dtype)
         if noisy_ambient:
-            amb = np.concatenate([amb, _augment(amb, 2, np.random.default_rng([seed, 1]))[1::2]])
+            amb = np.concatenate([amb, _augment(amb, 1, np.random.default_rng([seed, 1]), with_clip=False)])
         parts.append(amb)
         ys.append(np.full(len(amb), list(labels).index("_unknown_"), np.int64))
     return np.concatenate(parts), np.concatenate(ys)

@@ -94,9 +94,7 @@ def convert(x: np.ndarray, f0_scale: float = 1.0, formant_scale: float = 1.0, bu
     if buzz:
         # one excitation for the whole clip, so overlapping frames share their pulses: a pulse
         # train (unit power) where the frame centred there is voiced, white noise where it is not
-        f0 = np.repeat(f0s, HOP)[:n_out + HOP]
-        f0 = np.r_[np.full(HOP // 2, f0[0]), f0][:n_out + HOP]
-        f0 = np.r_[f0, np.full(max(0, n_out + HOP - len(f0)), f0[-1])]
+        f0 = f0s[np.clip((np.arange(n_out + HOP) - HOP // 2) // HOP, 0, len(f0s) - 1)]  # the nearest frame centre
         voiced = f0 > 0
         ph = np.cumsum(np.where(voiced, f0, 0.0) / SR)
         pulses = np.diff(np.floor(np.r_[0.0, ph])) > 0

@@ -21,7 +21,7 @@ _EXPORTS = {
     "load_bundle": "edge.bundle",
     "KeywordModel": "edge.kws",
     "Detector": "edge.detect",
-    "DeviceState": "edge.enroll",
+    "DeviceState": "edge.keywords",
     "OperatingPoints": "edge.operating",
     "EdgelearnError": "edge.errors",
     "BundleError": "edge.errors",

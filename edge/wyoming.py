@@ -46,41 +46,29 @@ agent), ``serve_forever()`` blocks until SIGTERM or Ctrl-C.
 With ``zeroconf`` (``--zeroconf [NAME]``) a TCP server is announced on mDNS as
 ``NAME._wyoming._tcp.local.`` so Home Assistant discovers it (``edge/wyoming_mdns.py``), and
 unregistered when it stops.
+
+One client's event loop is ``edge/wyoming_connection.py`` (``_Connection``); the shared model sets
+and the state signature are ``edge/wyoming_models.py`` (``ModelSet``, ``state_signature``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
 import signal
 import threading
-import time
 from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urlparse
 
-import numpy as np
-
 from edge.errors import EdgelearnError
+# one client's events and the shared models have modules of their own; every name stays importable here
+from edge.wyoming_connection import LINE_LIMIT, _Connection, _wyoming
+from edge.wyoming_connection import FAILED, SAMPLE_RATE, WIDTH  # noqa: F401 (re-exported)
+from edge.wyoming_models import STATE_FILES, ModelSet, state_signature  # noqa: F401 (STATE_FILES: re-exported)
 
-SAMPLE_RATE, WIDTH = 16000, 2
 PROGRAM = "edgelearn"
 ATTRIBUTION = ("edgelearn", "")  # name, url (the project has no public address to give)
-FAILED = "failed"  # _Connection.streaming of a stream whose audio-start was refused
-LINE_LIMIT = 1 << 20  # bytes of one event's header line; a longer one is refused and the connection closed
 MAX_SETS = 8  # model sets kept loaded at once (distinct keyword selections); the least recently used goes
-# files in the state directory whose change means detection runs other models (``Device.detector`` reads
-# them): the enrolled keywords, the adapt pointer (an adapted context committed, rolled back or carried
-# to a new version), the calibrated operating points
-STATE_FILES = ("keywords.json", "adapt/active.json", "operating.json")
-
-
-def _wyoming():
-    """The wyoming modules this server uses (imported on first use: an optional package)."""
-    from wyoming import audio, error, event, info, ping, wake
-
-    return audio, error, event, info, ping, wake
 
 
 def parse_uri(uri: str):
@@ -98,83 +86,6 @@ def parse_uri(uri: str):
         return "unix", u.netloc + u.path, None
     raise EdgelearnError(f"--uri {uri!r} is not tcp://HOST:PORT or unix://PATH",
                          fix="pass e.g. tcp://0.0.0.0:10400 (the port Home Assistant's Wyoming integration is told)")
-
-
-def state_signature(device) -> tuple:
-    """What decides the models ``device`` detects with, cheaply: (mtime, size, inode) of each of
-    ``STATE_FILES`` (``edge.atomic`` replaces a file, so a rewrite is a new inode even within one
-    mtime tick). The Device itself is compared by identity beside it (the agent swaps in a new
-    Device, on the new bundle, when a version is installed)."""
-    root = Path(device.state_dir)
-    out = []
-    for name in STATE_FILES:
-        try:
-            st = (root / name).stat()
-            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-        except FileNotFoundError:
-            out.append(None)
-    return tuple(out)
-
-
-class ModelSet:
-    """One keyword selection's loaded models, shared by every stream that detects it.
-
-    ``template``: a Detector built once (``Device.detector``); ``detector()`` gives each stream a
-    copy of it whose stream state is its own (``Detector.reset`` makes every per-stream field
-    anew; the copy shares only what never changes once built: the keyword model, the custom
-    keywords and their verifier, the adapted head, the keyword indices and thresholds).
-
-    ``lock`` is held around every push and flush of those detectors: LiteRT interpreters are not
-    thread-safe (``set_tensor``/``invoke``/``get_tensor`` of two threads interleave), and the
-    verifier's and an adapted tail's interpreters are reached from inside ``push`` too, so the
-    whole push is the unit that is safe by construction (without it, threads pushing through one
-    set fail with LiteRT's RuntimeError "There is at least 1 reference to internal data in the
-    interpreter", and tests/test_wyoming_shared.py's threads test fails). A lock and not a pool
-    of interpreters or one per worker thread, by measurement (bench/wyoming_latency.py,
-    2026-12-02, 2 shared cores): eight streams pushed from eight threads at real time, every
-    thread's chunk due at the same moment (the worst case for a lock), return from their pushes as
-    soon through one shared set as through a set each (p50 1.64 vs 1.63 ms after the chunk is
-    due, p99 12.0 vs 12.9 ms: the GIL already serialises most of a push, and a push is short, the
-    encoder invoke 0.04 ms), at the same CPU (5.3 vs 5.5 ms per second of audio); a set per
-    thread or per connection would load the models again for each (3.9 ms of CPU and 0.4 MB per
-    set; per connection, what this server did before, it was 6.3 ms of set-up per stream and 44 MB
-    more RSS with 32 connections). ``waits`` / ``wait_s`` count the pushes that found the lock
-    held and how long they waited."""
-
-    def __init__(self, template, signature=None):
-        self.template, self.signature = template, signature
-        self.lock = threading.Lock()
-        self.streams = 0               # detectors handed out
-        self.pushes = self.waits = 0   # lock acquisitions, and those that found it held
-        self.wait_s = 0.0              # time spent waiting for it
-
-    def detector(self):
-        """A Detector for one stream: the shared models, its own stream state. Push through it
-        with ``push`` / ``flush`` (the lock held), never directly."""
-        det = copy.copy(self.template)  # the template itself is never pushed: nothing of it changes
-        det.reset()
-        with self.lock:
-            self.streams += 1
-        return det
-
-    def _run(self, fn, *args):
-        lock = self.lock
-        if not lock.acquire(blocking=False):
-            t = time.perf_counter()
-            lock.acquire()
-            self.waits += 1  # counted while holding the lock
-            self.wait_s += time.perf_counter() - t
-        try:
-            self.pushes += 1
-            return fn(*args)
-        finally:
-            lock.release()
-
-    def push(self, det, pcm) -> list[dict]:
-        return self._run(det.push, pcm)
-
-    def flush(self, det) -> list[dict]:
-        return self._run(det.flush)
 
 
 class WakeServer:
@@ -440,162 +351,3 @@ class WakeServer:
             except (ConnectionError, OSError):
                 pass
 
-
-class _Connection:
-    """One client: its event loop of describe / detect / audio-start / audio-chunk / audio-stop."""
-
-    def __init__(self, server: WakeServer, reader, writer):
-        self.server, self.reader, self.writer = server, reader, writer
-        self.names = None          # the last detect's names (None: every model)
-        self.models, self.det = None, None  # this stream's ModelSet (shared) and Detector (its own)
-        self.streaming = False     # True, False, or FAILED: a start refused, its audio dropped until audio-stop
-        self.converter = None
-        self.fired = 0
-        self.context = None
-
-    async def send(self, event) -> None:
-        _, _, ev, _, _, _ = _wyoming()
-        await ev.async_write_event(event, self.writer)
-
-    async def error(self, text: str, code: str) -> None:
-        _, error, _, _, _, _ = _wyoming()
-        await self.send(error.Error(text=text, code=code).event())
-
-    async def read(self):
-        """The next event, None at the end of the connection, or a str: why the line was refused."""
-        _, _, ev, _, _, _ = _wyoming()
-        try:
-            line = await self.reader.readline()
-        except ValueError:  # a line over LINE_LIMIT: the stream cannot be resynchronised
-            await self.error(f"an event line longer than {LINE_LIMIT} bytes; closing", "line-too-long")
-            return None
-        if not line:
-            return None
-        try:
-            head = json.loads(line)
-            if not isinstance(head, dict) or not isinstance(head.get("type"), str):
-                raise ValueError("no 'type'")
-            data = head.get("data") or {}
-            if not isinstance(data, dict):
-                raise ValueError("'data' is not an object")
-            n_data, n_payload = head.get("data_length") or 0, head.get("payload_length") or 0
-            if not isinstance(n_data, int) or not isinstance(n_payload, int) or n_data < 0 or n_payload < 0:
-                raise ValueError("bad data_length / payload_length")
-        except ValueError as e:
-            return f"not a Wyoming event line ({e}): {line[:80]!r}"
-        if n_data:
-            extra = await self.reader.readexactly(n_data)
-            try:
-                more = json.loads(extra)
-                if not isinstance(more, dict):
-                    raise ValueError("not an object")
-            except ValueError as e:
-                if n_payload:
-                    await self.reader.readexactly(n_payload)  # skipped with its event
-                return f"event {head['type']!r}: its data is not a JSON object ({e})"
-            data = {**data, **more}
-        payload = await self.reader.readexactly(n_payload) if n_payload else None
-        return ev.Event(type=head["type"], data=data, payload=payload)
-
-    async def run(self) -> None:
-        while True:
-            event = await self.read()
-            if event is None:
-                return
-            if isinstance(event, str):
-                await self.error(event, "bad-event")
-                continue
-            try:
-                await self.handle(event)
-            except EdgelearnError as e:
-                await self.error(str(e), "device-error")
-            except (KeyError, TypeError, ValueError) as e:
-                await self.error(f"event {event.type!r} is malformed ({type(e).__name__}: {e})", "bad-event")
-
-    async def handle(self, event) -> None:
-        audio, _, _, info, ping, wake = _wyoming()
-        loop = asyncio.get_running_loop()
-        t = event.type
-        if info.Describe.is_type(t):
-            await self.send(await loop.run_in_executor(None, self.server.info))
-        elif ping.Ping.is_type(t):
-            await self.send(ping.Pong(text=ping.Ping.from_event(event).text).event())
-        elif wake.Detect.is_type(t):
-            d = wake.Detect.from_event(event)
-            if d.names is not None and (not isinstance(d.names, list) or not all(isinstance(n, str) for n in d.names)):
-                raise ValueError("'names' is not a list of strings")
-            self.names, self.context = d.names or None, d.context
-            if d.names:
-                try:
-                    offered = await loop.run_in_executor(None, self.server.models)
-                except EdgelearnError:  # a state that cannot be read: said once, by the stream's audio-start
-                    return
-                unknown = [n for n in d.names if n not in offered]
-                if unknown:
-                    await self.error(f"no wake model named {unknown}; this server has {offered}", "unknown-model")
-        elif audio.AudioStart.is_type(t):
-            self.streaming = FAILED  # until it has started: a refused start drops its stream quietly
-            self.fired = 0
-            start = audio.AudioStart.from_event(event)  # the format must be there
-            if start.width not in (1, 2, 3, 4) or start.channels < 1 or start.rate < 1:
-                raise ValueError(f"unsupported audio format {start.rate} Hz, {start.width} B, {start.channels} ch")
-            await loop.run_in_executor(None, self._begin)
-            self.streaming = True
-        elif audio.AudioChunk.is_type(t):
-            if self.streaming is FAILED:
-                return  # its audio-start had its one error
-            if not self.streaming:
-                await self.error("audio-chunk before audio-start", "not-streaming")
-                return
-            chunk = audio.AudioChunk.from_event(event)
-            if chunk.width not in (1, 2, 3, 4) or chunk.channels < 1 or chunk.rate < 1:
-                raise ValueError(f"unsupported audio format {chunk.rate} Hz, {chunk.width} B, {chunk.channels} ch")
-            if len(chunk.audio or b"") % (chunk.width * chunk.channels):
-                raise ValueError(f"{len(chunk.audio)} bytes is not a whole number of "
-                                 f"{chunk.width * chunk.channels}-byte frames")
-            pcm = np.frombuffer(self.converter.convert(chunk).audio, "<i2")
-            if chunk.channels > 1:  # the mean of the channels (wyoming's tomono sums them, and clips)
-                pcm = pcm[: len(pcm) // chunk.channels * chunk.channels].reshape(-1, chunk.channels)
-                pcm = pcm.mean(axis=1).round().astype(np.int16)
-            for ev in await loop.run_in_executor(None, self._push, pcm):
-                await self.send(self._detection(ev))
-        elif audio.AudioStop.is_type(t):
-            if not self.streaming:
-                await self.error("audio-stop before audio-start", "not-streaming")
-                return
-            failed, self.streaming = self.streaming is FAILED, False
-            if not failed:
-                for ev in await loop.run_in_executor(None, self._flush):
-                    await self.send(self._detection(ev))
-            self.models = self.det = None  # a set replaced meanwhile is freed with its last stream
-            if not self.fired:
-                await self.send(wake.NotDetected(context=self.context).event())
-        else:
-            await self.error(f"event type {t!r} is not handled by this wake-word server "
-                             "(it handles describe, detect, audio-start, audio-chunk, audio-stop, ping)",
-                             "unknown-event")
-
-    # -- in the worker thread ----------------------------------------------------------------------
-    def _begin(self) -> None:
-        audio = _wyoming()[0]
-        # the models the state holds now, loaded once and shared (a stream already running keeps its
-        # own set to its end); this stream's own front end, history and refractory period
-        self.models = self.server.model_set(self.names)
-        self.det = None if self.models is None else self.models.detector()
-        # width and rate by wyoming's converter (audioop: linear interpolation, keeping its state
-        # across chunks); channels are averaged here
-        self.converter = audio.AudioChunkConverter(rate=SAMPLE_RATE, width=WIDTH, channels=None)
-        self.fired = 0
-
-    def _push(self, pcm):
-        return self.models.push(self.det, pcm) if self.det is not None and len(pcm) else []
-
-    def _flush(self):
-        return self.models.flush(self.det) if self.det is not None else []
-
-    def _detection(self, ev):
-        wake = _wyoming()[5]
-        self.fired += 1
-        self.server.detections += 1
-        return wake.Detection(name=ev["keyword"], timestamp=int(round(ev["time_s"] * 1000)),
-                              context=self.context).event()

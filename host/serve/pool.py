@@ -7,7 +7,8 @@ power-of-two-choices routing, a circuit breaker per replica, deep health checks.
     >>> await mv.stop()                        # drains in-flight work first
 
 ``infer`` raises ``Overloaded`` (-> 503 + Retry-After) when the queue is at its
-bound, and ``ReplicaError`` when no replica could answer after a retry.
+bound, and ``ReplicaError`` when no replica could answer after a retry. The health
+checks and restarts are ``pool_health.py`` (``Health``, which ``ModelVersion`` inherits).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from host.serve.health import check_output, known_input
 from host.serve.metrics import Metrics
 from host.serve.policy import CircuitBreaker, Outcomes, power_of_two, predicted_wait
 from host.serve.protocol import ModelSpec
+from host.serve.pool_health import Health
 from host.serve.replica import Replica, ReplicaError
 
 
@@ -77,7 +79,7 @@ class Slot:
     routable_health = property(lambda self: self.healthy and self.replica.alive and not self.restarting)
 
 
-class ModelVersion:
+class ModelVersion(Health):
     def __init__(self, name: str, version: str, model_path: str, spec: ModelSpec, config: ServeConfig,
                  metrics: Metrics, score_output: str | None = None, clock=time.monotonic,
                  seed: int | None = None):
@@ -345,65 +347,3 @@ class ModelVersion:
             it = self._queue.popleft()
             if not it.future.done():
                 it.future.set_exception(ReplicaError(f"{self.name} v{self.version}: {why}"))
-
-    # -- health ------------------------------------------------------------------------------
-    async def direct(self, slot: Slot, inputs: dict, timeout: float | None = None) -> dict:
-        """Run ``inputs`` on one replica, outside the queue and the breaker (health checks)."""
-        self._seq += 1
-        seq = self._seq
-        fut = asyncio.get_running_loop().create_future()
-        self._direct_waiters[seq] = fut
-        try:
-            slot.replica.send(seq, inputs)
-            return await asyncio.wait_for(fut, timeout or self.cfg.batch_timeout)
-        except asyncio.TimeoutError:
-            slot.replica.abandon(seq)
-            raise ReplicaError(f"replica {slot.index} did not answer the health check within "
-                               f"{timeout or self.cfg.batch_timeout:g} s") from None
-        finally:
-            self._direct_waiters.pop(seq, None)
-
-    async def _deep_check(self, slot: Slot) -> bool:
-        try:
-            outs = await self.direct(slot, known_input(self.spec))
-            why = check_output(outs, self.score_output, self.golden)
-        except ReplicaError as e:
-            why = str(e)
-        slot.healthy, slot.last_check = not why, why
-        return not why
-
-    async def _restart(self, slot: Slot) -> None:
-        if slot.restarting or self._clock() < slot.next_restart:
-            return
-        slot.restarting = True
-        # Back off 1, 2, 4 ... 60 s between restarts of a replica that stays broken,
-        # so a persistent fault does not turn into a fork loop.
-        slot.next_restart = self._clock() + min(60.0, 2.0 ** slot.restarts)
-        slot.restarts += 1
-        try:
-            slot.replica.kill()
-            fresh = Replica(self.model_path, slot.index, self._on_answer, on_exit=self._on_exit)
-            await fresh.start()
-            if slot.faults:
-                await fresh.inject(**slot.faults)
-            slot.replica = fresh
-            slot.breaker = self._new_slot(slot.index).breaker
-            if await self._deep_check(slot):
-                slot.restarts = 0
-        except (ReplicaError, asyncio.TimeoutError) as e:
-            slot.healthy, slot.last_check = False, f"restart failed: {e}"
-        finally:
-            slot.restarting = False
-            self._wake.set()
-
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.health_interval)
-            for slot in list(self.slots):
-                if slot.restarting:
-                    continue
-                ok = slot.replica.alive and await self._deep_check(slot)
-                if not ok and not slot.replica.alive:
-                    slot.healthy, slot.last_check = False, slot.last_check or "worker process exited"
-                if not ok and self.cfg.restart_failed and not self.stopping:
-                    asyncio.create_task(self._restart(slot))

@@ -1,0 +1,169 @@
+"""Which model a device's detection runs on its bundle and state directory, and what its status
+reports of it.
+
+The verified bundle (``open_bundle``); the model and head detection runs (``detection_models``: the
+bundle's encoder, an adapted context's conv tail or embedding head over it, ``base_models`` with
+nothing adapted); a federated version's trained head and published operating point (``is_federated``,
+``head_params``, ``version_thresholds``); what a calibration holds for (``calibrated_for``); what
+``Device.status`` reports (``detection_info``, ``verifier_status``). Functions of a bundle and a
+state directory that only read; ``edge.device.Device`` calls them, and they stay importable from
+``edge.device``, where the agent, the benches and the tests import them.
+
+    >>> km, head = detection_models(open_bundle(), "state/")   # head: None unless an embedding head runs
+    >>> detection_info(bundle, "state/")["context"]
+"""
+
+from __future__ import annotations
+
+from edge.errors import EdgelearnError
+
+
+def open_bundle(bundle=None, trusted_keys=None):
+    """A verified bundle: ``bundle`` itself when it is one already, else the directory or .zip at
+    that path (None: the shipped model), checked against ``trusted_keys`` (None: the device's
+    default keys, ``edge.kws.default_trusted_keys``)."""
+    if bundle is not None and hasattr(bundle, "manifest"):
+        return bundle
+    from edge.bundle import load_bundle
+    from edge.kws import DEFAULT_BUNDLE, default_trusted_keys
+
+    return load_bundle(bundle or DEFAULT_BUNDLE, trusted_keys=trusted_keys or default_trusted_keys())
+
+
+def detection_models(bundle, state_dir, backend: str = "auto", adapted_from=None):
+    """(model, head) detection runs in ``state_dir``: the bundle's encoder when no adapted context is
+    active; backbone + the active context's conv tail (``edge.adapt.TailModel``) for a conv-tail
+    context; the encoder + the adapted embedding head (``edge.adapt.EmbeddingHead``) for an embedding-head one
+    (``edge.adapt.delta.delta_kind`` tells them apart: it replaces a test of the key prefixes
+    ``proj.``/``classifier.``, which agrees on every delta ``device adapt`` writes; a head delta of
+    adapter factors alone, ``adapter.a``/``adapter.b``, was taken for a conv tail, which ignored
+    it, and now runs as the head it is). On a federated version the conv tail ends in the version's
+    head (``edge.adapt.load_tail``); a context adapted against another head runs rebased onto this
+    one until it is adapted again on it (``AdaptStore.load_carried``, ``detection_info``).
+    ``adapted_from``: the bundle the contexts are bound to now (the running version): what detection
+    would run on ``bundle`` once ``Device.carry_to`` moved them, before anything moves (the agent's
+    health check of a new version); a pointer already moved to ``bundle`` is read as it is."""
+    from edge.adapt.delta import CONV_TAIL, EMBEDDING_HEAD, delta_kind
+    from edge.adapt.store import AdaptStore
+    from edge.kws import KeywordModel
+
+    store = None
+    if adapted_from is not None:
+        try:
+            store = AdaptStore(state_dir, adapted_from)
+        except EdgelearnError:
+            pass  # bound to `bundle` already (a carry_to stopped between its writes), or unreadable: below
+    delta, _ = (store or AdaptStore(state_dir, bundle)).load_carried(onto=bundle)
+    kind = delta_kind(delta)
+    if kind == EMBEDDING_HEAD:
+        from edge.adapt import EmbeddingHead
+
+        return KeywordModel(bundle, backend=backend), EmbeddingHead(head_params(bundle), delta)
+    if kind == CONV_TAIL:
+        from edge.adapt import TailModel
+
+        return TailModel(bundle, delta, backend=backend), None
+    return base_models(bundle, backend)
+
+
+def is_federated(bundle) -> bool:
+    """Whether ``bundle`` is a version a federation published: it carries the trained embedding head
+    (``head.npz``, manifest ``trainable.strategy == "federated-head"``)."""
+    return (bundle.manifest.get("trainable") or {}).get("strategy") == "federated-head"
+
+
+def version_thresholds(bundle) -> dict | None:
+    """The per-word thresholds a federated version was published with (manifest
+    ``extra.operating.thresholds``: matched by the aggregator so the version fires on keyword-free
+    speech no more often than the model federation started from at 0.7), or None."""
+    op = (bundle.manifest.get("extra") or {}).get("operating")
+    if op is None:
+        return None
+    thr = op.get("thresholds") if isinstance(op, dict) else None
+    labels = set(bundle.labels)
+    if not isinstance(thr, dict) or not all(
+            isinstance(k, str) and k in labels and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and 0 < v <= 1 for k, v in thr.items()):
+        raise EdgelearnError(f"bundle version {bundle.version}'s operating point (manifest extra.operating) is "
+                             "malformed", fix="install another version, or pass --threshold")
+    return {k: float(v) for k, v in thr.items()}
+
+
+def head_params(bundle) -> dict:
+    """The embedding head a bundle scores with: a federated version's trained ``head.npz``, else the
+    bundle's own classifier recovered on the embedding (``edge.adapt.classifier_from_bundle``)."""
+    if is_federated(bundle):
+        from edge.fl.model import load_head
+
+        return load_head(bundle)
+    from edge.adapt import classifier_from_bundle
+
+    return classifier_from_bundle(bundle)
+
+
+def base_models(bundle, backend: str = "auto"):
+    """(model, head) of a bundle with nothing adapted: its encoder's own posteriors, or for a federated
+    version the encoder's embedding through the head the federation trained (what the rounds improve)."""
+    from edge.kws import KeywordModel
+
+    km = KeywordModel(bundle, backend=backend)
+    if is_federated(bundle):
+        from edge.adapt import EmbeddingHead
+
+        return km, EmbeddingHead(head_params(bundle))
+    return km, None
+
+
+def calibrated_for(bundle, state_dir) -> dict:
+    """What a calibration holds for: the bundle's encoder and the active adapted context."""
+    from edge.adapt.store import AdaptStore
+
+    meta = AdaptStore(state_dir, bundle).meta
+    active = meta.get("active")
+    version = meta["contexts"][active].get("current") if active else None
+    return {"model": bundle.model_id, "bundle_version": bundle.manifest.get("version"),
+            "context": active, "context_version": version}
+
+
+def detection_info(bundle, state_dir) -> dict:
+    """Which model detection runs in ``state_dir`` (reads only): the bundle's version and whether it
+    scores with a federated head; the active adapted context and its version; the version it was
+    adapted on (``adapted_on``; None: before the record, on ``tail.npz``'s classifier) and
+    ``rebased``: it was adapted against another head than this version's and runs carried onto it
+    (``edge.adapt.delta.rebase``) until it is adapted again on this version."""
+    from edge.adapt.delta import stale
+    from edge.adapt.store import AdaptStore
+
+    out = {"version": bundle.version, "federated_head": is_federated(bundle), "context": None,
+           "context_version": None, "adapted_on": None, "rebased": False}
+    try:
+        store = AdaptStore(state_dir, bundle)
+        active = store.meta.get("active")
+        delta, info = store.load_with_info(active) if active else ({}, {})
+    except EdgelearnError as e:
+        return {**out, "error": str(e)}
+    if not delta:
+        return out
+    rec = info.get("trained_on") if isinstance(info.get("trained_on"), dict) else {}
+    return {**out, "context": active, "context_version": store.current(active),
+            "adapted_on": rec.get("version") if isinstance(rec.get("version"), int) else None,
+            "rebased": stale(info, bundle)}
+
+
+def embedding_dim(km) -> int:
+    """The size of the embedding custom keywords score (one inference on silence)."""
+    import numpy as np
+
+    return int(km.infer(np.zeros((1, 49, 10), np.float32))[0].shape[-1])
+
+
+def verifier_status(keywords: list[dict], bundle) -> dict:
+    """{keyword: {"version": V, "current": bool} or None (no second stage)} for enrolled keyword
+    entries: the second stage each was enrolled with, and whether it is the one this bundle enrols
+    now (``edge.verify.version_for``). Older versions keep working; re-enrolling (``replace``)
+    moves a keyword to the current verifier (docs/edge-runtime.md)."""
+    from edge.verify import version_for
+
+    current = version_for(bundle)
+    versions = {k["name"]: k["verify"].get("version", 1) if "verify" in k else None for k in keywords}
+    return {n: None if v is None else {"version": v, "current": v == current} for n, v in versions.items()}

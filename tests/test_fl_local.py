@@ -72,6 +72,32 @@ def test_local_examples_assembles_labelled_augmented_negatives_and_detections(tm
     assert X0.shape == (0, 64) and y0.shape == (0,)
 
 
+def test_word_copies_are_sped_up_over_the_federated_range(tmp_path, bundle):
+    """A round's word copies move pitch and formants over ``FL_SPEED`` (up to 1.35x, so an update
+    carries past the fleet's own voices), not the speaker recipe's narrower range."""
+    from edge.adapt.recipe import training_windows
+    from edge.fl.local import FL_SPEED
+
+    labels = list(bundle.labels)
+    t = np.arange(16000) / 16000
+    tone = (3000 * np.sin(2 * np.pi * 500 * t) * np.exp(-((t - 0.5) ** 2) / 0.02)).astype(np.int16)
+
+    def peak_hz(x):  # 16,000 samples: one FFT bin per Hz
+        return int(np.argmax(np.abs(np.fft.rfft(x.astype(np.float32)))))
+
+    w, _ = training_windows(tone[None], [labels.index("yes")], labels, augment=6, speed=(1.3, 1.3))
+    assert peak_hz(w[0]) == 500  # the clip itself first
+    assert all(abs(peak_hz(c) - 650) <= 3 for c in w[1:])
+    w, _ = training_windows(tone[None], [labels.index("yes")], labels, augment=6)  # augment's own range
+    assert all(450 - 3 <= peak_hz(c) <= 560 + 3 for c in w[1:])
+    # local_examples uses FL_SPEED unless told otherwise
+    dev = Device(tmp_path / "state", bundle)
+    clips = (_windows(2, 5), ["yes", "no"])
+    X, _ = local_examples(dev, clips, augment=4, detections=False)
+    assert np.allclose(X, local_examples(dev, clips, augment=4, detections=False, speed=FL_SPEED)[0])
+    assert not np.allclose(X, local_examples(dev, clips, augment=4, detections=False, speed=(0.9, 1.12))[0])
+
+
 def test_trainer_keeps_absent_labels_and_draws_negatives(bundle):
     from host.fleet.data import extract_head
 

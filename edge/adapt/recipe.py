@@ -68,11 +68,13 @@ def negative_ids(labels) -> tuple:
 
 
 def training_windows(windows, y, labels, ambient=None, augment: int = 0, seed: int = 0,
-                     noisy_ambient: bool = False):
+                     noisy_ambient: bool = False, speed=None):
     """(int16 windows, label ids) of a speaker adaptation: the clips of word labels ``augment``
     times each (the clip itself first), the other labelled clips once, then ``ambient`` (1 s int16
     windows) as ``_unknown_``, with ``noisy_ambient`` followed by one augmented copy of each
-    (``edge.adapt.ambient.augment``). Deterministic in ``seed`` (the feature cache keys on the audio)."""
+    (``edge.adapt.ambient.augment``). ``speed``: the (low, high) range of the word copies' speed
+    (pitch, formants and tempo together; None: ``augment``'s own). Deterministic in ``seed`` (the
+    feature cache keys on the audio)."""
     from edge.adapt.ambient import augment as _augment
 
     windows, y = np.asarray(windows), np.asarray(y, np.int64)
@@ -81,7 +83,8 @@ def training_windows(windows, y, labels, ambient=None, augment: int = 0, seed: i
     neg = np.isin(y, negative_ids(labels))
     parts, ys = [], []
     if augment and augment > 1 and (~neg).any():
-        parts.append(_augment(windows[~neg], int(augment), np.random.default_rng(seed)))
+        kw = {} if speed is None else {"speed": tuple(speed)}
+        parts.append(_augment(windows[~neg], int(augment), np.random.default_rng(seed), **kw))
         ys.append(np.repeat(y[~neg], int(augment)))
     else:
         parts.append(windows[~neg])

@@ -3,8 +3,8 @@ simulator both call ``local_examples``), as embeddings of the bundle's frozen en
 
 - **labelled**: the clips the user gave (``DIR/<label>/*.wav`` or ``(windows, labels)``, what
   ``device adapt --data`` reads), the word clips ``augment`` times each (``edge.adapt.recipe.
-  training_windows``: shifted, sped up or slowed down, louder or softer, noisy), ``_unknown_`` /
-  ``_silence_`` clips once;
+  training_windows``: shifted, sped up or slowed down over ``FL_SPEED``, louder or softer, noisy),
+  ``_unknown_`` / ``_silence_`` clips once;
 - **negatives**: ``ambient`` 1 s windows of audio the device heard that says no command (its
   user's other words, the room) as ``_unknown_``: the speaker recipe (issue 17) found that
   training without them makes false accepts explode;
@@ -23,6 +23,13 @@ from __future__ import annotations
 import numpy as np
 
 SOURCES = ("labelled", "augmented", "ambient", "detected", "replay")
+# The word copies' speed range (pitch, formants and tempo together): wider and higher than the speaker
+# recipe's 0.9-1.12, since a round's update should carry past the fleet's own voices to other vocal
+# tracts. Chosen on development renders (scripts/fl_sweep.py, twelve schedules, 2026-12-03): Flite slt,
+# a voice outside the fleet, gained +17.4 points on average against +12.7 with 0.9-1.12, the fleet's
+# voices +35.8 against +35.9; 0.85-1.25 gained less (+9.1 over six) and 0.95-1.45 cost the training
+# Festival voices up to 2.6 points.
+FL_SPEED = (0.9, 1.35)
 
 
 def _device(device):
@@ -58,13 +65,14 @@ def detected_examples(device) -> tuple[np.ndarray, np.ndarray]:
 
 
 def local_examples(device, clips=None, *, augment: int = 0, ambient=None, detections: bool = True,
-                   replay: bool = True, seed: int = 0, detail: bool = False):
+                   replay: bool = True, seed: int = 0, detail: bool = False, speed=FL_SPEED):
     """The device's examples for a federated round: ``(X, y)`` (float32 embeddings, label ids), and
     with ``detail`` also each row's source (one of ``SOURCES``).
 
     ``device``: an ``edge.device.Device`` or its state directory. ``clips``: labelled clips
     (a ``DIR/<label>/*.wav`` directory or ``(windows, labels)``; None: none). ``augment``: copies of
-    each word clip (the clip itself first; 0 or 1: as they are). ``ambient``: (N, 16000) int16
+    each word clip (the clip itself first; 0 or 1: as they are), sped up or slowed down over
+    ``speed`` (low, high; ``FL_SPEED``). ``ambient``: (N, 16000) int16
     windows that say no command, as ``_unknown_``. ``detections``: the confident detections of the
     tail replay buffer; ``replay``: the embedding replay buffer. Deterministic in ``seed``."""
     from edge.adapt.recipe import training_windows
@@ -81,7 +89,8 @@ def local_examples(device, clips=None, *, augment: int = 0, ambient=None, detect
     if windows is not None or (ambient is not None and len(ambient)):
         if windows is None:
             windows, y = np.zeros((0, 16000), np.int16), np.zeros(0, np.int64)
-        w, yy = training_windows(windows, y, km.labels, ambient=ambient, augment=augment, seed=seed)
+        w, yy = training_windows(windows, y, km.labels, ambient=ambient, augment=augment, seed=seed,
+                                 speed=speed)
         n_neg = int(np.isin(y, [km.labels.index(n) for n in ("_unknown_", "_silence_") if n in km.labels]).sum())
         n_words = len(y) - n_neg
         copies = int(augment) if augment and augment > 1 and n_words else 1

@@ -161,12 +161,13 @@ def heldout_clips(voice: str, seed: int, per_command: int = 8, other_words: int 
 
 
 def prepare_devices(devices: list[VoiceDevice], root, augment: int = 8, confirm: float = 0.9,
-                    bundle=None, progress: bool = False, extra_ambient=None) -> list[dict]:
+                    bundle=None, progress: bool = False, extra_ambient=None, speed=None) -> list[dict]:
     """Each user's device as the agent would have it: a fresh ``edge.device.Device`` state under
     ``root/devI``, the heard stream run through ``Device.detect`` (its confident detections, at
     ``confirm``, are kept in the tail replay buffer), then ``edge.fl.local.local_examples`` of the
     labelled clips (``augment`` x), the ambient windows (plus ``extra_ambient[i]``: more everyday
-    audio of device i's place, e.g. real speech) and those detections. Per device:
+    audio of device i's place, e.g. real speech) and those detections (``speed``: the augmented
+    copies' speed range, None: ``edge.fl.local.FL_SPEED``). Per device:
     ``{"device", "X", "y", "source", "detections": {"events", "kept", "kept_correct"}}``."""
     import sys
 
@@ -181,7 +182,8 @@ def prepare_devices(devices: list[VoiceDevice], root, augment: int = 8, confirm:
         right = sum(any(a - 0.1 <= e["time_s"] <= b + 1.0 and w == e["keyword"] for a, b, w in d.heard_spans)
                     for e in kept)
         amb = d.ambient if extra_ambient is None else np.concatenate([d.ambient, extra_ambient[i]])
-        X, y, src = local_examples(dev, d.labelled, augment=augment, ambient=amb, seed=i, detail=True)
+        kw = {} if speed is None else {"speed": tuple(speed)}
+        X, y, src = local_examples(dev, d.labelled, augment=augment, ambient=amb, seed=i, detail=True, **kw)
         out.append({"device": dev, "voice": d.voice, "X": X, "y": y, "source": src,
                     "detections": {"events": len(events), "kept": len(kept), "kept_correct": int(right)}})
         if progress:

@@ -20,6 +20,10 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     # distilled from Google's speech_embedding (openWakeWord's extractor; needs bench/peers/setup.sh's
     # .venv-peers), weight 1, against the same recipe without it (build/var-plain40)
     $ .venv/bin/python scripts/train_variant.py build/var-distill --distill 1.0 --epochs 40
+    # words that begin with, end in or rhyme with a command ("yesterday", "onion": NEAR_MISSES) by
+    # the training voices as _unknown_, 2 renders each (Festival 6), against the same recipe without
+    $ .venv/bin/python scripts/train_variant.py build/var-nearmiss --near-miss 2 --epochs 40
+    $ .venv/bin/python scripts/train_variant.py build/var-plain40 --epochs 40
     # all of them at once
     $ .venv/bin/python scripts/train_variant.py build/var-all --extra 5,18,1,3 --piper train --channels 128 --epochs 40
 
@@ -45,20 +49,24 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def training_voices(corpus):
+    """``(index, voice id, synthesizer, synth.Voice)`` of each of the corpus's *training* voices."""
+    from host.data import synth
+
+    for vi, vid in enumerate(sorted({v for v, s in zip(corpus.voice, corpus.split) if s == "train"})):
+        kind_synth, name = vid.split(":", 1)
+        yield vi, vid, kind_synth, synth.Voice(kind_synth, name)
+
+
 def supplement_jobs(corpus, words, extra: dict, rate, pitch, festival_pitch=None, seed=0):
     """Render jobs ``(voice, text, rate, pitch, key)`` for the corpus's *training* voices.
 
     extra: {(kind, synth): renders per text}, kind "keyword" or "filler". Draws come from their
     own seeds, so the extra renders are new ones, not copies of the cached renders.
     """
-    from host.data import synth
-
     fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})
-    train = sorted({v for v, s in zip(corpus.voice, corpus.split) if s == "train"})
     jobs = []
-    for vi, vid in enumerate(train):
-        kind_synth, name = vid.split(":", 1)
-        voice = synth.Voice(kind_synth, name)
+    for vi, vid, kind_synth, voice in training_voices(corpus):
         rng = np.random.default_rng([seed, 1000 + vi])
         pr = festival_pitch if (festival_pitch and kind_synth == "festival") else pitch
         for kind, texts in (("keyword", words), ("filler", fillers)):
@@ -66,6 +74,38 @@ def supplement_jobs(corpus, words, extra: dict, rate, pitch, festival_pitch=None
                 for r in range(extra.get((kind, kind_synth), 0)):
                     jobs.append((voice, t, float(rng.uniform(*rate)), float(rng.uniform(*pr)),
                                  (vid, t, kind, r)))
+    return jobs
+
+
+# Words that begin with, end in or rhyme with a command ("yes" in "yesterday", "on" in "onion"): what
+# fires on real speech at 0.7 (bench kws_base). Homophones of a command ("know", "write") are left out:
+# they are the command to a listener too.
+NEAR_MISSES = {
+    "yes": ("yesterday", "yeast", "yet", "chess", "guess", "less", "mess", "dress"),
+    "no": ("nobody", "notice", "note", "nose", "noble", "snow", "nomad", "gnome"),
+    "up": ("upon", "upper", "upward", "update", "upset", "cup", "supper", "uptown"),
+    "down": ("downtown", "download", "downward", "gown", "town", "drown", "clown", "brown"),
+    "left": ("leftover", "lefty", "theft", "heft", "lift", "loft", "cleft", "lend"),
+    "right": ("righteous", "rightly", "bright", "fright", "ride", "ripe", "rice", "light"),
+    "on": ("onion", "online", "ongoing", "onward", "honest", "honor", "option", "ontario"),
+    "off": ("offer", "office", "officer", "often", "offset", "cough", "scoff", "awful"),
+    "stop": ("stopwatch", "stoppage", "stopped", "shop", "top", "stock", "stomp", "stopper"),
+    "go": ("gopher", "goal", "goat", "golden", "going", "ghost", "gold", "goes"),
+}
+
+
+def near_miss_jobs(corpus, renders: int, rate, pitch, seed=0):
+    """Render jobs of ``NEAR_MISSES`` as fillers (``_unknown_``) by the corpus's training voices:
+    ``renders`` per word by each espeak-ng voice, three times as many by each Festival voice (the
+    corpus's own filler ratio), from seeds of their own."""
+    words = sorted({w for ws in NEAR_MISSES.values() for w in ws})
+    jobs = []
+    for vi, vid, kind_synth, voice in training_voices(corpus):
+        rng = np.random.default_rng([seed, 5000 + vi])
+        for t in words:
+            for r in range(renders * (3 if kind_synth == "festival" else 1)):
+                jobs.append((voice, t, float(rng.uniform(*rate)), float(rng.uniform(*pitch)),
+                             (vid, t, "filler", 100 + r)))
     return jobs
 
 
@@ -208,6 +248,9 @@ def main(argv=None) -> int:
                    help="comma-separated languages of Debian's asterisk prompts (fr, it, ru: other "
                         "speakers than the benchmark's Allison) added as _unknown_ training speech "
                         "(host/data/realneg.py)")
+    p.add_argument("--near-miss", type=int, default=0,
+                   help="renders of each of NEAR_MISSES (words that begin with, end in or rhyme with a "
+                        "command) by each espeak-ng training voice as _unknown_ (Festival: 3x)")
     p.add_argument("--evaluate", action="store_true",
                    help="do not train: report the model already in OUT (model.keras, frontend.json), "
                         "e.g. build/kws3 for the shipped one")
@@ -216,7 +259,7 @@ def main(argv=None) -> int:
     if a.evaluate and not ((out / "model.keras").exists() and (out / "frontend.json").exists()):
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")
-    if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert or a.real_negatives):
+    if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert or a.real_negatives or a.near_miss):
         p.error("--evaluate reports a model already trained: --extra and --piper train only "
                 "change training (use --piper eval)")
 
@@ -231,6 +274,8 @@ def main(argv=None) -> int:
     extra = {("keyword", "espeak"): ek, ("keyword", "festival"): fk,
              ("filler", "espeak"): ef, ("filler", "festival"): ff}
     jobs = supplement_jobs(corpus, cfg.words, extra, cfg.rate, cfg.pitch, a.festival_pitch, cfg.seed)
+    if a.near_miss:
+        jobs += near_miss_jobs(corpus, a.near_miss, cfg.rate, cfg.pitch, cfg.seed)
     joe = None
     if a.piper != "none":
         fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})

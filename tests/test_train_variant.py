@@ -45,6 +45,25 @@ def test_jobs_are_for_training_voices_only_with_their_counts_and_pitch():
     assert len({j[4] for j in jobs}) == len(jobs)
 
 
+def test_near_misses_are_unknown_renders_by_training_voices_and_never_a_command():
+    from host.data.words import COMMANDS10, FILLERS, LABELS
+
+    c = tiny_corpus()
+    jobs = tv.near_miss_jobs(c, 2, (0.8, 1.25), (0.8, 1.25))
+    words = {w for ws in tv.NEAR_MISSES.values() for w in ws}
+    assert set(tv.NEAR_MISSES) == set(COMMANDS10)
+    assert not words & (set(LABELS) | set(FILLERS))  # none is a word the model names, nor a filler already
+    per = {}
+    for voice, text, _rate, _pitch, (vid, t, kind, _r) in jobs:
+        assert vid == voice.id and t == text and t in words and kind == "filler"
+        per[vid] = per.get(vid, 0) + 1
+    assert per == {"espeak:en-us+m1": 2 * len(words), "festival:kal_diphone": 6 * len(words)}
+    assert len({j[4] for j in jobs}) == len(jobs)
+    # keys never collide with supplement_jobs' (both may run in one variant)
+    extra = {("filler", "espeak"): 3, ("filler", "festival"): 9}
+    assert not {j[4] for j in jobs} & {j[4] for j in tv.supplement_jobs(c, [], extra, (1, 1), (1, 1))}
+
+
 def test_supplement_adds_training_rows_and_leaves_eval_clips_alone():
     c = tiny_corpus()
     rendered = {("festival:kal_diphone", "no", "keyword", 0): np.full(3000, 7, np.int16),

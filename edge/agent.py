@@ -34,6 +34,10 @@ but was not counted is counted when the aggregator says so ("contributed"). Afte
 whatever its outcome, the store's current version is the running one or the one being checked: the
 store keeps two, so the running version is never pruned. Tested with three agents and a real
 aggregator (tests/test_agent_fleet.py).
+
+The audio sources are ``edge.agent_audio``; a new version's health check, switch and rollback
+``edge.agent_versions``; the federated rounds ``edge.agent_federation``; the adaptation run
+``edge.agent_adapt`` (``Agent`` inherits their mixins). Every name stays importable from here.
 """
 
 from __future__ import annotations
@@ -49,24 +53,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# the audio sources, the versions, the federated rounds and the adaptation run have modules of their
+# own; every name stays importable from here
+from edge.agent_adapt import READAPT_RETRY_S, Adaptation  # noqa: F401
+from edge.agent_audio import SAMPLE_RATE, _chunks_of
+from edge.agent_federation import FL_AUGMENT, HOLD_ENV, Federation, _HeldTransport  # noqa: F401
+from edge.agent_versions import FL_DIR, HEALTH_TOLERANCE, Versions, health_check  # noqa: F401
 from edge.atomic import atomic_write
-from edge.device import CHUNK, Device
+from edge.device import CHUNK, Device  # noqa: F401
 from edge.errors import EdgelearnError
 
 AGENT_FILE = "agent.json"
-FL_DIR = "fl"
-# copies of each labelled command clip in a federated round (bench/fl_voices: augment=8). The trainer
-# stays FLClient's default (the whole head): the shipped-head task's keep_absent trainer
-# (edge.fl.model.shipped_head_trainer) leaves the outputs of labels no device hears as a published
-# version had them, so a broken version is never repaired there (tests/test_agent_fleet.py's v5)
-FL_AUGMENT = 8
-SAMPLE_RATE = 16000
-HEALTH_TOLERANCE = 0.05  # a new version may name at most this fraction fewer labelled clips right
 STAGE_COUNTS = ("rejected", "asr_decoded", "asr_audio_s")  # agent.json's second_stage
-HOLD_ENV = "EDGELEARN_AGENT_HOLD"  # test-only: stop the federated thread at a named point (_HeldTransport)
-# while the active context was adapted against an older head (a new version arrived), a run the
-# scheduler deferred or paused is asked for again this soon (else every adapt_every_s)
-READAPT_RETRY_S = 300.0
 
 UNIT = """[Unit]
 Description=edgelearn device agent (keyword detection, on-device adaptation, federated rounds)
@@ -148,90 +146,7 @@ def service_unit(state_dir, cfg: AgentConfig, exe: str | None = None) -> str:
     return UNIT.format(exe=exe, state=Path(state_dir).resolve(), extra=extra)
 
 
-def _chunks_of(source):
-    """int16 chunks of CHUNK samples from ``"mic"``, ``"stdin"``, a WAV path, or (from Python) any
-    iterable of int16 chunks; closed at the end."""
-    import numpy as np
-
-    if not isinstance(source, (str, os.PathLike)):
-        for chunk in source:
-            yield np.asarray(chunk, np.int16)
-        return
-    if source == "none":  # no local audio (the Wyoming clients bring theirs): the loop still ticks
-        while True:
-            time.sleep(CHUNK / SAMPLE_RATE)
-            yield np.zeros(0, np.int16)
-    if source == "stdin":
-        f = sys.stdin.buffer
-        rest = b""
-        while True:
-            b = f.read(2 * CHUNK)
-            if not b:
-                break
-            b = rest + b
-            n = len(b) // 2 * 2
-            rest = b[n:]
-            if n:
-                yield np.frombuffer(b[:n], "<i2")
-        return
-    if source == "mic":
-        import shutil
-
-        if shutil.which("arecord") is None:
-            raise EdgelearnError("--mic needs `arecord` (ALSA utils), which is not installed",
-                                 fix="apt install alsa-utils, or pass --wav FILE or --stdin")
-        proc = subprocess.Popen(["arecord", "-q", "-f", "S16_LE", "-r", str(SAMPLE_RATE), "-c", "1", "-t", "raw"],
-                                stdout=subprocess.PIPE)
-        try:
-            while b := proc.stdout.read(2 * CHUNK):
-                yield np.frombuffer(b[: len(b) // 2 * 2], "<i2")
-        finally:
-            proc.terminate()
-        return
-    from edge.audio import open_wav
-
-    with open_wav(source, min_samples=1) as wav:
-        yield from wav.chunks(CHUNK)
-
-
-def health_check(bundle, clips=None, baseline: float | None = None, backend: str = "auto",
-                 state_dir=None, adapted_from=None) -> dict:
-    """The deep check a new version passes before detection uses it: its keyword model (with a
-    federated version's head, as detection scores) loads, gives
-    finite posteriors that sum to 1 on silence, noise and (when given) the device's labelled clips
-    ``(windows, labels)``, and names at least ``baseline - HEALTH_TOLERANCE`` of those clips right.
-    With ``state_dir``, the model is the one detection runs there: the active adapted context on
-    ``bundle`` (``edge.device.detection_models``; ``adapted_from``: the version the contexts are
-    bound to now, read as they would run on ``bundle`` once carried, nothing moved).
-    Returns {"ok", "accuracy", "reason"}."""
-    import numpy as np
-
-    from edge.device import base_models, detection_models
-
-    try:  # what detection scores with (a federated head and an adapted context included)
-        km, head = (base_models(bundle, backend) if state_dir is None
-                    else detection_models(bundle, state_dir, backend, adapted_from=adapted_from))
-        probe = np.stack([np.zeros(SAMPLE_RATE, np.int16),
-                          np.random.default_rng(0).integers(-3000, 3000, SAMPLE_RATE).astype(np.int16)])
-        windows = probe if clips is None else np.concatenate([probe, clips[0]])
-        emb, probs = km.infer(km.features(windows))
-        if head is not None:
-            probs = head.probs(emb)
-    except Exception as e:  # noqa: BLE001 - whatever breaks a model is a failed check, reported in one line
-        return {"ok": False, "accuracy": None, "reason": f"the model does not run ({e.__class__.__name__}: {e})"}
-    if probs.shape != (len(windows), len(km.labels)) or not np.all(np.isfinite(probs)) \
-            or not np.allclose(probs.sum(axis=1), 1.0, atol=0.1):  # int8 softmax: 1/256 a class
-        return {"ok": False, "accuracy": None, "reason": "posteriors are not finite probabilities over the labels"}
-    if clips is None:
-        return {"ok": True, "accuracy": None, "reason": "smoke inputs only (no labelled clips)"}
-    acc = float(np.mean(np.argmax(probs[2:], axis=1) == clips[1]))
-    if baseline is not None and acc < baseline - HEALTH_TOLERANCE:
-        return {"ok": False, "accuracy": acc,
-                "reason": f"names {acc:.0%} of the labelled clips right, the running version {baseline:.0%}"}
-    return {"ok": True, "accuracy": acc, "reason": "labelled clips"}
-
-
-class Agent:
+class Agent(Versions, Federation, Adaptation):
     """The loop of ``edgelearn device run`` over one state directory; ``run()`` returns when the
     audio ends (a WAV or stdin) or on SIGTERM/SIGINT (``stop()``)."""
 
@@ -302,72 +217,6 @@ class Agent:
             raise EdgelearnError(f"--data {c.data} is not a directory", fix="pass DIR with DIR/<label>/*.wav")
         if c.on_detect is not None and not c.on_detect.strip():
             raise EdgelearnError("--on-detect is empty", fix="pass a shell command, e.g. 'logger -t kws'")
-
-    def _fl_store(self):
-        from edge.store import BundleStore
-
-        return BundleStore(self.state_dir / FL_DIR / "store", self.trusted_keys or self._default_keys())
-
-    def _default_keys(self):
-        from edge.kws import default_trusted_keys
-
-        return default_trusted_keys()
-
-    def _open_device(self) -> tuple[Device, int | None]:
-        """(the device on the federated version it ran last, else the given or shipped bundle; the
-        installed version to health-check before detection uses it, or None).
-
-        The federated client installs a version before the agent checks it, so after a kill -9 the
-        store's current version may never have passed the check: it is used only when it is the one
-        the agent ran (``fl_version`` in agent.json) or the enrolled keywords were already carried
-        to it (the check passed and the switch got that far); otherwise the device opens on the
-        version it ran and the new one is checked now. A rejected version is never used."""
-        bundle, unchecked = self.base_bundle, None
-        if self.cfg.aggregator:
-            store = self._fl_store()
-            ptr = store.pointer()
-            cur, prev = (self._installed(store, ptr[k]) for k in ("current", "previous"))
-            rejected, ran = self.status["rejected"], self.status["fl_version"]
-            if cur is not None and cur.version not in rejected:
-                if cur.version == ran or self._carried_to(cur):
-                    bundle, ran = cur, cur.version
-                else:
-                    unchecked = cur.version
-            if bundle is self.base_bundle and prev is not None and prev.version == ran and ran not in rejected:
-                bundle = prev
-                if cur is not None and cur.version in rejected:  # as _drop_rejected: keep the running one
-                    try:
-                        store.rollback()
-                    except EdgelearnError:
-                        pass
-            if bundle is self.base_bundle:
-                ran = None
-            self.status["fl_version"] = ran
-        dev = Device(self.state_dir, bundle, backend=self.backend, trusted_keys=self.trusted_keys,
-                     sysfs_root=self.sysfs_root)
-        self.status["version"] = f"{dev.bundle.model_id} v{dev.bundle.version}"
-        return dev, unchecked
-
-    @staticmethod
-    def _installed(store, name):
-        """The verified bundle ``name`` of the store, or None (none, or damaged: not usable)."""
-        if name is None:
-            return None
-        from edge.bundle import load_bundle
-
-        try:
-            return load_bundle(store.bundles_dir / name, trusted_keys=store.trusted_keys)
-        except EdgelearnError:
-            return None
-
-    def _carried_to(self, bundle) -> bool:
-        """Whether the enrolled keywords are bound to ``bundle`` already (``Device.carry_to`` ran)."""
-        from edge.enroll import DeviceState
-
-        try:
-            return bool(DeviceState.open(self.state_dir, bundle).keywords)
-        except EdgelearnError:
-            return False
 
     def _model_status(self) -> dict:
         """``status["model"]``: which model detection runs (``edge.device.detection_info``: version,
@@ -481,227 +330,6 @@ class Agent:
             self._next_status = now + self.cfg.status_every_s
             self._write_status()
 
-    def _adapt_cmd(self) -> list[str]:
-        cmd = [sys.executable, "-m", "edge.cli", "device", "adapt", "--state", str(self.state_dir),
-               "--data", str(self.cfg.data), "--strategy", self.cfg.strategy, "--backend", self.backend,
-               "--sysfs-root", str(self.sysfs_root)]
-        root = getattr(self.device.bundle, "root", None)
-        if root is not None and Path(root).is_dir():
-            cmd += ["--bundle", str(root)]
-        if self.trusted_keys is not None:
-            cmd += ["--pubkey", str(self.trusted_keys)]
-        return cmd
-
-    def _poll_adapt(self, now: float) -> None:
-        if self.child is not None:
-            rc = self.child.poll()
-            if rc is None:
-                return
-            out, err = self.child.communicate()
-            self.child = None
-            try:
-                res = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
-            except ValueError:
-                res = {}
-            if rc != 0:
-                res = {"status": "failed", "reason": (err.strip().splitlines() or ["exit %d" % rc])[-1]}
-            self.status["last_adapt"] = {"time": time.time(), **{k: res.get(k) for k in
-                                                                 ("status", "reason", "version", "steps", "strategy")}}
-            self.status["state"] = "running"
-            if self._model_status()["readapt_pending"]:  # deferred, paused or failed: asked again soon
-                self._next_adapt = min(self._next_adapt, now + READAPT_RETRY_S)
-            self._write_status()
-            self._restart = True  # the adapted model (when the run committed), and replay back on
-            return
-        if self.cfg.data is None or not self.cfg.adapt or now < self._next_adapt:
-            return
-        self._next_adapt = now + self.cfg.adapt_every_s
-        self._restart = True  # detection stops writing the replay buffer while the run owns it
-        self.child = subprocess.Popen(self._adapt_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      preexec_fn=lambda: os.nice(10))
-        self.status["state"] = "adapting"
-        self._write_status()  # an event of note: agent.json says a run is in progress
-
-    def _poll_federation(self, now: float) -> None:
-        if not self.cfg.aggregator:
-            return
-        while True:
-            try:
-                kind, res = self._fl_results.get_nowait()
-            except queue.Empty:
-                break
-            self._after_round(kind, res)
-        busy = self._fl_thread is not None and self._fl_thread.is_alive()
-        if busy or now < self._next_checkin:
-            return
-        self._next_checkin = now + self.cfg.checkin_every_s
-        self._fl_thread = threading.Thread(target=self._round, name="edgelearn-fl", daemon=True)
-        self._fl_thread.start()
-
-    def _fl_client(self):
-        if self.fl is None:
-            from edge.fl import FLClient
-            from edge.keys import load_hmac_key
-
-            server = self.cfg.aggregator
-            hold = os.environ.get(HOLD_ENV)
-            if hold:
-                from edge.fl.transport import HttpTransport
-
-                server = _HeldTransport(HttpTransport(server), hold)
-            self.fl = FLClient(server, self.cfg.device_id, load_hmac_key(self.cfg.device_key),
-                               self.state_dir / FL_DIR, trusted_keys=self.trusted_keys or self._default_keys(),
-                               data=self._fl_examples)
-        return self.fl
-
-    def _fl_examples(self):
-        """The device's own examples for a federated round (``edge.fl.local.local_examples``, what
-        the fleet simulator's devices train on too): embeddings of its labelled clips (each command
-        clip ``FL_AUGMENT`` times), of the confident detections ``Device.detect`` kept in the tail
-        replay buffer, and of the embedding replay buffer."""
-        from edge.fl.local import local_examples
-
-        return local_examples(self.device, self.labelled_clips(), augment=FL_AUGMENT)
-
-    def _checkin_status(self) -> dict:
-        from edge.scheduler import read_sysfs
-
-        r, _ = read_sysfs(self.sysfs_root, time.time())
-        st = {"network": self.cfg.network}
-        if r.battery_pct is not None:
-            st["battery"] = r.battery_pct / 100.0
-        elif r.has_battery is False:
-            st["battery"] = 1.0
-        if r.charging is not None or r.on_mains is not None:
-            st["charging"] = bool(r.charging or r.on_mains)
-        if r.temp_c is not None:
-            st["temperature"] = float(r.temp_c)
-        return st
-
-    def _round(self) -> None:
-        """One check-in (background thread): train and upload when selected; posts what happened,
-        with the version the store holds now (a round that fails after its install still posts it)."""
-        c = None
-        try:
-            c = self._fl_client()
-            before = c.bytes_up
-            ans = c.run_once(self._checkin_status())
-            self._fl_results.put(("ok", {"answer": ans, "bytes": c.bytes_up - before,
-                                         "version": c.current_version()}))
-        except Exception as e:  # noqa: BLE001 - a failed round never ends the agent; the next check-in retries
-            if isinstance(e, EdgelearnError):
-                why = str(e)
-            elif isinstance(e, OSError):
-                why = f"aggregator unreachable ({e.__class__.__name__}: {e})"
-            else:
-                why = f"the round failed ({e.__class__.__name__}: {e})"
-            try:
-                version = None if c is None else c.current_version()
-            except EdgelearnError:
-                version = None
-            self._fl_results.put(("error", {"error": why, "version": version}))
-
-    def _after_round(self, kind: str, res: dict) -> None:
-        now = time.time()
-        if kind == "error":
-            self.status["last_checkin"] = {"time": now, "error": res["error"]}
-        else:
-            ans = res["answer"]
-            action = ans.get("action")
-            self.status["last_checkin"] = {"time": now, "action": action, "round_id": ans.get("round_id"),
-                                           "version": res["version"]}
-            rid, last = ans.get("round_id"), self.status["last_round"]
-            if action in ("uploaded", "secure"):
-                self.status["rounds_joined"] += 1
-                self.status["bytes_uploaded"] += int(res["bytes"])
-                if isinstance(rid, int):
-                    self.status["last_round"] = max(rid, last or 0)
-            elif action == "wait" and isinstance(ans.get("contributed"), int) and last is not None \
-                    and ans["contributed"] > last:
-                # the aggregator has this round's update, but a kill -9 came before it was counted here
-                self.status["rounds_joined"] += 1
-                self.status["last_round"] = ans["contributed"]
-        # whatever the round's outcome, what it installed is checked (or dropped) now: the store keeps
-        # only its current and previous versions, so the running one must stay one of them
-        installed = res.get("version")
-        running = self.device.bundle.version
-        if installed is not None and installed != running:
-            if installed in self.status["rejected"]:  # re-installed to train a round on it: not used again
-                self._drop_rejected(installed)
-            else:
-                self._switch_version(installed)
-        self._write_status()
-
-    def _drop_rejected(self, version: int) -> None:
-        """The store's current version is one the health check rejected (the client installs what a
-        round trains): make the running version current again, so the next install keeps it."""
-        store = self._fl_store()
-        ptr = store.pointer()
-        b = self.device.bundle
-        if ptr["previous"] == f"{b.model_id}-v{b.version}" and ptr["current"] == f"{b.model_id}-v{version}":
-            try:
-                store.rollback()
-            except EdgelearnError:
-                pass
-
-    def _switch_version(self, version: int) -> None:
-        """A newly installed federated version: deep health check, then detection uses it; rolled
-        back when it fails (the running version stays)."""
-        store = self._fl_store()
-        new = store.current()
-        clips = self.labelled_clips()
-        # the path detection runs (an adapted context, rebased onto the new head): before 2026-12-03 the
-        # two versions' base models were compared, so an adaptation the new version breaks went unseen
-        run = self.device.bundle
-        base = health_check(run, clips, backend=self.backend, state_dir=self.state_dir)["accuracy"] \
-            if clips is not None else None
-        h = health_check(new, clips, baseline=base, backend=self.backend, state_dir=self.state_dir, adapted_from=run)
-        if h["ok"]:
-            # a run in progress trains against the running version, and its commit would bind the adapt
-            # pointer back to it: stopped first (its checkpoint is not resumed on another head)
-            self._stop_child(f"version {version} arrived")
-            try:  # the enrolled keywords and adapted tail move with it, or the version is not used
-                self.device.carry_to(new)
-            except EdgelearnError as e:
-                h = {"ok": False, "accuracy": h["accuracy"], "reason": str(e)}
-        self.status["last_health"] = {"time": time.time(), "version": version, **h}
-        if not h["ok"]:
-            self.device.unbind_adapted(new)  # a carry_to killed half-way may have moved the adapt pointer
-            try:
-                store.rollback()
-            except EdgelearnError:  # the first federated version: the running (shipped) bundle stays
-                pass
-            self.status["rollbacks"] += 1
-            self.status["rejected"] = sorted(set(self.status.get("rejected", [])) | {int(version)})
-            print(json.dumps({"warning": f"version {version} failed its health check ({h['reason']}); rolled back"}),
-                  file=sys.stderr, flush=True)
-            return
-        self.device = Device(self.state_dir, new, backend=self.backend, trusted_keys=self.trusted_keys,
-                             sysfs_root=self.sysfs_root)
-        self._clips = None
-        if self.wyoming is not None:
-            self.wyoming.device = self.device
-        self.status["version"] = f"{new.model_id} v{new.version}"
-        self.status["fl_version"] = new.version
-        if self._model_status()["readapt_pending"]:  # adapted on another head: again on this one, at once
-            self._next_adapt = self.clock()
-        self._restart = True
-
-    def _stop_child(self, why: str) -> None:
-        """End the adaptation run in progress, if any (SIGTERM; every file it writes is old or new)."""
-        if self.child is None:
-            return
-        self.child.terminate()
-        try:
-            self.child.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.child.kill()
-            self.child.communicate()
-        self.child = None
-        self.status["state"] = "running"
-        self.status["last_adapt"] = {"time": time.time(), "status": "stopped", "reason": why, "version": None,
-                                     "steps": None, "strategy": self.cfg.strategy}
-
     # -- the way out -----------------------------------------------------------------------------
     def _stage_counts(self) -> dict:
         """The second stages' counters: those of the detectors before this one plus this one's."""
@@ -739,40 +367,3 @@ class Agent:
                 pass
         self.status["state"] = "stopped"
         self._write_status()
-
-
-class _HeldTransport:
-    """Test-only, and off unless ``EDGELEARN_AGENT_HOLD`` is set (tests/test_agent_fleet.py): with
-    ``before|after,PATH,N,MARKER`` the federated thread stops at its N-th request to PATH (before the
-    request is sent, or after its answer arrived), writes MARKER and waits until the process is
-    killed. How a test kills -9 an agent at a named point of a round; detection runs on meanwhile."""
-
-    def __init__(self, inner, spec: str):
-        try:
-            when, self.path, n, self.marker = spec.split(",", 3)
-            self.n = int(n)
-        except ValueError:
-            raise EdgelearnError(f"{HOLD_ENV}={spec!r} is not before|after,PATH,N,MARKER",
-                                 fix=f"unset {HOLD_ENV} (it is for tests)") from None
-        if when not in ("before", "after"):
-            raise EdgelearnError(f"{HOLD_ENV}={spec!r}: {when!r} is not before or after", fix=f"unset {HOLD_ENV}")
-        self.inner, self.when, self.seen = inner, when, 0
-
-    def _hold(self, method, path):
-        atomic_write(Path(self.marker), json.dumps({"pid": os.getpid(), "at": f"{self.when} {method} {path}"}).encode())
-        threading.Event().wait()
-
-    def request(self, method, path, body=b"", headers=None):
-        hit = False
-        if path == self.path:
-            self.seen += 1
-            hit = self.seen == self.n
-        if hit and self.when == "before":
-            self._hold(method, path)
-        res = self.inner.request(method, path, body, headers)
-        if hit:
-            self._hold(method, path)
-        return res
-
-    def close(self):
-        self.inner.close()

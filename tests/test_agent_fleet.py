@@ -8,7 +8,7 @@ v5 and uses it.
 
 The fairness budget (``max_rounds_per_window`` over a window longer than the test) paces the
 fleet: each phase allows exactly the rounds it needs, so every version number below is determined.
-Two agents carry ``EDGELEARN_AGENT_HOLD`` (edge/agent.py ``_HeldTransport``): their federated
+Two agents carry ``EDGELEARN_AGENT_HOLD`` (edge/agent_federation.py ``_HeldTransport``): their federated
 thread stops at their second upload, before sending it or after its answer, which is where the
 test kills them. Timeouts only guard against hangs; nothing is asserted about time."""
 

@@ -30,5 +30,6 @@ the 64-d embedding (``head.npz`` in a federated bundle; ``edge.fl`` trains it in
 
 from edge.adapt.head import EmbeddingHead, classifier_from_bundle  # noqa: F401
 from edge.adapt.trainer import STRATEGIES, Trainer, choose_sparse, mix_replay  # noqa: F401
-from edge.adapt.conv import Backbone, ConvTail, TailModel, load_tail  # noqa: F401
+from edge.adapt.conv import ConvTail, TailModel  # noqa: F401
+from edge.adapt.convbundle import Backbone, load_tail  # noqa: F401
 from edge.adapt.convtrain import ConvTrainer  # noqa: F401

@@ -1,0 +1,178 @@
+"""A Device's detection: ``Device.detect`` streams audio (a WAV file or file object, samples,
+chunks, the microphone) through ``Device.detector``, the detector of the state's keywords, active
+model and operating points, whose confirmed base-keyword detections feed the tail replay buffer.
+
+Split from device.py to keep each file about one thing; ``Device`` inherits ``Detection``, and
+``edge.device`` imports ``CHUNK`` and the helpers from here.
+
+    >>> det, replay = Device("state/").detector(sensitivity=1.0)   # what the agent swaps on a new model
+    >>> events = det.push(chunk)
+"""
+
+from __future__ import annotations
+
+from edge.device_data import is_path
+from edge.device_models import calibrated_for, embedding_dim, version_thresholds
+from edge.errors import EdgelearnError
+
+CHUNK = 1600  # samples pushed to the detector at a time (0.1 s, as a microphone delivers them)
+
+
+class Detection:
+    """Mixin: needs ``bundle``, ``state_dir``, ``backend``, ``enrolled``, ``recover`` and ``models``
+    from ``Device``."""
+
+    def detect(self, source=None, *, mic: bool = False, keywords=None, threshold=None,
+               sensitivity: float | None = None, stride: int = 4, confirm: float = 0.9, replay: bool = True,
+               asr: bool = False):
+        """Stream ``source`` through the detector; returns an iterator of events
+        ``{"keyword", "time_s", "score"}``, each as soon as it is found.
+
+        ``source``: a WAV path or binary file object (16 kHz mono 16-bit, any length, read in
+        0.1 s chunks), an int16 array of samples, or an iterable of int16 chunks; ``mic=True``:
+        the default ALSA device (``arecord``) until it stops. ``keywords``: base keywords to report
+        (None: the bundle's commands; ``"all"``: every word label). ``threshold``: one for every
+        base keyword or {keyword: threshold} (None: the version's own operating point when it was
+        published with one, ``version_thresholds``, else
+        ``edge.detect.THRESHOLD``); ``sensitivity``
+        instead: the thresholds ``calibrate`` set for at most this many false accepts per hour.
+        Base-keyword events at or above ``confirm`` feed the tail replay buffer unless
+        ``replay=False``. ``asr``: PocketSphinx confirms every base-keyword detection, first stage at
+        ``edge.confirm.FIRST_STAGE`` unless a threshold or sensitivity is given (``edge.confirm``;
+        ``pip install 'edgelearn[asr]'``). The models are loaded when this is called; the audio is
+        read while the iterator runs."""
+        if mic == (source is not None):
+            raise EdgelearnError("detect needs one audio source", fix="pass a WAV file, samples or chunks, or mic=True")
+        det, store = self.detector(keywords=keywords, threshold=threshold, sensitivity=sensitivity, stride=stride,
+                                   confirm=confirm, replay=replay, asr=asr)
+        return _events(det, source, mic, store)
+
+    def detector(self, *, keywords=None, threshold=None, sensitivity: float | None = None, stride: int = 4,
+                 confirm: float = 0.9, replay: bool = True, enrolled=None, levels: dict | None = None,
+                 asr: bool = False):
+        """(``edge.detect.Detector``, the tail replay store it feeds or None) for the state's keywords,
+        active model and operating points (the options are ``detect``'s): what ``detect`` streams
+        through, and what the agent swaps when the model changes (``Detector.continue_from``).
+        ``enrolled``: names of the enrolled keywords to detect (None: every one; the Wyoming
+        server's ``detect`` names, edge/wyoming.py). ``levels``: {enrolled keyword: sensitivity} to
+        detect at instead of their own (``calibrate`` measures each level)."""
+        if threshold is not None and sensitivity is not None:
+            raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
+                                 fix="pass threshold=T, or sensitivity=FA_PER_HOUR after `calibrate`")
+        from edge.adapt.verified import load_verified
+        from edge.detect import THRESHOLD, Detector, default_keywords
+
+        bundle = self.bundle
+        state = self.enrolled()
+        if enrolled is not None or levels:
+            from edge.enroll import DeviceState
+
+            kws = [k for k in state.keywords if enrolled is None or k["name"] in set(enrolled)]
+            kws = [{**k, "sensitivity": (levels or {}).get(k["name"], k.get("sensitivity", "medium"))} for k in kws]
+            state = DeviceState(state.root, state.model_id, state.version, kws, bundle)
+        recogniser = None
+        if asr:
+            from edge.confirm import FIRST_STAGE, AsrConfirm
+
+            recogniser = AsrConfirm()
+            if threshold is None and sensitivity is None:
+                threshold = FIRST_STAGE
+        self.recover()
+        km, head = self.models()
+        if keywords == "all":
+            keywords = [w for w in km.labels if not w.startswith("_")]
+        elif keywords is not None:
+            keywords = [keywords] if isinstance(keywords, str) else list(keywords)
+        feed, store = (None, None) if not replay else _replay_feeder(bundle, self.state_dir, km, self.backend,
+                                                                     confirm)
+        if sensitivity is not None:
+            from edge.operating import load_points
+
+            threshold = load_points(self.state_dir, calibrated_for(bundle, self.state_dir)).thresholds(sensitivity)
+            if keywords is not None:
+                threshold = {w: t for w, t in threshold.items() if w in keywords}
+        if threshold is None:  # the version's own operating point (an adapted tail ends in its head too)
+            thr = version_thresholds(bundle)
+            if thr is not None:
+                watched = default_keywords(km) if keywords is None else keywords
+                threshold = {w: t for w, t in thr.items() if w in watched} or None
+        threshold = THRESHOLD if threshold is None else threshold
+        custom = state.custom(dim=embedding_dim(km))
+        verified = None if head is not None else load_verified(self.state_dir, bundle, threshold=threshold,
+                                                               keywords=keywords, custom=custom)
+        if verified is not None:
+            # the adapted commands run through both stages (edge/adapt/verified.py); the others as before
+            keywords = [w for w in (default_keywords(km) if keywords is None else keywords)
+                        if w not in verified.names[:verified.n_base]]
+            custom = verified
+            if isinstance(threshold, dict):
+                threshold = {w: t for w, t in threshold.items() if w in keywords}
+        det = Detector(km, custom=custom, keywords=keywords, threshold=threshold, stride=stride, head=head,
+                       on_event=feed, asr=recogniser)
+        return det, store
+
+
+def _replay_feeder(bundle, state_dir, km, backend, confirm):
+    """on_event hook: confirmed base-keyword detections go into the tail replay buffer (weak labels)."""
+    import numpy as np
+
+    from edge.adapt import Backbone
+    from edge.replay import TAIL_REPLAY, ReplayStore
+
+    bb = Backbone(bundle, backend=backend)
+    dim = int(np.prod(bb.backend.outputs[0].shape[1:]))
+    store = ReplayStore(state_dir, dim=dim, max_bytes=1 << 20, name=TAIL_REPLAY)
+    scale, zp = bb.qparams
+
+    def feed(ev, window):
+        if ev["keyword"] in km.labels and ev["score"] >= confirm and window is not None:
+            q = bb(window[None])[0]
+            store.add((q.astype(np.float32) - zp) * scale, km.labels.index(ev["keyword"]))
+
+    return feed, store
+
+
+def _events(det, source, mic, replay):
+    """The detector's events over ``source`` (see ``Device.detect``); the replay buffer's last
+    partial batch is written on the way out."""
+    import numpy as np
+
+    try:
+        if mic:
+            yield from _mic_events(det)
+            return
+        if is_path(source) or hasattr(source, "read"):
+            from edge.audio import open_wav
+
+            # streamed in 0.1 s chunks (as a mic would be): memory stays bounded at any length
+            with open_wav(source, min_samples=1) as wav:
+                for chunk in wav.chunks(CHUNK):
+                    yield from det.push(chunk)
+        else:
+            chunks = source
+            if isinstance(source, np.ndarray):
+                chunks = (source[i:i + CHUNK] for i in range(0, len(source), CHUNK))
+            for chunk in chunks:
+                yield from det.push(np.asarray(chunk))
+        yield from det.flush()
+    finally:
+        if replay is not None:
+            replay.flush()  # batched writes
+
+
+def _mic_events(det):
+    import shutil
+    import subprocess
+
+    import numpy as np
+
+    if shutil.which("arecord") is None:
+        raise EdgelearnError("--mic needs `arecord` (ALSA utils), which is not installed",
+                             fix="apt install alsa-utils, or pass --wav FILE")
+    proc = subprocess.Popen(["arecord", "-q", "-f", "S16_LE", "-r", "16000", "-c", "1", "-t", "raw"],
+                            stdout=subprocess.PIPE)
+    try:
+        while chunk := proc.stdout.read(3200):
+            yield from det.push(np.frombuffer(chunk[: len(chunk) // 2 * 2], "<i2"))
+    finally:
+        proc.terminate()

@@ -158,9 +158,10 @@ def refractory(events: list[dict], seconds: float = 1.0) -> list[dict]:
     return kept
 
 
-def score_positives(events: list[dict], spans, clips: list[Clip], words=COMMANDS10) -> dict:
+def score_positives(events: list[dict], spans, clips: list[Clip], words=COMMANDS10, noisy: bool = False) -> dict:
     """Hits per clip and substitutions (events naming another command on a clip); ``balanced``:
-    the mean over ``words`` of each word's recall."""
+    the mean over ``words`` of each word's recall. ``noisy`` (a ``positive_stream`` with noise,
+    clip i under ``COLOURS[i % 3]``): also ``by_noise``, the recall of each noise's clips."""
     hits, subs = [], 0
     for (a, b), c in zip(spans, clips):
         near = [e for e in events if a - 0.1 <= e["time_s"] <= b + 1.0]
@@ -168,8 +169,12 @@ def score_positives(events: list[dict], spans, clips: list[Clip], words=COMMANDS
         subs += sum(e["keyword"] != c.word for e in near)
     per_word = {w: float(np.mean([h for h, c in zip(hits, clips) if c.word == w])) for w in words
                 if any(c.word == w for c in clips)}
-    return {"recall": float(np.mean(hits)), "balanced": float(np.mean(list(per_word.values()))),
-            "per_word": per_word, "substitutions": subs, "n": len(clips)}
+    out = {"recall": float(np.mean(hits)), "balanced": float(np.mean(list(per_word.values()))),
+           "per_word": per_word, "substitutions": subs, "n": len(clips)}
+    if noisy:
+        out["by_noise"] = {c: float(np.mean(hits[k::len(COLOURS)])) for k, c in enumerate(COLOURS)
+                           if hits[k::len(COLOURS)]}
+    return out
 
 
 def false_accepts(events: list[dict], spans, prompts) -> dict:

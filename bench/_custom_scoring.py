@@ -37,7 +37,7 @@ def score(events_of, streams, negs, real, noisy=None) -> dict:
     res = {"positives": {}, "fa": {}}
     for (vid, snr), (pcm, spans, clips) in streams.items():
         ev = events_of(f"pos_{vid}_{snr}", pcm)
-        res["positives"][f"{vid}|{snr}"] = B.score_positives(ev, spans, clips, words=PHRASES)
+        res["positives"][f"{vid}|{snr}"] = B.score_positives(ev, spans, clips, words=PHRASES, noisy=snr is not None)
     for kind, parts in (("synthetic", negs), ("real", real), ("noisy", noisy)):
         if not parts:
             continue
@@ -53,16 +53,22 @@ def score(events_of, streams, negs, real, noisy=None) -> dict:
     return res
 
 
-def frr(res, group: str, snrs=SNRS, users=(USER,)) -> float:
-    """Miss rate over the enrolling voices ("user": ``users``) or the other voices, at the given SNRs."""
+def frr(res, group: str, snrs=SNRS, users=(USER,), noise: str | None = None) -> float:
+    """Miss rate over the enrolling voices ("user": ``users``) or the other voices, at the given SNRs;
+    ``noise``: of the clips under that noise alone (white, pink, babble: ``score_positives``' by_noise)."""
     enrolled = {f"{u[0]}:{u[1]}" for u in users}
     hits = n = 0
     for key, r in res["positives"].items():
         vid, snr = key.split("|")
         snr = None if snr == "None" else int(snr)
         if snr in snrs and ((vid in enrolled) == (group == "user")):
-            hits += r["recall"] * r["n"]
-            n += r["n"]
+            if noise is None:
+                hits += r["recall"] * r["n"]
+                n += r["n"]
+            elif noise in r.get("by_noise", {}):    # clip i under COLOURS[i % 3]
+                k = len(range(B.COLOURS.index(noise), r["n"], len(B.COLOURS)))
+                hits += r["by_noise"][noise] * k
+                n += k
     return 1.0 - hits / n
 
 
@@ -101,9 +107,11 @@ def condition_rows(where: str, r: dict, users=(USER,)) -> list[dict]:
     mine = "the enrolment voice" if len(users) == 1 else f"the enrolling voices ({', '.join(u[1] for u in users)})"
     for group in ("user", "others"):
         for snrs, cond in (((None,), "clean"), ((20, 10, 5), "5-20 dB")):
+            split = cond != "clean" and any("by_noise" in p for p in r["positives"].values())
+            by_noise = {"by_noise": {c: round(frr(r, group, snrs, users, c), 4) for c in B.COLOURS}} if split else {}
             rows.append(row(f"{where}: {mine if group == 'user' else 'other voices'}, {cond}",
                             "false-reject rate", round(frr(r, group, snrs, users), 4), "fraction", "goal",
-                            0.10 if group == "user" else 0.30, ratio=None))
+                            0.10 if group == "user" else 0.30, ratio=None, **by_noise))
     for kind in ("synthetic", "real", "noisy"):
         if kind not in r["fa"]:
             continue

@@ -92,7 +92,8 @@ def speaker_rows(bundle, km, streams, test, syn, room, tmp) -> tuple[list[dict],
                                                     "verified")},
                      "before": {"clean": before, "own_speech": before_own}}
         for label, make in dets.items():
-            after = {snr: B.score_positives(detect_pcm(make(), streams[(v, snr)][0]), *streams[(v, snr)][1:])
+            after = {snr: B.score_positives(detect_pcm(make(), streams[(v, snr)][0]), *streams[(v, snr)][1:],
+                                            noisy=snr is not None)
                      for snr in B.SNRS}
             fa, own_fa, syn_fa = real_fa_with(make, test), negative_fa_with(make, said), negative_fa_with(make, syn)
             fa_noisy = {snr: real_fa_with(make, test, x) for snr, x in noisy_test.items()}
@@ -105,6 +106,8 @@ def speaker_rows(bundle, km, streams, test, syn, room, tmp) -> tuple[list[dict],
                             "streaming command recall (class-balanced)", round(after[None]["balanced"], 4),
                             "fraction", "before adapting (0.7)", round(before["balanced"], 4), ratio=None,
                             at_20db=round(after[20]["balanced"], 4), at_10db=round(after[10]["balanced"], 4),
+                            **{f"at_{snr}db_by_noise": {c: round(x, 4) for c, x in after[snr]["by_noise"].items()}
+                               for snr in (20, 10)},
                             real_fa_per_hour=round(fa["fa_per_hour"], 2), real_fa_examples=fa["examples"],
                             **{f"real_fa_per_hour_{snr}db": round(f["fa_per_hour"], 2) for snr, f in fa_noisy.items()},
                             in_sentence=f"{fa['in_sentence_found']}/{fa['in_sentence_said']}",

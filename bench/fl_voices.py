@@ -71,11 +71,14 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import row, write_results
+from host.fleet.simulate import LEARNING_RATES
 
 DEVICES = 9
 ROUNDS = 18  # 12 until 2026-12-02: 18 gained on development data in every schedule but one (scripts/fl_sweep.py)
 CLIENTS = 4
-LR = 0.02  # 0.05 while devices trained the classifier alone (until 2026-12-03; scripts/fl_sweep.py)
+# 0.02, the shipped-head task's own step (host.fleet.simulate.LEARNING_RATES); 0.05 while devices trained
+# the classifier alone (until 2026-12-03; scripts/fl_sweep.py)
+LR = LEARNING_RATES["shipped-head"]
 EPOCHS = 1
 TOPK = 0.02
 OWN_WORDS = 90        # the user's other words each device heard (_unknown_)

@@ -105,7 +105,7 @@ def positives(km, thresholds, streams) -> dict:
     out = {}
     for (voice, snr), (pcm, spans, clips) in streams.items():
         evs = detect_pcm(Detector(km, threshold=thresholds), pcm)
-        out[(voice, snr)] = B.score_positives(evs, spans, clips)
+        out[(voice, snr)] = B.score_positives(evs, spans, clips, noisy=snr is not None)
     return out
 
 

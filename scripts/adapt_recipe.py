@@ -378,9 +378,11 @@ def adapt(ev, voice, recipe: dict, ambient_x=None):
         w = ev.data(f"adaptpcm_{voice}")["w"]
         cmd = [i for i, wd in enumerate(words) if wd in COMMANDS10]
         src = recipe.get("aug_noise", "ambient")
-        noise = np.concatenate(noise_pool) if src == "ambient" and noise_pool else None
+        # with aug_colours the pool is there for its "talker" / "babble" copies
+        noise = np.concatenate(noise_pool) if (src == "ambient" or "aug_colours" in recipe) and noise_pool else None
         aug = augment(w[cmd], recipe["aug"], np.random.default_rng(1), noise=noise,
-                      snr_db=tuple(recipe.get("aug_snr", (5.0, 30.0))))
+                      snr_db=tuple(recipe.get("aug_snr", (5.0, 30.0))),
+                      colours=recipe.get("aug_colours"))
         xa = ev.feats(aug)
         ya = np.repeat(np.array([ev.labels.index(words[i]) for i in cmd]), recipe["aug"])
         rest = [j for j, i in enumerate(keep) if words[i] not in COMMANDS10]
@@ -390,8 +392,9 @@ def adapt(ev, voice, recipe: dict, ambient_x=None):
         from edge.adapt.ambient import augment as _aug
 
         pool = np.concatenate(noise_pool)
-        copies = _aug(pool, 2, np.random.default_rng(3), noise=None,
-                      snr_db=tuple(recipe.get("aug_snr", (5.0, 30.0))))[1::2]
+        copies = _aug(pool, 2, np.random.default_rng(3), noise=pool if "aug_colours" in recipe else None,
+                      snr_db=tuple(recipe.get("aug_snr", (5.0, 30.0))),
+                      colours=recipe.get("aug_colours"))[1::2]
         negs.append(ev.feats(copies))
     if ambient_x is not None and recipe.get("ambient"):
         n = recipe.get("ambient_n")

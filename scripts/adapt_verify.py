@@ -142,7 +142,10 @@ def score(ev, sec, voice, delta, fold_):
                 evs = A.emulate(s, d["ends"], thr, verify=sec.fn(name) if two else None)
                 evs = [{"keyword": A.COMMANDS10[k], "time_s": t} for k, t, _ in evs]
                 clips = [A.B.Clip(voice, str(w), np.zeros(0)) for w in d["words"]]
-                r[f"recall_{snr}"] = A.B.score_positives(evs, [tuple(x) for x in d["spans"]], clips)["balanced"]
+                sp = A.B.score_positives(evs, [tuple(x) for x in d["spans"]], clips, noisy=snr != "clean")
+                r[f"recall_{snr}"] = sp["balanced"]
+                for colour, x in sp.get("by_noise", {}).items():   # white, pink, babble: clip by clip in turn
+                    r[f"recall_{snr}_{colour}"] = x
             for k, name in streams.items():
                 d = ev.data(name)
                 evs = A.emulate(sc[k], d["ends"], thr, verify=sec.fn(name) if two else None)

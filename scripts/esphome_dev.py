@@ -14,6 +14,9 @@ With a third argument (sliding-window sizes, e.g. ``1,5,10``) each model's outpu
 as pymicro-wakeword would average them over that many inferences (a manifest's
 ``sliding_window_size``), with no retraining.
 
+``--ensemble A+B,A+B+C`` also scores the mean of those settings' per-inference outputs (then the
+manifest's sliding window), what one exported model averaging their sub-networks would output.
+
     $ .venv/bin/python scripts/esphome_dev.py '{"base": {"real_speech": [], "telephone": 0},
           "real": {}}' ["hey jarvis,okay nabu"] [1,3,5,10]   # ~4 min of training per setting and phrase
 """
@@ -45,6 +48,11 @@ def main(argv) -> int:
     from bench import esphome_export as BE
     from host.export import esphome as E
 
+    ensembles = []
+    if "--ensemble" in argv:
+        k = argv.index("--ensemble")
+        ensembles = [e.split("+") for e in argv[k + 1].split(",")]
+        argv = argv[:k] + argv[k + 2:]
     settings = json.loads(argv[0]) if argv else {"recipe": {}}
     phrases = argv[1].split(",") if len(argv) > 1 and argv[1] else list(BE.PHRASES)
     windows = [int(w) for w in argv[2].split(",")] if len(argv) > 2 else []
@@ -92,6 +100,17 @@ def main(argv) -> int:
                                          "frr": round(v["frr"], 1), "frr_by_voice": v["frr_by_voice"],
                                          "fa_dev": v["fa_dev"]}
                                      for k, v in sc.items() if k in ("fa<=0.5", "fa<=2")}}), flush=True)
+        for members in ensembles:     # the members' per-inference outputs averaged, then the window
+            raws = [out["models"][m]["raw"] for m in members]
+            w = out["models"][members[0]]["window"]
+            res = dict(out["models"][members[0]],
+                       streams=[(t, window_mean(np.mean([r[i] for r in raws], axis=0), w))
+                                for i, (t, _p) in enumerate(out["models"][members[0]]["streams"])])
+            sc = BE._score(res, pos, pos_idx, neg_idx, neg_idx, hours, hours)
+            print(json.dumps({"ensemble": "+".join(members), "phrase": phrase,
+                              **{k: {"cutoff": v["cutoff"], "met": v["target_met_on_dev"], "frr": round(v["frr"], 1),
+                                     "frr_by_voice": v["frr_by_voice"], "fa_dev": v["fa_dev"]}
+                                 for k, v in sc.items() if k in ("fa<=0.5", "fa<=2")}}), flush=True)
     return 0
 
 

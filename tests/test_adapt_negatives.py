@@ -166,6 +166,27 @@ def test_augment_keeps_each_clip_first_and_mixes_noise_at_the_asked_snr():
         augment(clips[:, :100], 2, rng)
 
 
+def test_augment_noise_colours_tilt_the_spectrum_and_white_alone_keeps_the_old_copies():
+    """``colours`` draws each copy's synthetic noise from white, pink or brown; ("white",), the
+    default, draws no colour, so its copies are the ones augment always made."""
+    from edge.adapt.ambient import coloured
+
+    def tilt(x):     # power in 40-400 Hz over 2-4 kHz (rfft bins of 1 Hz)
+        f = np.abs(np.fft.rfft(x)) ** 2
+        return f[40:400].mean() / f[2000:4000].mean()
+
+    rng = np.random.default_rng(0)
+    t = [tilt(coloured(rng, c)) for c in ("white", "pink", "brown")]
+    assert 0.7 < t[0] < 1.4 and 5 < t[1] < 50 < t[2]
+    clips = (np.random.default_rng(1).standard_normal((2, 16000)) * 3000).astype(np.int16)
+    a = augment(clips, 4, np.random.default_rng(5))
+    np.testing.assert_array_equal(a, augment(clips, 4, np.random.default_rng(5), colours=("white",)))
+    b = augment(clips, 4, np.random.default_rng(5), colours=("white", "pink", "brown"))
+    assert b.shape == a.shape and not np.array_equal(a[1:4], b[1:4])
+    with pytest.raises(EdgelearnError, match="colours"):
+        augment(clips, 2, rng, colours=("purple",))
+
+
 @pytest.mark.skipif(shutil.which("espeak-ng") is None or shutil.which("flite") is None,
                     reason="espeak-ng or flite not installed")
 def test_adapting_with_negatives_keeps_other_speech_unknown():
@@ -242,6 +263,17 @@ def test_training_windows_augment_word_clips_and_label_ambient_unknown():
     from edge.adapt.ambient import augment   # the copies are those of augment(n=2) after each clip itself
     np.testing.assert_array_equal(xn[21:], augment(amb, 2, np.random.default_rng([0, 1]))[1::2])
     np.testing.assert_array_equal(xn, training_windows(w, y, labels, ambient=amb, augment=4, noisy_ambient=True)[0])
+
+
+def test_recipe_options_of_the_wrong_type_are_one_sentence():
+    from edge.adapt.recipe import resolve
+
+    assert resolve("speaker", steps=500, negative_share=np.float32(0.5))["steps"] == 500
+    for bad, what in ((dict(steps="500"), "whole number"), (dict(verify=1), "true or false"),
+                      (dict(negative_share="x"), "a number"), (dict(strategy=3), "a name"),
+                      (dict(augment=2.5), "whole number")):
+        with pytest.raises(EdgelearnError, match=what):
+            resolve("speaker", **bad)
 
 
 def test_speaker_recipe_commits_a_version_with_its_replay_and_refuses_unknown_options(tmp_path):

@@ -71,3 +71,24 @@ def test_each_cli_without_options_builds_the_default_config(command):
         serve.add_arguments(p)
         args = p.parse_args(["--bundle", "b"])
         assert config_from_args(ServeConfig, args, serve.SERVE_FIELDS, units=serve.UNITS) == ServeConfig()
+
+
+def test_fleet_learning_rate_is_the_tasks_own_unless_given():
+    """`fleet simulate --task shipped-head` trains the whole shipped head with its own step (0.02, the
+    bench's), not the fresh head's 0.1; `--learning-rate` overrides it; a negative one is one sentence."""
+    from edge.errors import EdgelearnError
+    from host.commands import fleet
+    from host.fleet.simulate import SimConfig, aggregator_config, task_learning_rate
+
+    p = argparse.ArgumentParser()
+    fleet.add_arguments(p)
+
+    def cfg(*argv):
+        args = p.parse_args(["simulate", *argv])
+        return config_from_args(SimConfig, args, fleet.SIM_FIELDS, fresh_head=not args.shipped_head)
+
+    assert aggregator_config(cfg("--task", "shipped-head")).learning_rate == 0.02
+    assert aggregator_config(cfg()).learning_rate == 0.1
+    assert aggregator_config(cfg("--task", "shipped-head", "--learning-rate", "0.05")).learning_rate == 0.05
+    with pytest.raises(EdgelearnError, match="below 0"):
+        task_learning_rate(cfg("--learning-rate", "-0.1"))

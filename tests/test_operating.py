@@ -107,6 +107,11 @@ def test_positive_hits_and_real_speech_false_accepts_are_counted_by_the_rules():
     events = [{"keyword": "yes", "time_s": 2.1}, {"keyword": "go", "time_s": 3.6}]
     r = B.score_positives(events, spans, clips)
     assert r["recall"] == 0.5 and r["per_word"] == {"yes": 1.0, "stop": 0.0} and r["substitutions"] == 1
+    assert "by_noise" not in r and B.score_positives(events, spans, clips, noisy=True)["by_noise"] == \
+        {"white": 1.0, "pink": 0.0}            # clip i under COLOURS[i % 3], as positive_stream mixes it
+    four = B.score_positives([{"keyword": "yes", "time_s": t} for t in (1.0, 5.4)], [(1, 1.5), (2, 2.5), (3, 3.5),
+                             (4, 4.5)], [B.Clip("v", "yes", np.zeros(1))] * 4, noisy=True)
+    assert four["by_noise"] == {"white": 1.0, "pink": 0.0, "babble": 0.0}
     prompts = [R.Prompt("a", "", ("yesterday",), "test", np.zeros(1)),
                R.Prompt("b", "", ("logged", "on"), "test", np.zeros(1))]
     fa = B.false_accepts([{"keyword": "yes", "time_s": 0.5}, {"keyword": "on", "time_s": 2.5}],
@@ -233,3 +238,19 @@ def test_matched_keeps_each_words_rate_of_a_reference():
         lower = [t for t in GRID if t < thr[n]]
         if lower:  # the lowest such threshold: one grid step down fires more often
             assert count_events(new[:, k], lower[-1], ends) > counts[k]
+
+
+def test_custom_frr_splits_by_the_noise_each_clip_was_under():
+    from bench import _custom_scoring as CS
+
+    clips = [B.Clip("v", "hey jarvis", np.zeros(1))] * 6
+    spans = [(k * 2.0, k * 2.0 + 0.5) for k in range(6)]
+    heard = [{"keyword": "hey jarvis", "time_s": spans[k][0] + 0.2} for k in (0, 1, 3)]   # babble clips 2, 5 missed
+    user = f"{CS.USER[0]}:{CS.USER[1]}"
+    res = {"positives": {f"{v}|{snr}": B.score_positives(heard, spans, clips, words=CS.PHRASES, noisy=snr == 20)
+                         for v in (user, "flite:other") for snr in (20, None)}}
+    assert CS.frr(res, "user", (20,)) == pytest.approx(0.5)
+    assert [CS.frr(res, "user", (20,), noise=c) for c in B.COLOURS] == [0.0, pytest.approx(0.5), 1.0]
+    rows = CS.condition_rows("x", {**res, "fa": {}})
+    noisy_row = [r for r in rows if r["name"].endswith("enrolment voice, 5-20 dB")]
+    assert noisy_row and noisy_row[0]["by_noise"] == {"white": 0.0, "pink": 0.5, "babble": 1.0}

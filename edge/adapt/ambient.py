@@ -96,19 +96,46 @@ def _shift(x: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+# the spectral slope of each noise colour: power ~ 1 / f ** slope
+SLOPES = {"white": 0.0, "pink": 1.0, "brown": 2.0}
+BABBLE = 4    # talkers in augment's "babble" (host.data.noise.babble mixes 3-6)
+
+
+def coloured(rng, colour: str, n: int = WINDOW) -> np.ndarray:
+    """n samples of white, pink or brown noise (float32, any scale): white noise shaped in the
+    frequency domain, without DC."""
+    x = rng.standard_normal(n).astype(np.float32)
+    slope = SLOPES[colour]
+    if not slope:
+        return x
+    f = np.fft.rfft(x)
+    k = np.arange(len(f), dtype=np.float32)
+    k[0] = np.inf
+    return np.fft.irfft(f * k ** (-slope / 2), n).astype(np.float32)
+
+
 def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1.12),
             gain_db=(-6.0, 6.0), snr_db=(5.0, 30.0), clean_share: float = 0.25,
-            with_clip: bool = True) -> np.ndarray:
+            with_clip: bool = True, colours=None) -> np.ndarray:
     """(len(clips) * n, 16000) int16: every clip ``n`` times, in clip order (clip i's copies are
     rows i*n .. i*n + n - 1). The first copy of each clip is the clip itself (``with_clip``; else
     all n are changed copies, drawn as copies 1.. would be); of the others a
     ``clean_share`` get no added noise, the rest a random ``noise`` window (int16, e.g. from
-    ``ambient_windows``; else white noise) at an SNR drawn from ``snr_db`` on the clip's speech."""
+    ``ambient_windows``; else white noise) at an SNR drawn from ``snr_db`` on the clip's speech.
+    ``colours``: each noisy copy's noise drawn from these instead: "white", "pink", "brown"
+    (``SLOPES``), "talker" (one random ``noise`` window) or "babble" (the sum of ``BABBLE``
+    random ``noise`` windows at random levels: a room of talkers, from the place's own speech)."""
     clips = np.asarray(clips)
     if clips.ndim != 2 or clips.shape[1] != WINDOW:
         raise EdgelearnError(f"augment needs (N, {WINDOW}) windows, got {clips.shape}", fix="fit clips to 1 s first")
     if n < 1:
         raise EdgelearnError(f"{n} copies per clip", fix="pass n >= 1")
+    if colours is not None:
+        colours = tuple(colours)
+        known = set(SLOPES) | ({"talker", "babble"} if noise is not None and len(noise) else set())
+        if not colours or set(colours) - known:
+            raise EdgelearnError(f"noise colours {list(colours)}" + ("" if noise is not None else " without noise windows"),
+                                 fix=f"pass one or more of {sorted(known)}")
     out = np.empty((len(clips) * n, WINDOW), np.int16)
     smax = int(round(shift_s * SR))
     first = 1 if with_clip else 0
@@ -122,10 +149,17 @@ def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1
             g = 10 ** (float(rng.uniform(*gain_db)) / 20)
             x *= g
             if rng.random() >= clean_share and level > 0:
-                if noise is not None and len(noise):
-                    nz = np.asarray(noise[int(rng.integers(0, len(noise)))], np.float32)
+                if colours is None:     # (no draw for a colour: the copies augment always made)
+                    kind = "talker" if noise is not None and len(noise) else "white"
                 else:
-                    nz = rng.standard_normal(WINDOW).astype(np.float32)
+                    kind = colours[0] if len(colours) == 1 else colours[int(rng.integers(0, len(colours)))]
+                if kind == "talker":
+                    nz = np.asarray(noise[int(rng.integers(0, len(noise)))], np.float32)
+                elif kind == "babble":
+                    nz = sum(np.asarray(noise[int(k)], np.float32) * float(rng.uniform(0.3, 1.0))
+                             for k in rng.integers(0, len(noise), BABBLE))
+                else:
+                    nz = coloured(rng, kind)
                 p = float(np.sqrt(np.mean(nz ** 2)))
                 if p > 0:
                     x += nz * (g * level * 10 ** (-float(rng.uniform(*snr_db)) / 20) / p)

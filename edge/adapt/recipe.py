@@ -55,11 +55,29 @@ def resolve(recipe: str | None = None, **given) -> dict:
     unknown = sorted(set(given) - set(PLAIN))
     if unknown:
         raise EdgelearnError(f"unknown recipe options {unknown}", fix=f"use {sorted(PLAIN)}")
+    for k, v in given.items():
+        if v is not None and not _of_type(v, PLAIN[k]):
+            like = SPEAKER[k]
+            want = ("true or false" if isinstance(like, bool) else "a whole number" if isinstance(like, int)
+                    else "a number" if isinstance(like, float) else "a name")
+            raise EdgelearnError(f"recipe option {k}={v!r} is not {want}", fix=f"pass {k} as {want}, e.g. {like!r}")
     out = {**RECIPES[name], **{k: v for k, v in given.items() if v is not None}, "recipe": name}
     if out["augment"] < 0 or (out["negative_share"] is not None and not 0.0 <= out["negative_share"] < 1.0):
         raise EdgelearnError(f"augment {out['augment']} / negative share {out['negative_share']} out of range",
                              fix="pass augment >= 0 and a negative share in [0, 1)")
     return out
+
+
+def _of_type(value, like) -> bool:
+    """Whether an option's value has the type of its recipe default (an int is a number too, a bool
+    is not; a None default, negative_share's, takes a number)."""
+    if isinstance(like, bool) or isinstance(value, bool):
+        return isinstance(like, bool) and isinstance(value, bool)
+    if like is None or isinstance(like, float):
+        return isinstance(value, (int, float, np.integer, np.floating))
+    if isinstance(like, int):
+        return isinstance(value, (int, np.integer))
+    return isinstance(value, type(like))
 
 
 def negative_ids(labels) -> tuple:

@@ -16,7 +16,7 @@ from host.fleet.simulate import PARTITIONS, TASKS, SimConfig
 
 # the SimConfig fields `fleet simulate` offers as options, in --help order
 SIM_FIELDS = ("devices", "rounds", "mode", "strategy", "codec", "clients_per_round", "drop_rate", "slow_fraction",
-              "time_scale", "task", "eval_tolerance", "seed", "mcu_devices", "partition")
+              "time_scale", "task", "eval_tolerance", "learning_rate", "seed", "mcu_devices", "partition")
 CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS,
            "task": tuple(t for t in TASKS if t), "partition": PARTITIONS}
 RAY_FIELDS = ("ray_batch", "ray_task_cpus", "ray_task_memory_mb", "ray_in_flight")
@@ -30,7 +30,8 @@ def add_arguments(p) -> None:
                          help={"time_scale": "wall seconds per simulated second"})
     s.add_argument("--shipped-head", action="store_true",
                    help="start from the shipped classifier instead of a random one")
-    add_config_arguments(s, SimConfig, SIM_FIELDS[9:11], choices=CHOICES, help={
+    add_config_arguments(s, SimConfig, SIM_FIELDS[9:12], choices=CHOICES, help={
+        "learning_rate": "the devices' step size; 0: the task's own (0.02 for shipped-head, 0.1 otherwise)",
         "eval_tolerance": "a round's version is published only if its held-out accuracy (val split) is at "
                           "most this much below the current one's (shipped-head: its 12-class accuracy; "
                           "bench/fl_voices gates on the class-balanced figure against the shipped model "
@@ -38,7 +39,7 @@ def add_arguments(p) -> None:
         "task": "shipped-head: users speaking voices the shipped model never trained on (Flite, in their own "
                 "rooms), federating the shipped head (projection and classifier) with their labelled clips, "
                 "negatives and confident detections (bench/fl_voices.py); empty: the corpus embeddings task"})
-    add_config_arguments(s, SimConfig, SIM_FIELDS[11:], choices=CHOICES, help={
+    add_config_arguments(s, SimConfig, SIM_FIELDS[12:], choices=CHOICES, help={
         "mcu_devices": "also run this many boards (real firmware on the MicroPython unix port) federating the "
                        "MCU model with their own aggregator",
         "partition": "noniid: a voice's clips split between the devices that share it (at most a few hundred "

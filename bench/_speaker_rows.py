@@ -85,13 +85,14 @@ def speaker_rows(bundle, km, streams, test, syn, room, tmp) -> tuple[list[dict],
                                                                                            replay=False)[0]
         # the reference: the recipe as it was until 2026-12-03, without a noisy copy of each ambient window
         old_state, _ = adapt_speaker(bundle, v, [room, str(own)], tmp, noisy_ambient=False)
-        dets[f"two-stage, at {SPEAKER_THRESHOLDS[0]:g}, without the noisy ambient copies (the recipe until "
-             "2026-12-03)"] = lambda: Device(old_state, bundle).detector(threshold=SPEAKER_THRESHOLDS[0],
-                                                                         replay=False)[0]
+        reference = (f"two-stage, at {SPEAKER_THRESHOLDS[0]:g}, without the noisy ambient copies (the recipe "
+                     "until 2026-12-03)")
+        dets[reference] = lambda: Device(old_state, bundle).detector(threshold=SPEAKER_THRESHOLDS[0], replay=False)[0]
         report[v] = {"adapt": {k: res[k] for k in ("status", "steps_done", "n", "cpu_s", "loss_first", "loss",
                                                     "verified")},
                      "before": {"clean": before, "own_speech": before_own}}
         for label, make in dets.items():
+            copies = "" if label == reference else ", each window also once more under noise"
             after = {snr: B.score_positives(detect_pcm(make(), streams[(v, snr)][0]), *streams[(v, snr)][1:],
                                             noisy=snr is not None)
                      for snr in B.SNRS}
@@ -101,8 +102,8 @@ def speaker_rows(bundle, km, streams, test, syn, room, tmp) -> tuple[list[dict],
                                 **{f"real_test_{snr}db": f for snr, f in fa_noisy.items()}}
             rows.append(row(f"adapted to {v} (speaker recipe: {SPEAKER['strategy']}, {SPEAKER['optimizer']}, "
                             f"{res['steps_done']} steps; 3 clips per command x {SPEAKER['augment']} augmented + 10 s "
-                            f"of room noise; ambient as _unknown_: the development half's keyword-free prompts + "
-                            f"4 min of the voice's other words), {label}, clean",
+                            f"of room noise; ambient as _unknown_{copies}: the development half's keyword-free "
+                            f"prompts + 4 min of the voice's other words), {label}, clean",
                             "streaming command recall (class-balanced)", round(after[None]["balanced"], 4),
                             "fraction", "before adapting (0.7)", round(before["balanced"], 4), ratio=None,
                             at_20db=round(after[20]["balanced"], 4), at_10db=round(after[10]["balanced"], 4),

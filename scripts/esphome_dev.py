@@ -51,9 +51,14 @@ def main(argv) -> int:
     ensembles = []
     if "--ensemble" in argv:
         k = argv.index("--ensemble")
+        if k + 1 >= len(argv) or argv[k + 1].startswith("-"):
+            raise SystemExit("esphome_dev: --ensemble needs the settings to average, e.g. --ensemble s0+s1,s0+s1+s2")
         ensembles = [e.split("+") for e in argv[k + 1].split(",")]
         argv = argv[:k] + argv[k + 2:]
     settings = json.loads(argv[0]) if argv else {"recipe": {}}
+    unknown = sorted({m for e in ensembles for m in e} - set(settings))
+    if unknown:
+        raise SystemExit(f"esphome_dev: --ensemble names {unknown}, which are not settings ({sorted(settings)})")
     phrases = argv[1].split(",") if len(argv) > 1 and argv[1] else list(BE.PHRASES)
     windows = [int(w) for w in argv[2].split(",")] if len(argv) > 2 else []
     tmp = Path(tempfile.mkdtemp(prefix="esphome_dev_"))

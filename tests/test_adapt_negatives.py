@@ -169,14 +169,14 @@ def test_augment_keeps_each_clip_first_and_mixes_noise_at_the_asked_snr():
 def test_augment_noise_colours_tilt_the_spectrum_and_white_alone_keeps_the_old_copies():
     """``colours`` draws each copy's synthetic noise from white, pink or brown; ("white",), the
     default, draws no colour, so its copies are the ones augment always made."""
-    from edge.adapt.ambient import coloured
+    from edge.adapt.ambient import coloured_noise
 
     def tilt(x):     # power in 40-400 Hz over 2-4 kHz (rfft bins of 1 Hz)
         f = np.abs(np.fft.rfft(x)) ** 2
         return f[40:400].mean() / f[2000:4000].mean()
 
     rng = np.random.default_rng(0)
-    t = [tilt(coloured(rng, c)) for c in ("white", "pink", "brown")]
+    t = [tilt(coloured_noise(rng, c, (16000,))) for c in ("white", "pink", "brown")]
     assert 0.7 < t[0] < 1.4 and 5 < t[1] < 50 < t[2]
     clips = (np.random.default_rng(1).standard_normal((2, 16000)) * 3000).astype(np.int16)
     a = augment(clips, 4, np.random.default_rng(5))

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from aggregator_helpers import FakeClock
-from ci_helpers import unavailable
 from edge.errors import EdgelearnError
 from edge.portable.wire import INT8, Header
 from host.aggregator.app import Aggregator
@@ -23,22 +22,13 @@ from host.aggregator.errors import Reject
 from host.aggregator.inprocess import small_params
 from host.aggregator.setup import init_state, provision
 from host.wire_numpy import decode_update, encode_update
+from pg_helpers import pg  # noqa: F401 (the fixture, requested by name for the PostgreSQL cases)
 
 AWAKE = {"battery": 1.0, "charging": True}
 DEVICES = [f"dev{i}" for i in range(5)]
 KEYS = {d: bytes([i + 1]) * 32 for i, d in enumerate(DEVICES)}
 
 
-@pytest.fixture(scope="module")
-def pg():
-    from bench._pgserver import PgServer, missing_reason
-
-    why = missing_reason()
-    if why:
-        unavailable(why, "the PostgreSQL store's fairness tests")
-    server = PgServer()
-    yield server
-    server.stop()
 
 
 class Stores:

@@ -96,22 +96,27 @@ def _shift(x: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-# the spectral slope of each noise colour: power ~ 1 / f ** slope
-SLOPES = {"white": 0.0, "pink": 1.0, "brown": 2.0}
+COLOURS = ("white", "pink", "brown")
 BABBLE = 4    # talkers in augment's "babble" (host.data.noise.babble mixes 3-6)
 
 
-def coloured(rng, colour: str, n: int = WINDOW) -> np.ndarray:
-    """n samples of white, pink or brown noise (float32, any scale): white noise shaped in the
-    frequency domain, without DC."""
-    x = rng.standard_normal(n).astype(np.float32)
-    slope = SLOPES[colour]
-    if not slope:
-        return x
-    f = np.fft.rfft(x)
-    k = np.arange(len(f), dtype=np.float32)
-    k[0] = np.inf
-    return np.fft.irfft(f * k ** (-slope / 2), n).astype(np.float32)
+def coloured_noise(rng: np.random.Generator, colour: str, shape) -> np.ndarray:
+    """Unit-RMS noise of a colour (white: flat, pink: 1/f power, brown: 1/f^2), float32, shape
+    (..., n), shaped in the frequency domain. The one implementation: the host's corpus and
+    benchmarks use it as ``host.data.noise.coloured_noise``."""
+    n = shape[-1]
+    white = rng.standard_normal(shape).astype(np.float32)
+    if colour == "white":
+        out = white
+    else:
+        spec = np.fft.rfft(white, axis=-1)
+        f = np.fft.rfftfreq(n)
+        f[0] = f[1]
+        exponent = {"pink": 0.5, "brown": 1.0}[colour]
+        spec = spec / f ** exponent
+        out = np.fft.irfft(spec, n=n, axis=-1).astype(np.float32)
+    rms = np.sqrt((out ** 2).mean(axis=-1, keepdims=True)) + 1e-12
+    return out / rms
 
 
 def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1.12),
@@ -123,7 +128,7 @@ def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1
     ``clean_share`` get no added noise, the rest a random ``noise`` window (int16, e.g. from
     ``ambient_windows``; else white noise) at an SNR drawn from ``snr_db`` on the clip's speech.
     ``colours``: each noisy copy's noise drawn from these instead: "white", "pink", "brown"
-    (``SLOPES``), "talker" (one random ``noise`` window) or "babble" (the sum of ``BABBLE``
+    (``coloured_noise``), "talker" (one random ``noise`` window) or "babble" (the sum of ``BABBLE``
     random ``noise`` windows at random levels: a room of talkers, from the place's own speech)."""
     clips = np.asarray(clips)
     if clips.ndim != 2 or clips.shape[1] != WINDOW:
@@ -132,7 +137,7 @@ def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1
         raise EdgelearnError(f"{n} copies per clip", fix="pass n >= 1")
     if colours is not None:
         colours = tuple(colours)
-        known = set(SLOPES) | ({"talker", "babble"} if noise is not None and len(noise) else set())
+        known = set(COLOURS) | ({"talker", "babble"} if noise is not None and len(noise) else set())
         if not colours or set(colours) - known:
             raise EdgelearnError(f"noise colours {list(colours)}" + ("" if noise is not None else " without noise windows"),
                                  fix=f"pass one or more of {sorted(known)}")
@@ -158,8 +163,10 @@ def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1
                 elif kind == "babble":
                     nz = sum(np.asarray(noise[int(k)], np.float32) * float(rng.uniform(0.3, 1.0))
                              for k in rng.integers(0, len(noise), BABBLE))
+                elif kind == "white":   # (not scaled to unit RMS: the default's copies to the bit)
+                    nz = rng.standard_normal(WINDOW).astype(np.float32)
                 else:
-                    nz = coloured(rng, kind)
+                    nz = coloured_noise(rng, kind, (WINDOW,))
                 p = float(np.sqrt(np.mean(nz ** 2)))
                 if p > 0:
                     x += nz * (g * level * 10 ** (-float(rng.uniform(*snr_db)) / 20) / p)

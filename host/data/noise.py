@@ -14,24 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-COLOURS = ("white", "pink", "brown")
-
-
-def coloured_noise(rng: np.random.Generator, colour: str, shape) -> np.ndarray:
-    """Unit-RMS noise of a colour, float32, shape (..., n)."""
-    n = shape[-1]
-    white = rng.standard_normal(shape).astype(np.float32)
-    if colour == "white":
-        out = white
-    else:
-        spec = np.fft.rfft(white, axis=-1)
-        f = np.fft.rfftfreq(n)
-        f[0] = f[1]
-        exponent = {"pink": 0.5, "brown": 1.0}[colour]
-        spec = spec / f ** exponent
-        out = np.fft.irfft(spec, n=n, axis=-1).astype(np.float32)
-    rms = np.sqrt((out ** 2).mean(axis=-1, keepdims=True)) + 1e-12
-    return out / rms
+# coloured noise is generated in one place, on the device side (a device adapting makes its own)
+from edge.adapt.ambient import COLOURS, coloured_noise  # noqa: F401 (re-exported)
 
 
 def babble(rng: np.random.Generator, pool: list[np.ndarray], count: int, n: int = 16000,

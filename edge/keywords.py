@@ -263,7 +263,7 @@ class CustomKeywords:
                 return True
             if d > hi + self._INTERP_SLACK:
                 return False
-        return d <= float(self._threshold_at(levels, feats))
+        return d <= float(self._threshold_at(levels, feats, self.verify_versions[k]))
 
     def scores(self, emb: np.ndarray) -> np.ndarray:
         e = np.asarray(emb, np.float32)

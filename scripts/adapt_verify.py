@@ -6,7 +6,9 @@ every window of a candidate tried, as the Detector does for a version-6 custom k
 second, on the same 2-fold development setup as ``scripts/adapt_recipe.py``, with false accepts also
 on each Allison fold under noise (white, pink, babble at ``NOISY_SNRS`` dB: ``bench._base_streams.
 noisy_speech``, cached beside the clean folds). ``--verify`` is a JSON object or list of
-``Verifier.calibrate`` overrides (pass targets, levels), each scored on the same adapted tails.
+``Verifier.calibrate`` overrides (pass targets, levels; ``version``: the verifier version to build
+the entries with, default the one ``device adapt`` builds, ``edge.verify.COMMANDS_VERSION``), each
+scored on the same adapted tails.
 
     $ .venv/bin/python scripts/adapt_verify.py --recipe '{...}' [--verify '[{}, {"pass_target": 0.9}]']
 """
@@ -92,9 +94,10 @@ class Second:
     """Per-command verifier entries from one voice's adaptation clips; cached decisions per window."""
 
     def __init__(self, bundle, km, voice, ev, cal=None):
-        from edge.verify import Verifier
+        from edge.verify import Verifier, version_for
 
-        self.v = Verifier(bundle)
+        cal = dict(cal or {})  # "version": e.g. 7, the noise range's 10th percentile; default the device's
+        self.v = Verifier(bundle, version=cal.pop("version", version_for(bundle, commands=True)))
         self.km, self.ev = km, ev
         d = A._load(f"adaptpcm_{voice}")
         words = [str(w) for w in d["words"]]
@@ -103,7 +106,7 @@ class Second:
         for w in A.COMMANDS10:
             win = d["w"][[i for i, x in enumerate(words) if x == w]]
             tpl = self.v.templates(win, km.scale)
-            levels, _, _ = self.v.calibrate(win, tpl, km.scale, rng, **(cal or {}))
+            levels, _, _ = self.v.calibrate(win, tpl, km.scale, rng, **cal)
             self.entries.append((tpl, levels))
         self.cache = {}
 
@@ -119,7 +122,7 @@ class Second:
                     tpl, levels = self.entries[k]
                     f = feats[r:r + 1]
                     dist = float(self.v.distance(self.v.sequences(f), tpl)[0])
-                    self.cache[key] = dist <= float(threshold_at(levels, f)[0])
+                    self.cache[key] = dist <= float(threshold_at(levels, f, self.v.version)[0])
                 if self.cache[key]:
                     return True
             return False

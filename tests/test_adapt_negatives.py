@@ -376,6 +376,7 @@ def test_verified_commands_run_both_stages_in_the_unchanged_detector(tmp_path):
     assert res["verified"] == sorted(words)
     vc = load_verified(st, bundle)
     assert vc is not None and vc.names == sorted(words)
+    assert vc.versions == [8, 8, 8]  # edge.verify.COMMANDS_VERSION: the noise range from the median frame
     rng = np.random.default_rng(0)
     said = words * 2
     heard = synth.render(awb, [(w, r, 1.0) for w, r in zip(said, (0.95, 1.05) * 3)])

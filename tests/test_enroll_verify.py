@@ -134,19 +134,19 @@ def as_version(entry: dict, version: int) -> dict:
 def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibrated_with(km, enrolled, tmp_path):
     """Version 1 (free speed-up) and 2 (at most 2x) entries hold backbone steps only; version 3 adds
     the MFCC frames, version 4 thresholds per noise level, version 5 phone posteriors, version 6 the
-    same steps checked on every window of a candidate. Each is scored the way its threshold was
+    same steps checked on every window of a candidate (7 and 8 differ in thresholds only). Each is scored the way its threshold was
     calibrated."""
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     entry = data["keywords"][0]["verify"]
     ver, tpl = V.Verifier(km.bundle), V.unpack(entry)
-    assert entry["version"] == V.VERSION == 7 and entry["dim"] == ver.dim(6) == ver.dim(7)
+    assert entry["version"] == V.VERSION == 7 and entry["dim"] == ver.dim(6) == ver.dim(7) == ver.dim(8)
     assert [lv[0] for lv in entry["levels"]] == sorted(lv[0] for lv in entry["levels"]) and len(entry["levels"]) == 4
     bb = [t[:, :320] for t in tpl]  # a later template's backbone part is the older template
     mf = [t[:, :320 + V.MFCC_DIM] for t in tpl]
     feats = np.random.default_rng(1).standard_normal((4, 49, 10)).astype(np.float32)
     got = {}
     searches = {}
-    for version in (1, 2, 3, 4, 5, 6, 7):
+    for version in (1, 2, 3, 4, 5, 6, 7, 8):
         old = json.loads(json.dumps(data))
         old["keywords"][0]["verify"] = as_version(entry, version)
         (tmp_path / "keywords.json").write_text(json.dumps(old))
@@ -159,9 +159,9 @@ def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibr
             2: np.min([V.sdtw(ver.unit(t, 2), seqs2) for t in bb], axis=0),
             3: ver.distance(ver.sequences(feats, 3), mf, version=3),
             5: ver.distance(ver.sequences(feats), tpl)}
-    want[4], want[6], want[7] = want[3], want[5], want[5]
-    assert searches == {1: False, 2: False, 3: False, 4: False, 5: False, 6: True, 7: True}  # where they are looked for
-    for version in (1, 2, 3, 4, 5, 6, 7):
+    want[4], want[6], want[7], want[8] = want[3], want[5], want[5], want[5]
+    assert searches == {1: False, 2: False, 3: False, 4: False, 5: False, 6: True, 7: True, 8: True}  # where looked for
+    for version in (1, 2, 3, 4, 5, 6, 7, 8):
         np.testing.assert_allclose(got[version], want[version], rtol=1e-5)
     assert np.all(want[1] <= want[2] + 1e-6)
     # a step's cosine is the weighted sum of its parts' cosines: two parts from version 3, three from 5
@@ -207,6 +207,34 @@ def test_threshold_follows_the_windows_noise(km, enrolled, tmp_path):
     d3 = ver.distance(ver.sequences(feats, 3), V.unpack(old["keywords"][0]["verify"]), version=3)
     for f, di in zip(feats, d3):
         assert v3.verify(0, f)[0] == bool(di <= entry["threshold"])
+
+
+def test_version_8_takes_intermittent_babble_for_noise_and_each_entry_keeps_its_range(km, enrolled, tmp_path):
+    """Babble is loud in words and quiet between them. Version 7 measures a window's noise range from
+    its 10th percentile frame, a gap, so a babble window looks clean and gets the tight threshold;
+    version 8 (the adapted base commands') measures from the median and gives it a looser one.
+    Steady noise has no gaps: both versions see the same range. Each entry in state is held to its
+    own version's range."""
+    feats = np.zeros((2, 49, 10), np.float32)
+    feats[:, :, 0] = 3.0                       # noise under everything
+    feats[:, 18:32, 0] = 6.0                   # the phrase
+    feats[0, ::4, 0] = 0.0                     # babble: a quarter of the frames fall into gaps
+    r7, r8 = V.noise_range(feats, 7), V.noise_range(feats, 8)
+    assert r8[0] == pytest.approx(3.0) and r7[0] == pytest.approx(6.0)   # babble: noisy at 8, clean at 7
+    assert r7[1] == pytest.approx(r8[1]) == pytest.approx(3.0)           # steady noise: the same
+    levels = [[2.0, 0.3], [5.0, 0.2]]          # noisy windows: 0.3; clean ones: 0.2
+    assert V.threshold_at(levels, feats[0], 7) == pytest.approx(0.2)      # the clean level's
+    assert V.threshold_at(levels, feats[0], 8) == pytest.approx(0.3 - 0.1 / 3)  # a third of the way to it
+    data = json.loads((enrolled[0] / "keywords.json").read_text())
+    assert data["keywords"][0]["verify"]["version"] == V.VERSION == 7   # custom keywords enrol 7
+    assert V.version_for(km.bundle, commands=True) == V.COMMANDS_VERSION == 8
+    for version, passes in ((8, True), (7, False)):
+        doc = json.loads(json.dumps(data))
+        doc["keywords"][0]["verify"].update(version=version, levels=levels, threshold=0.3)
+        (tmp_path / "keywords.json").write_text(json.dumps(doc))
+        custom = DeviceState.open(tmp_path, km.bundle).custom()
+        assert custom.verify_versions[0] == version
+        assert custom._passes(0, 0.25, feats[0]) is passes     # between the two levels' thresholds
 
 
 def test_bad_verifier_entries_are_clear_errors(km, enrolled, tmp_path, bundle_without):

@@ -47,7 +47,7 @@ def ref_verify(custom: CustomKeywords, k: int, feats: np.ndarray) -> tuple[bool,
     seqs = ver.sequences(feats[None], v)
     d = float(np.min([ref_sdtw(ver.unit(t, v), seqs, v >= 2) for t in custom.templates[k]], axis=0)[0])
     levels = custom.verify_levels[k]
-    return d <= (custom.verify_thresholds[k] if levels is None else float(V.threshold_at(levels, feats))), d
+    return d <= (custom.verify_thresholds[k] if levels is None else float(V.threshold_at(levels, feats, v))), d
 
 
 class Straightforward:
@@ -167,15 +167,15 @@ def windows_of(km, pcm, hop=4):
 
 def test_distances_and_decisions_equal_the_reference_for_every_version(km, entry, stream):
     """Every window of the stream, keywords of verifier versions 1 (free speed-up), 3 (one threshold),
-    4 (levels, no phones) and 7: the same distance to the bit, the same decision, alone and in a
-    candidate's batch."""
-    entries = [at_version(entry, v, f"v{v}") for v in (1, 3, 4)] + [entry]
+    4 (levels, no phones), 8 (noise range from the median frame) and 7 (from the 10th percentile):
+    the same distance to the bit, the same decision, alone and in a candidate's batch."""
+    entries = [at_version(entry, v, f"v{v}") for v in (1, 3, 4, 8)] + [entry]
     custom = CustomKeywords(entries, km.bundle)
-    assert custom.verify_versions == [1, 3, 4, 7]
+    assert custom.verify_versions == [1, 3, 4, 8, 7]
     wins = windows_of(km, stream)[::4]
     assert len(wins) >= 50
-    passed = {k: 0 for k in range(4)}
-    for k in range(4):
+    passed = {k: 0 for k in range(5)}
+    for k in range(5):
         ref = [ref_verify(custom, k, w) for w in wins]
         for w, want in zip(wins, ref):
             assert custom.verify(k, w) == want
@@ -212,11 +212,11 @@ def test_the_threshold_shortcut_decides_as_the_interpolated_threshold(km, entry,
     assert lo < hi
     wins = windows_of(km, stream)[::7]
     for w in wins:
-        thr = float(V.threshold_at(levels, w))
+        thr = float(V.threshold_at(levels, w, custom.verify_versions[0]))
         for d in (lo - 1e-3, lo - 2e-9, lo, np.nextafter(thr, -1), thr, np.nextafter(thr, 2), hi,
                   hi + 2e-9, hi + 1e-3, 0.0, 2.0):
             assert custom._passes(0, float(d), w) == (float(d) <= thr)
     # a window whose loudness is not finite has a NaN threshold: nothing passes it, as before
     bad = wins[0].copy()
     bad[3, 0] = np.nan
-    assert not custom._passes(0, lo - 1.0, bad) and not (lo - 1.0 <= float(V.threshold_at(levels, bad)))
+    assert not custom._passes(0, lo - 1.0, bad) and not (lo - 1.0 <= float(V.threshold_at(levels, bad, custom.verify_versions[0])))

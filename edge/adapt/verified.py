@@ -49,7 +49,7 @@ def command_entries(bundle, km, windows, y, seed: int = 0, max_clips: int = 10) 
     from edge.enroll import prepare_clip
 
     labels = list(km.labels)
-    ver = V.Verifier(bundle)
+    ver = V.Verifier(bundle, version=V.version_for(bundle, commands=True))
     rng = np.random.default_rng(seed)
     out = {}
     y = np.asarray(y)
@@ -135,7 +135,7 @@ class VerifiedCommands:
         v = self.versions[k]
         d = float(self.verifier.distance(self.verifier.sequences(feats[None], v), self.templates[k], version=v)[0])
         lv = self.levels[k]
-        thr = self.entries[k]["threshold"] if lv is None else float(self._threshold_at(lv, feats))
+        thr = self.entries[k]["threshold"] if lv is None else float(self._threshold_at(lv, feats, v))
         return d <= thr, d
 
 

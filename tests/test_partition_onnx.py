@@ -42,12 +42,18 @@ def test_onnx_and_tflite_give_the_same_training_tail(models):
 
 @pytest.mark.parametrize("cut", [2, 5, 8])
 def test_cloud_half_reproduces_full_model(models, tmp_path, cut):
+    """Exactly, with the graphs run as written. ONNX Runtime's graph optimisations fuse QDQ groups
+    into its own int8 kernels; in ONNX Runtime 1.32 (installed 2026-12-04) the fusions on each side
+    of a cut differ from the whole graph's and round differently (cut 2: the embedding off by
+    ~1e-3, the class probabilities equal), so the comparison turns them off on both sides."""
     import onnxruntime as ort
     model = models[0]
     device, cloud = export_split(model, cut, tmp_path)
     x = np.random.default_rng(cut).normal(size=(1, 49, 10, 1)).astype(np.float32)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     run = lambda p, feed: (lambda s: dict(zip([o.name for o in s.get_outputs()], s.run(None, feed))))(
-        ort.InferenceSession(str(p)))
+        ort.InferenceSession(str(p), opts))
     full = run(model, {"features": x})
     dev = run(device, {"features": x})
     names = boundary(load_graph(model), cut)

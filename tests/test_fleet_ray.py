@@ -52,11 +52,19 @@ def _alive_nodes(cluster) -> set:
     return set(json.loads(p.stdout.strip().splitlines()[-1]))
 
 
+def _embeddings(tmp_path):
+    """The synthetic embedding set as a file for ``--embeddings`` (the corpus's, without a cache, takes
+    longer to render than this test may run)."""
+    data, path = synthetic_set(), tmp_path / "emb.npz"
+    np.savez(path, X=data.X, y=data.y, voice=data.voice, split=data.split)
+    return path
+
+
 def test_two_node_cluster_runs_rounds_on_both_nodes(cluster, tmp_path):
     out = tmp_path / "out"
     r = _cli("--ray", cluster.address, "--devices", "40", "--clients-per-round", "6", "--rounds", "2",
              "--eval-tolerance", "1.0", "--drop-rate", "0.1", "--ray-batch", "5", "--out", str(out),
-             env=cluster.env())
+             "--embeddings", str(_embeddings(tmp_path)), env=cluster.env())
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "fleet.json").read_text())
     closed = [x for x in res["rounds"] if x["status"] == "closed"]

@@ -80,3 +80,54 @@ def test_a_simulated_battery_drains_with_time_and_training_not_with_check_ins():
     assert s["battery"] == 0.0 and validate_checkin("dev0", {"device_id": "dev0", **s})["battery"] == 0.0
     night = _device(0.2, phase=1.0)  # 1 am: on the charger
     assert night.state(0)["charging"] and night.state(1800)["battery"] == pytest.approx(0.2 + CHARGE_PER_HOUR / 2)
+
+
+def _fleet_cli(*args, timeout=300):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "edge.cli", "fleet", "simulate", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_fleet_simulate_runs_on_an_embeddings_file_and_refuses_a_bad_one_in_one_sentence(tmp_path):
+    """``--embeddings FILE.npz`` replaces the corpus embeddings (which, uncached, take ~15 min to render);
+    a missing, foreign or mis-shaped file is one sentence, before any fleet starts."""
+    data = synthetic_set()
+    good = tmp_path / "emb.npz"
+    np.savez(good, X=data.X, y=data.y, voice=data.voice, split=data.split)
+    out = tmp_path / "out"
+    r = _fleet_cli("--devices", "6", "--rounds", "1", "--clients-per-round", "3", "--drop-rate", "0",
+                   "--slow-fraction", "0", "--time-scale", "0.01", "--eval-tolerance", "1.0",
+                   "--embeddings", str(good), "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "data synth" not in r.stderr and "fleet data: embedding" not in r.stderr
+    import json
+
+    res = json.loads((out / "fleet.json").read_text())
+    assert any(x["status"] == "closed" for x in res["rounds"]) and res["bytes_up"] > 0
+
+    bad = {
+        "missing.npz": None,
+        "text.npz": b"not a zip",
+        "no_split.npz": dict(X=data.X, y=data.y, voice=data.voice),
+        "wide.npz": dict(X=np.zeros((len(data.y), 65), np.float32), y=data.y, voice=data.voice, split=data.split),
+        "labels.npz": dict(X=data.X, y=data.y + 40, voice=data.voice, split=data.split),
+        "short.npz": dict(X=data.X[:5], y=data.y, voice=data.voice, split=data.split),
+        "no_test.npz": dict(X=data.X, y=data.y, voice=data.voice, split=np.full(len(data.y), "train")),
+    }
+    says = {"missing.npz": "no such embeddings file", "text.npz": "not a readable .npz",
+            "no_split.npz": "has no array split", "wide.npz": "65 wide", "labels.npz": "labels 40 to",
+            "short.npz": "X is (5, 64)", "no_test.npz": "no rows in split(s) test"}
+    for name, content in bad.items():
+        path = tmp_path / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            np.savez(path, **content)
+        r = _fleet_cli("--devices", "6", "--embeddings", str(path), "--out", str(tmp_path / "o2"), timeout=120)
+        assert r.returncode == 2, (name, r.stderr[-2000:])
+        assert says[name] in r.stderr and "Traceback" not in r.stderr, (name, r.stderr[-2000:])
+        assert len(r.stderr.strip().splitlines()) == 1, (name, r.stderr)
+        assert not (tmp_path / "o2" / "fleet.json").exists()

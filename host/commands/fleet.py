@@ -45,6 +45,11 @@ def add_arguments(p) -> None:
         "partition": "noniid: a voice's clips split between the devices that share it (at most a few hundred "
                      "devices); derived: each device's rows from its index and the seed (any population; "
                      "what --ray always uses)"})
+    s.add_argument("--embeddings", metavar="FILE.npz", default=None,
+                   help="the embedding set the devices (corpus task) and the held-out check use: an .npz of X "
+                        "(N, 64), y (labels 0-36), voice and split (train/val/test); default: the corpus clips' "
+                        "embeddings, computed once and cached (rendering the corpus the first time takes ~15 min "
+                        "on 2 cores)")
     s.add_argument("--ray", metavar="local|ADDRESS", default=None,
                    help="run the devices as batched Ray tasks: local (a new one-machine Ray), auto (the cluster "
                         "`ray start` left here) or HOST:PORT of a cluster's head; devices are derived from their "
@@ -70,13 +75,19 @@ def run(args) -> int:
             raise EdgelearnError(f"{out}: exists and is not a fleet output", fix="choose an empty --out")
         shutil.rmtree(out)
     cfg = config_from_args(SimConfig, args, SIM_FIELDS, fresh_head=not args.shipped_head)
+    data = None
+    if args.embeddings:
+        from host.aggregator.inprocess import small_params
+        from host.fleet.data import read_embeddings
+
+        data = read_embeddings(args.embeddings, shape=small_params()["classifier.w"].shape)
     if args.ray:
         from host.fleet.ray_sim import simulate_ray
 
         cfg.partition = "derived"  # on Ray every device is derived from its index
-        res = simulate_ray(cfg, out, address=args.ray, opts=config_from_args(RayOptions, args, RAY_FIELDS))
+        res = simulate_ray(cfg, out, address=args.ray, opts=config_from_args(RayOptions, args, RAY_FIELDS), data=data)
     else:
-        res = simulate(cfg, out)
+        res = simulate(cfg, out, data=data)
     paths = write_report(res, out)
     print("\n".join(summary(res, paths["html"], mcu_json=out / "mcu" / "mcu.json")))
     if args.ray:

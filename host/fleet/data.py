@@ -61,6 +61,40 @@ def _find_corpus(cache_dir: Path):
     return build_corpus(cache_dir=cache_dir), want.name
 
 
+def read_embeddings(path, shape: tuple[int, int] | None = None) -> EmbeddingSet:
+    """An embedding set saved as ``.npz`` with arrays ``X`` (N, D), ``y`` (N,), ``voice`` and ``split``
+    (N,), as ``load_embeddings`` caches it: ``fleet simulate --embeddings`` runs the fleet on it.
+    ``shape``: the head's (D, classes), which X's width and the labels must fit."""
+    path = Path(path)
+    dim, classes = shape or ("D", "K")
+    fix = (f"give an .npz with X (N, {dim}) float, y (N,) integer labels 0 to {classes} - 1, voice and split "
+           "(N,) strings, with train rows (the devices') and test rows (the held-out check)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            absent = [k for k in ("X", "y", "voice", "split") if k not in z.files]
+            if absent:
+                raise EdgelearnError(f"{path}: the embeddings file has no array {', '.join(absent)}", fix=fix)
+            data = EmbeddingSet(np.asarray(z["X"], np.float32), np.asarray(z["y"]),
+                                np.asarray(z["voice"]).astype(str), np.asarray(z["split"]).astype(str))
+    except FileNotFoundError:
+        raise EdgelearnError(f"{path}: no such embeddings file", fix=fix) from None
+    except (OSError, ValueError, EOFError, AttributeError, TypeError) as e:  # a .npy, a pickle, a truncated zip
+        raise EdgelearnError(f"{path}: not a readable .npz of embeddings ({str(e)[:80]})", fix=fix) from None
+    n = len(data.X)
+    if data.X.ndim != 2 or n == 0 or any(a.shape != (n,) for a in (data.y, data.voice, data.split)):
+        raise EdgelearnError(f"{path}: X is {data.X.shape} but y, voice, split are "
+                             f"{data.y.shape}, {data.voice.shape}, {data.split.shape}", fix=fix)
+    if not np.issubdtype(data.y.dtype, np.integer) or not np.isfinite(data.X).all():
+        raise EdgelearnError(f"{path}: y must be integer labels and X finite", fix=fix)
+    if shape and (data.X.shape[1] != dim or data.y.min() < 0 or data.y.max() >= classes):
+        raise EdgelearnError(f"{path}: X is {data.X.shape[1]} wide with labels {data.y.min()} to {data.y.max()}, "
+                             f"not {dim} wide with labels below {classes}", fix=fix)
+    missing = [s for s in ("train", "test") if not (data.split == s).any()]
+    if missing:
+        raise EdgelearnError(f"{path}: no rows in split(s) {', '.join(missing)}", fix=fix)
+    return data
+
+
 def load_embeddings(bundle_dir=None, cache_dir=None, progress: bool = True) -> EmbeddingSet:
     """Embeddings of the corpus eval clips for train/val/test voices, from cache or computed once."""
     from edge.bundle import load_bundle
@@ -76,9 +110,8 @@ def load_embeddings(bundle_dir=None, cache_dir=None, progress: bool = True) -> E
     path = cache_dir / f"fl-embeddings-{cname}-{enc}.npz"
     if path.exists():
         try:
-            z = np.load(path)
-            return EmbeddingSet(z["X"], z["y"], z["voice"], z["split"])
-        except (OSError, ValueError, KeyError):
+            return read_embeddings(path)
+        except EdgelearnError:
             path.unlink(missing_ok=True)  # a damaged cache is recomputed
     Xs, ys, vs, ss = [], [], [], []
     for split in SPLITS:

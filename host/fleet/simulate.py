@@ -260,6 +260,9 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
     out.mkdir(parents=True, exist_ok=True)
     data = data or load_embeddings(progress=progress)
     held = data.rows(cfg.heldout_split if shipped else "test")
+    if held.size == 0:
+        raise EdgelearnError(f"the embedding set has no {cfg.heldout_split if shipped else 'test'!r} rows for the "
+                             "held-out check", fix="give it rows of that split")
     s = cfg.time_scale
     acfg = aggregator_config(cfg)
     if shipped:

@@ -220,7 +220,10 @@ def summarise(res) -> dict:
     return {("clean" if snr is None else f"{snr} dB"): {
         "recall": float(np.mean([r["recall"] for r in rs])),
         "balanced": float(np.mean([r["balanced"] for r in rs])),
-        "per_voice": {v: round(res[(v, snr)]["balanced"], 3) for v in B.VOICES}} for snr, rs in by.items()}
+        "per_voice": {v: round(res[(v, snr)]["balanced"], 3) for v in B.VOICES},
+        # plain recall of the clips under each noise (clip i under COLOURS[i % 3]), mean over the voices
+        **({"by_noise": {c: round(float(np.mean([r["by_noise"][c] for r in rs])), 4) for c in B.COLOURS}}
+           if all("by_noise" in r for r in rs) else {})} for snr, rs in by.items()}
 
 
 class KerasVariant:
@@ -335,8 +338,8 @@ def _run(a) -> int:
         for cond, r in pos.items():
             rows.append(row(f"{name}: Flite awb/rms/slt, {cond}", "streaming command recall (class-balanced)",
                             round(r["balanced"], 4), "fraction", "goal", 0.8, ratio=r["balanced"] / 0.8,
-                            per_voice=r["per_voice"],
-                            plain_recall=round(r["recall"], 4)))
+                            per_voice=r["per_voice"], plain_recall=round(r["recall"], 4),
+                            **({"by_noise": r["by_noise"]} if "by_noise" in r else {})))
         rows.append(row(f"{name}: real speech (Allison, test half, {fa['hours'] * 60:.1f} min)",
                         "false accepts per hour", round(fa["fa_per_hour"], 2), "FA/h", "goal", TARGET_FA_H,
                         ratio=None, in_sentence=f"{fa['in_sentence_found']}/{fa['in_sentence_said']}",

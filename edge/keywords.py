@@ -249,8 +249,8 @@ class CustomKeywords:
     _INTERP_SLACK = 1e-9
 
     def _passes(self, k: int, d: float, feats: np.ndarray) -> bool:
-        """``d <= threshold_at(levels, feats)`` for keyword ``k``. The threshold interpolated at the
-        window's noise range lies between the entry's lowest and highest level thresholds, so a
+        """``d <= threshold_at(levels, feats, version)`` for keyword ``k``. The threshold interpolated
+        at the window's noise range lies between the entry's lowest and highest level thresholds, so a
         distance clear of that span is decided without the range (a percentile over the window's
         frames); one within it (or within ``_INTERP_SLACK`` of its ends), and a window whose loudness
         is not finite (its range, then its threshold, would be NaN), gets the exact threshold."""

@@ -282,7 +282,7 @@ class Verifier:
         return out + ({name: levels_for(t, n) for name, (t, n) in ladder.items()},)
 
 
-def noise_range(feats: np.ndarray, version: int = VERSION) -> np.ndarray:
+def noise_range(feats: np.ndarray, version: int) -> np.ndarray:
     """(..., 49, 10) normalised windows -> (...,) range of their loudness: the loudest frame's c0 minus
     the ``RANGE_PERCENTILE`` (of the entry's ``version``; 10th before version 8) percentile's, about
     the speech-to-noise ratio on a log scale."""
@@ -297,7 +297,7 @@ def interpolate(levels, ranges) -> np.ndarray:
     return np.interp(np.asarray(ranges, np.float64), lv[:, 0], lv[:, 1])
 
 
-def threshold_at(levels, feats: np.ndarray, version: int = VERSION) -> np.ndarray:
+def threshold_at(levels, feats: np.ndarray, version: int) -> np.ndarray:
     """The threshold a version-4 (or later) entry of ``version`` gives each normalised (..., 49, 10)
     window."""
     return interpolate(levels, noise_range(feats, version))

@@ -72,8 +72,8 @@ def test_the_detector_uses_the_chosen_level(state):
     assert ck.thresholds[0] == pytest.approx(e["sensitivities"]["low"]["threshold"])
     # a window exactly at the high level's second-stage limit passes at high, not at low
     feats = np.zeros((49, 10), np.float32)
-    hi = float(V.threshold_at(e["sensitivities"]["high"]["verify_levels"], feats))
-    lo = float(V.threshold_at(e["sensitivities"]["low"]["verify_levels"], feats))
+    hi = float(V.threshold_at(e["sensitivities"]["high"]["verify_levels"], feats, e["verify"]["version"]))
+    lo = float(V.threshold_at(e["sensitivities"]["low"]["verify_levels"], feats, e["verify"]["version"]))
     assert lo < hi
     Device(st).sensitivity(KW, "medium")
     assert CustomKeywords([entry(st)], bundle=km.bundle).thresholds[0] == pytest.approx(e["threshold"])

@@ -192,10 +192,10 @@ def test_threshold_follows_the_windows_noise(km, enrolled, tmp_path):
     feats = rng.standard_normal((8, 49, 10)).astype(np.float32)
     feats[:4, :, 0] *= 0.1   # flat loudness: a window that is all noise
     feats[4:, 10:30, 0] += 6.0  # a loud stretch over a quiet floor
-    rr = V.noise_range(feats)
+    rr = V.noise_range(feats, custom.verify_versions[0])
     assert np.all(rr[:4] < rr[4:])
     d = ver.distance(ver.sequences(feats), V.unpack(entry))
-    thr = V.threshold_at(levels, feats)
+    thr = V.threshold_at(levels, feats, custom.verify_versions[0])
     for f, di, ti in zip(feats, d, thr):
         assert custom.verify(0, f) == (bool(di <= ti), pytest.approx(float(di), rel=1e-5))
     assert t_quiet < t_noisy and thr[:4].min() > thr[4:].max()  # the noise-only windows get looser ones
@@ -321,7 +321,7 @@ def test_partial_phrase_is_rejected(km, voice, enrolled):
     [hey] = synth.render(voice, [("hey", 1.0, 1.0)])
     feats = F.normalize(F.mfcc(F.fit_to_window(hey)[None]), km.scale)
     ok, d = custom.verify(0, feats[0])
-    assert not ok and d > V.threshold_at(custom.verify_levels[0], feats[0])
+    assert not ok and d > V.threshold_at(custom.verify_levels[0], feats[0], custom.verify_versions[0])
     assert events(km, custom, hey)[0] == []
 
 

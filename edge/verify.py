@@ -63,7 +63,8 @@ The alignment (``sdtw``, ``sdtw_batch``, ``Prepared``) is ``edge/verify_align.py
     >>> v = Verifier(bundle)                         # v.version: 7 with the bundle's phone model, else 4
     >>> tpl = v.templates(windows, scale)            # int8 templates from 1 s int16 enrolment windows
     >>> levels, d, passed = v.calibrate(windows, tpl, scale, rng)
-    >>> ok = v.distance(v.sequences(feats), tpl) <= threshold_at(levels, feats, v.version)  # normalised (N, 49, 10)
+    >>> feats = F.normalize(F.mfcc(pcm), scale)       # (N, 49, 10)
+    >>> ok = v.distance(v.sequences(feats), tpl) <= threshold_at(levels, feats, v.version)
 """
 
 from __future__ import annotations

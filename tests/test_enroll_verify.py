@@ -134,8 +134,8 @@ def as_version(entry: dict, version: int) -> dict:
 def test_older_verifier_entries_keep_the_features_and_alignment_they_were_calibrated_with(km, enrolled, tmp_path):
     """Version 1 (free speed-up) and 2 (at most 2x) entries hold backbone steps only; version 3 adds
     the MFCC frames, version 4 thresholds per noise level, version 5 phone posteriors, version 6 the
-    same steps checked on every window of a candidate (7 and 8 differ in thresholds only). Each is scored the way its threshold was
-    calibrated."""
+    same steps checked on every window of a candidate (7 and 8 differ in thresholds only). Each is
+    scored the way its threshold was calibrated."""
     data = json.loads((enrolled[0] / "keywords.json").read_text())
     entry = data["keywords"][0]["verify"]
     ver, tpl = V.Verifier(km.bundle), V.unpack(entry)

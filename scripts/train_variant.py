@@ -20,6 +20,10 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     # distilled from Google's speech_embedding (openWakeWord's extractor; needs bench/peers/setup.sh's
     # .venv-peers), weight 1, against the same recipe without it (build/var-plain40)
     $ .venv/bin/python scripts/train_variant.py build/var-distill --distill 1.0 --epochs 40
+    # distilled from the shipped encoder's own embedding of the clean utterance, so the embedding of
+    # every noisy or babbled copy is pulled to the clean one (issue 17, 2026-12-04; judged by
+    # scripts/babble_where.py --model build/var-self1)
+    $ .venv/bin/python scripts/train_variant.py build/var-self1 --distill 1.0 --teacher shipped --epochs 40
     # words that begin with, end in or rhyme with a command ("yesterday", "onion": NEAR_MISSES) by
     # the training voices as _unknown_, 2 renders each (Festival 6), against the same recipe without
     $ .venv/bin/python scripts/train_variant.py build/var-nearmiss --near-miss 2 --epochs 40
@@ -213,6 +217,28 @@ def teacher_embeddings(utts, batch: int = 64) -> np.ndarray:
     return out
 
 
+def shipped_embeddings(utts, batch: int = 256) -> np.ndarray:
+    """(N, 64) float32: the shipped encoder's (fp32 TFLite) embedding of each clean utterance placed
+    in the middle of a 1 s window. As ``--distill`` targets with ``--teacher shipped``, the trained
+    encoder's embedding of every augmented copy (noise, babble, reverberation, gain, tilt) is fitted,
+    through a linear map, to the shipped encoder's embedding of the clean utterance: an embedding
+    that stays put under noise, which is what a custom keyword's first stage needs (issue 17)."""
+    from edge import features as F
+    from edge.backends import load
+    from edge.bundle import load_bundle
+    from edge.kws import DEFAULT_BUNDLE, default_trusted_keys
+
+    bundle = load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys())
+    scale = np.asarray(bundle.frontend["normalize"]["scale"], np.float32)
+    enc = load(bundle.path("encoder_fp32.tflite"), num_threads=2)
+    k = [i for i, t in enumerate(enc.outputs) if t.shape[-1] == 64][0]
+    out = np.zeros((len(utts), 64), np.float32)
+    for a in range(0, len(utts), batch):
+        x = np.stack([F.fit_to_window(np.asarray(u, np.int16)) for u in utts[a:a + batch]])
+        out[a:a + len(x)] = enc.run(F.normalize(F.mfcc(x), scale)[..., None])[k]
+    return out
+
+
 def numbers(n: int, kind=float):
     """argparse type: ``n`` comma-separated numbers, or a one-line error saying what is wanted."""
     def parse(text: str):
@@ -243,7 +269,10 @@ def main(argv=None) -> int:
                         "x0.95-1.25) per training utterance of the Festival training voices")
     p.add_argument("--distill", type=float, default=0.0,
                    help="weight of a distillation term: the embedding, through a linear map, fitted "
-                        "to Google's speech_embedding of each clean training utterance (0: off)")
+                        "to the --teacher's embedding of each clean training utterance (0: off)")
+    p.add_argument("--teacher", choices=("speech-embedding", "shipped"), default="speech-embedding",
+                   help="the --distill targets: Google's speech_embedding (needs .venv-peers) or the "
+                        "shipped encoder's own embedding of the clean utterance")
     p.add_argument("--real-negatives", default="",
                    help="comma-separated languages of Debian's asterisk prompts (fr, it, ru: other "
                         "speakers than the benchmark's Allison) added as _unknown_ training speech "
@@ -312,7 +341,8 @@ def main(argv=None) -> int:
     else:  # train() evaluates what it trained
         res = train(out=out, epochs=a.epochs, corpus=corpus, max_minutes=60, synths=synths,
                     build=partial(build_dscnn, channels=a.channels),
-                    distill={"targets": teacher_embeddings, "weight": a.distill} if a.distill else None)
+                    distill={"targets": teacher_embeddings if a.teacher == "speech-embedding"
+                                     else shipped_embeddings, "weight": a.distill} if a.distill else None)
         model, scale, m = res["model"], res["scale"], res["metrics"]
     predict = lambda f: model.predict(f[..., None], verbose=0)  # noqa: E731
     print(json.dumps({s: {k: v for k, v in m[s].items() if not isinstance(v, (list, dict))}

@@ -65,8 +65,11 @@ class TrainedEncoder:
         self.model = keras.models.load_model(path / "model.keras")
         self.scale = np.asarray(json.loads((path / "frontend.json").read_text())["scale"], np.float32)
         bank = path / "negatives_dev.npy"
-        if not bank.exists():
-            np.save(bank, negative_bank(lambda f: self.infer(f)[0], build_corpus(progress=False), self.scale))
+        if not bank.exists():  # a cache: written whole or not at all, so a killed run never leaves half a bank
+            from edge.atomic import atomic_file
+
+            with atomic_file(bank) as fh:
+                np.save(fh, negative_bank(lambda f: self.infer(f)[0], build_corpus(progress=False), self.scale))
         self.bundle = type("Bank", (), {"manifest": {"extra": {"negatives": {"file": str(bank)}}},
                                         "path": staticmethod(lambda name: name), "model_id": bundle.model_id})()
 

@@ -42,6 +42,14 @@ def ensure_key(key: Path, pub_dir: Path) -> Path:
 def negative_bank(km_predict, corpus, scale, n=NEGATIVES, seed=3) -> np.ndarray:
     """Embeddings of speech that is no custom keyword, and of noise, from training voices."""
     from host.augment import features_for
+
+    emb = km_predict(features_for(negative_windows(corpus, n, seed), scale))
+    return emb.astype(np.float16)
+
+
+def negative_windows(corpus, n=NEGATIVES, seed=3) -> np.ndarray:
+    """The negative bank's 1 s windows (float, int16 range): ``n`` words of training voices placed
+    in a window, then an eighth as many silent rows, all with background noise."""
     from host.data import noise as N
     from host.data.corpus import add_background
 
@@ -52,8 +60,7 @@ def negative_bank(km_predict, corpus, scale, n=NEGATIVES, seed=3) -> np.ndarray:
     x = np.stack([N.place(rng, corpus.utterance(i)) for i in pick] +
                  [np.zeros(16000, np.float32)] * (len(pick) // 8))
     x = add_background(rng, x, pool, speech_rows=len(pick))
-    emb = km_predict(features_for(np.clip(x, -32768, 32767), scale))
-    return emb.astype(np.float16)
+    return np.clip(x, -32768, 32767)
 
 
 def tensor_io(path: Path) -> tuple[list, list]:

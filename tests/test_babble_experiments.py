@@ -44,3 +44,55 @@ def test_span_frames_is_the_longest_clips_speech_plus_margins_rounded_up():
     assert span_frames([short], "tone", 0.0) < n
     assert span_frames([short, clip], "tone", 0.06) in (n + 4, n + 8)  # 3 frames each side, rounded
     assert span_frames([clip], "tone", 1.0) == 49  # never more than the window
+
+
+def test_bank_floors_raise_levels_to_the_closest_of_the_hardest_bank_windows_only():
+    """``enroll_noise.bank_floors``: the floor is measured on the bank windows the keyword's first stage
+    scores highest (an easy window closer to the templates does not lower it), sits just under the
+    closest of them, raises only thresholds below it, and only the first ``levels`` levels."""
+    from types import SimpleNamespace
+
+    from edge import verify as V
+    from scripts.enroll_noise import bank_floors
+
+    def state(levels):
+        tpl = [np.zeros((4, 3), np.int8)] * 2
+        entry = {"verify": V.pack(tpl, (0.1, 0), levels, np.array([0.1]), version=V.VERSION)}
+        return SimpleNamespace(keywords=[entry],
+                               custom=lambda verify: SimpleNamespace(scores=lambda emb: emb[:, :1]))
+
+    # distance of a window = its one feature; first-stage score = its one embedding value
+    ver = SimpleNamespace(sequences=lambda x, v: x, prepare=lambda t, v: t,
+                          distance=lambda seqs, prep, version: seqs[:, 0])
+    feats = np.array([[0.5], [0.4], [0.05], [0.9]])
+    emb = np.array([[0.9], [0.8], [0.1], [0.7]])     # the 0.05 window is the first stage's easiest
+    levels = [[1.0, 0.2], [2.0, 0.6], [3.0, 0.1]]
+    st = state(levels)
+    bank_floors(st, ver, feats, emb, 1.0, hard=2)
+    got = st.keywords[0]["verify"]
+    np.testing.assert_allclose([t for _, t in got["levels"]], [0.4, 0.6, 0.4], atol=1e-5)
+    assert all(t < 0.4 or t == 0.6 for _, t in got["levels"])   # the closest hard window itself does not pass
+    assert got["threshold"] == 0.6 and [r for r, _ in got["levels"]] == [1.0, 2.0, 3.0]
+    st = state(levels)
+    bank_floors(st, ver, feats, emb, 0.5, hard=2, levels=1)
+    np.testing.assert_allclose([t for _, t in st.keywords[0]["verify"]["levels"]], [0.2, 0.6, 0.1], atol=1e-6)
+    st = state(levels)
+    bank_floors(st, ver, feats, emb, 1.0, hard=2, levels=1)
+    np.testing.assert_allclose([t for _, t in st.keywords[0]["verify"]["levels"]], [0.4, 0.6, 0.1], atol=1e-5)
+
+
+def test_verify_where_windows_and_babble_level():
+    """``verify_where``'s 0.1 s hops cover the stream in order, and its babble sits ``snr_db`` under the
+    speech's own level."""
+    from scripts.verify_where import babbled, hop_windows
+
+    pcm = np.arange(40000, dtype=np.int64).astype(np.int16)
+    w = hop_windows(pcm)
+    assert w.shape == (16, 16000) and w[3, 0] == pcm[4800] and w[-1, -1] == pcm[15 * 1600 + 15999]
+    rng = np.random.default_rng(2)
+    speech = (np.sin(np.arange(48000) * 0.05) * 3000).astype(np.int16)
+    pool = [(rng.standard_normal(6000) * 1000).astype(np.float32) for _ in range(8)]
+    out = babbled(speech, 10.0, pool, np.random.default_rng(3))
+    noise = out.astype(np.float64) - speech
+    ratio_db = 10 * np.log10((speech.astype(np.float64) ** 2).mean() / (noise ** 2).mean())
+    assert out.dtype == np.int16 and abs(ratio_db - 10.0) < 0.5

@@ -13,8 +13,8 @@ the step cosine (``edge.verify.WEIGHTS_5``'s three shares) and per keyword, the 
 positives under it per condition (mean over the 36 keyword models). No stream, no noise-range
 thresholds: it isolates which features hold under babble, not what the detector does.
 
-Measured 2026-12-04 (session 30), hard negatives passed 0 % (the threshold under the closest of
-them); positives passed clean / white 20 / babble 20 / white 10 / babble 10 dB:
+Measured 2026-12-04 (session 30), hard negatives passed 0 % (the threshold at the closest of them,
+no other one passing); positives passed clean / white 20 / babble 20 / white 10 / babble 10 dB:
 
     shipped (0.7, 0.1, 0.2)     100.0 / 99.5 / 76.9 / 78.7 / 33.8
     backbone                    100.0 / 93.5 / 60.2 / 52.3 / 21.8

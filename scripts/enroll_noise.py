@@ -112,6 +112,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import _base_streams as B  # noqa: E402
 from bench import _realspeech as R  # noqa: E402
+# the variants' helpers live in their own module; every name stays importable here
+from scripts._custom_variants import (FLOOR_HARD, SpanFeatures, bank_floors, renders,  # noqa: E402,F401
+                                      span_frames, span_window)
 
 PHRASES = ("banana", "open sesame", "pineapple", "good night", "hey robot", "volcano")
 VOICES = (("flite", "rms"), ("flite", "kal16"))
@@ -164,7 +167,6 @@ VARIANTS = {
     "v8, floor at 0.95 of the bank's closest under 20 dB": {**V7, "range_percentile": 50, "bank_floor": 0.95,
                                                             "floor_levels": 2},
 }
-FLOOR_HARD = 200  # the bank windows a keyword's floor is measured on
 BIG = "--big" in sys.argv  # twice the phrases and a third voice: 216 positives per noise level, not 72
 if BIG:
     PHRASES += ("jupiter", "computer", "lantern", "cinnamon", "thunder", "dolphin")
@@ -173,74 +175,6 @@ if BIG:
 # accept rate of a few tenths per hour per keyword is more than one event
 OWN_PAIRS = 880 if "--long-own" in sys.argv else 220
 ONLY = [a for a in sys.argv[1:] if a not in ("--big", "--long-own")]  # variant names to run (default: all)
-
-
-def renders(voice, phrase, n, seed):
-    from host.data import synth as S
-
-    rng = np.random.default_rng(seed)
-    return S.render(S.Voice(*voice), [(phrase, float(rng.uniform(0.85, 1.15)), float(rng.uniform(0.9, 1.1)))
-                                      for _ in range(n)])
-
-
-def bank_floors(state, ver, bank_feats, bank_emb, factor: float, hard: int = FLOOR_HARD,
-                levels: int | None = None) -> None:
-    """Raise every enrolled keyword's second-stage levels in ``state`` (``levels``: only the first so
-    many, by rising noise range) to at least ``factor`` times the smallest distance of its ``hard``
-    bank windows that its first stage scores highest (a window passes at or under its threshold, so
-    the floor sits just under that window's distance)."""
-    from edge import verify as V
-
-    head = state.custom(verify=False)
-    scores = head.scores(bank_emb)
-    for k, e in enumerate(state.keywords):
-        v = e["verify"]["version"]
-        tpl = V.unpack(e["verify"])
-        top = bank_feats[np.argsort(scores[:, k])[::-1][:hard]]
-        floor = float(ver.distance(ver.sequences(top, v), ver.prepare(tpl, v), version=v).min()) * factor - 1e-6
-        lv = e["verify"]["levels"]
-        n = len(lv) if levels is None else levels
-        e["verify"]["levels"] = [[r, round(max(t, floor), 6) if i < n else t] for i, (r, t) in enumerate(lv)]
-        e["verify"]["threshold"] = max(t for _, t in e["verify"]["levels"])
-
-
-def span_window(feats: np.ndarray, frames: int) -> np.ndarray:
-    """Normalised windows ``(..., 49, 10)`` -> only their middle ``frames`` frames, with the window's
-    mean removal made the span's own, and zeros outside: what a window would be if the frames
-    around the span were the span's mean (``scripts/babble_where.py --fill mean``), so speech or
-    noise around a phrase cannot move its embedding. An experiment (issue 17), not the device's."""
-    f = np.asarray(feats, np.float32)
-    if frames >= f.shape[-2]:
-        return f
-    a = (f.shape[-2] - frames) // 2
-    out = np.zeros_like(f)
-    mid = f[..., a:a + frames, :]
-    out[..., a:a + frames, :] = mid - mid.mean(axis=-2, keepdims=True)
-    return out
-
-
-def span_frames(clips, name: str, margin_s: float, step: int = 4) -> int:
-    """The span a phrase is scored over: its longest enrolment clip's speech (``enroll.speech_bounds``
-    of the centred clip) plus ``margin_s`` on each side, rounded up to ``step`` frames (keywords of one
-    length share one inference), at most the whole window."""
-    from edge import enroll as E
-    from edge import features as F
-
-    longest = max(int(np.subtract(*E.speech_bounds(E.prepare_clip(c, name))[::-1])) + 1 for c in clips)
-    n = longest + 2 * int(round(margin_s / 0.02))
-    return min(F.N_FRAMES, -(-n // step) * step)
-
-
-class SpanFeatures:
-    """A KeywordModel whose ``features`` keep the middle ``frames`` frames (``span_window``), for
-    enrolling a keyword that is scored over a span."""
-
-    def __init__(self, km, frames: int):
-        self.km, self.frames = km, frames
-        self.bundle, self.labels, self.infer, self.scale = km.bundle, km.labels, km.infer, km.scale
-
-    def features(self, pcm):
-        return span_window(self.km.features(pcm), self.frames)
 
 
 def main() -> int:

@@ -6,7 +6,8 @@ federates the shipped model's classifier head (``SimConfig(task="shipped-head")`
 aggregator over loopback HTTP, the real ``edge.fl.FLClient`` and ``edge.store``, each device a
 real ``edge.device.Device`` state whose examples come from ``edge.fl.local.local_examples``: 4
 labelled clips per command x 8 augmented (sped up or slowed down over ``FL_SPEED``, 0.9-1.35: pitch and
-formants move with it; 0.9-1.12 until 2026-12-03), 10 s of room noise as ``_silence_``, as ``_unknown_`` 90
+formants move with it; 0.9-1.12 until 2026-12-03; half of them first voice-converted to a higher pitch
+and a shorter vocal tract, ``FL_CONVERT``, since 2026-12-05), 10 s of room noise as ``_silence_``, as ``_unknown_`` 90
 of the user's other words and 150 1 s windows of the place's everyday speech (keyword-free prompts
 of the Allison *development* half, every other one: fold A; as kws_base's speaker recipe uses
 them), and the confident detections (>= 0.9) ``Device.detect`` kept from ~3 minutes of what the

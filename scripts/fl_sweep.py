@@ -173,6 +173,34 @@ schedules, every other setting the bench's (``--speed`` prepares the fleet over 
 Adopted: ``FL_SPEED`` = (0.9, 1.35), which the agent and the simulator both use. slt gains +4.8 points
 on average with the fleet's gain unchanged; 0.95-1.45 gains more on slt but costs the training Festival
 voices more than the 2-point stand-in allows in two schedules of six.
+
+Half the word copies voice-converted first (2026-12-05, session 31): slt's gain followed how often rms
+was heard, so is the rest of the fleet any use to slt? ``--central`` trains the bench's centralised head
+on the pooled examples of chosen voices' devices (two trainer seeds): all +23.8 / +24.7, all but rms
++8.4 / +10.0, rms alone +28.1 / +28.4, awb alone +7.5 / +16.2, kal16 alone -8.4 / -9.1. Without rms
+even the upper bound barely reaches +10, and kal16's renders pull slt down. ``--convert SHARE,F0LO,
+F0HI,FMLO,FMHI`` starts that share of every word clip's copies from the clip LPC-resynthesised at a
+higher pitch and shorter vocal tract (``edge.adapt.vocoder``, a pulse excitation; ``none``: no
+conversion). Measured first by patching ``augment`` for the whole process, then through the adopted
+path (``edge.fl.local.FL_CONVERT`` = 0.5, pitch x1.5-2.0, formants x1.1-1.25), twelve schedules:
+
+    $ nice -n 5 .venv/bin/python scripts/fl_sweep.py '{"base": {}}' 6 --convert none   # then ending 6 6
+    $ nice -n 5 .venv/bin/python scripts/fl_sweep.py '{"fl": {}}' 6 --central           # then '{"fl": {}}' 6 6
+
+    none       fleet +36.7 / +30.8 / +32.9 / +25.4 / +37.1 / +37.1 / +33.7 / +42.1 / +35.8 / +41.7 / +40.0 /
+               +37.5 (35.9), slt +19.1 / +6.9 / +11.9 / +1.9 / +18.7 / +20.0 / +15.6 / +26.9 / +15.9 / +25.3 /
+               +23.8 / +20.9 (17.3); Festival 1.59 lost on average (up to 2.07)
+    FL_CONVERT fleet +40.4 / +33.3 / +40.0 / +25.4 / +37.9 / +35.8 / +33.7 / +40.4 / +36.2 / +43.8 / +40.4 /
+               +38.3 (37.1), slt +22.5 / +18.4 / +21.2 / +6.6 / +21.6 / +17.8 / +18.1 / +30.3 / +17.2 / +30.9 /
+               +25.0 / +27.2 (21.4); Festival 1.50 (up to 2.04); central: all +30.3 / +31.6, all but rms
+               +14.7 / +12.2, awb alone +16.9 / +21.9, rms alone +31.9 / +33.1, kal16 alone -4.7 / -4.1
+    0.75 of the copies (seeds 0-5, patched): fleet +44.6 / +34.2 / +36.3 / +21.7 / +37.5 / +36.7, slt +31.6 /
+               +20.3 / +21.9 / +6.2 / +23.1 / +21.2; Festival 1.88-2.01
+    formants x1.15-1.3 (seeds 0-5, patched): fleet mean 34.4, slt +22.8 / +17.8 / +17.8 / +4.1 / +19.1 / +18.1
+
+Adopted: ``FL_CONVERT``, for the agent and the simulator alike. slt gains +4.1 points on average and
++10 in 11 of 12 schedules (10 without); the fleet +1.2. Schedule 3 (rms heard 5 times, kal16 27) rises
+from +1.9 to +6.6 and still misses; 0.75 of the copies moved it no further and cost the fleet 4 points there.
 """
 
 from __future__ import annotations
@@ -191,6 +219,33 @@ REHEARSAL_MAX = 48  # the largest rehearsal set measured; train_loss never score
 SLT_SEEDS = (303, 313, 323, 333)  # development renders of Flite slt (the bench's are seed 103)
 
 
+def _central(fleet, emb, labels, slt, s0) -> None:
+    """The upper bound by who is heard: the bench's centralised head (the device trainer on the pooled
+    examples and the rehearsal set, bench fl_voices's ``task``) from every device, from the devices of
+    each voice alone and from all but rms's; slt's development gain, two trainer seeds each."""
+    import bench.fl_voices as FV
+    from edge.fl.model import head_logits
+    from host.fleet.data import extract_head
+    from host.fleet.simulate import SimConfig, device_trainer, simulated_rehearsal
+    from host.fleet.voices import FLEET_VOICES, command_recall
+
+    cfg = SimConfig(task="shipped-head", rehearsal_per_command=FV.REHEARSAL)
+    task = {"learning_rate": FV.LR, "local_epochs": FV.ROUNDS * FV.EPOCHS, "batch_size": 16}
+    rr = simulated_rehearsal(emb, cfg, labels)
+    shipped = extract_head()
+    pools = {"all": FLEET_VOICES, "no rms": tuple(v for v in FLEET_VOICES if v != "rms"),
+             **{f"{v} only": (v,) for v in FLEET_VOICES}}
+    for name, voices in pools.items():
+        fs = [f for f in fleet if f["voice"] in voices]
+        X = np.concatenate([f["X"] for f in fs] + [emb.X[rr]])
+        y = np.concatenate([f["y"] for f in fs] + [emb.y[rr].astype(np.int64)])
+        gains = []
+        for seed in range(2):
+            h = {**shipped, **device_trainer(cfg, labels).train(shipped, X, y, task, np.random.default_rng(seed))}
+            gains.append(round(100 * (command_recall(head_logits(h, slt[0]), slt[1], labels)["balanced"] - s0), 1))
+        print(json.dumps({"central": name, "slt_dev_gain": gains}), flush=True)
+
+
 def main(argv) -> int:
     import bench.fl_voices as FV
     from bench import _realspeech as R
@@ -207,6 +262,14 @@ def main(argv) -> int:
         i = argv.index("--speed")
         speed = tuple(float(v) for v in argv[i + 1].split(","))
         argv = argv[:i] + argv[i + 2:]
+    convert = "fl"  # --convert SHARE,F0LO,F0HI,FMLO,FMHI or none: not edge.fl.local.FL_CONVERT's conversion
+    if "--convert" in argv:
+        i = argv.index("--convert")
+        v = [float(x) for x in argv[i + 1].split(",")] if argv[i + 1] != "none" else None
+        convert = None if v is None else (v[0], (v[1], v[2]), (v[3], v[4]))
+        argv = argv[:i] + argv[i + 2:]
+    central = "--central" in argv  # also: the pooled examples trained centrally, by which voices they hold
+    argv = [x for x in argv if x != "--central"]
     settings = json.loads(argv[0]) if argv else {"base": {}}
     reps = int(argv[1]) if len(argv) > 1 else 3
     first = int(argv[2]) if len(argv) > 2 else 0  # simulator seeds first .. first + reps - 1
@@ -221,7 +284,7 @@ def main(argv) -> int:
     extra = [wins[np.random.default_rng([7, i]).choice(len(wins), min(FV.REAL_AMBIENT, len(wins)), replace=False)]
              for i in range(FV.DEVICES)]
     fleet = prepare_devices(users, tmp / "users", augment=8, bundle=bundle, progress=True, extra_ambient=extra,
-                            speed=speed)
+                            speed=speed, convert=convert)
     dev = {}
     for i, v in enumerate(FLEET_VOICES):  # development renders: seeds the bench never uses
         x, words = heldout_clips(v, seed=300 + i)
@@ -262,6 +325,8 @@ def main(argv) -> int:
     f0, v0 = score(extract_head())
     t0 = train_scores(extract_head())
     print(json.dumps({"shipped": {"fleet_dev": f0, "val": v0, "train": t0}}), flush=True)
+    if central:
+        _central(fleet, emb, labels, slt, s0)
     for name, over in settings.items():
         for rep in range(first, first + reps):
             base = dict(task="shipped-head", devices=FV.DEVICES, rounds=FV.ROUNDS, clients_per_round=FV.CLIENTS,

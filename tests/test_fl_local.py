@@ -96,6 +96,12 @@ def test_word_copies_are_sped_up_over_the_federated_range(tmp_path, bundle):
     X, _ = local_examples(dev, clips, augment=4, detections=False)
     assert np.allclose(X, local_examples(dev, clips, augment=4, detections=False, speed=FL_SPEED)[0])
     assert not np.allclose(X, local_examples(dev, clips, augment=4, detections=False, speed=(0.9, 1.12))[0])
+    # and half the copies voice-converted first (FL_CONVERT) unless told otherwise
+    from edge.fl.local import FL_CONVERT
+
+    assert np.allclose(X, local_examples(dev, clips, augment=4, detections=False, convert=FL_CONVERT)[0])
+    X0, _ = local_examples(dev, clips, augment=4, detections=False, convert=None)
+    assert np.allclose(X[::4], X0[::4]) and not np.allclose(X, X0)   # the clips themselves as they were
 
 
 def test_trainer_keeps_absent_labels_and_draws_negatives(bundle):

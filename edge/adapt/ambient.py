@@ -72,6 +72,17 @@ def _speech_rms(x: np.ndarray) -> float:
     return float(np.sqrt(top.mean())) if len(top) else 0.0
 
 
+def _converted(c: np.ndarray, rng, f0, fm) -> tuple[np.ndarray, float]:
+    """``c`` voice-converted at a pitch and a formant factor drawn from ``f0`` and ``fm`` (int16, the
+    clip's length and peak) and its speech level."""
+    from edge.adapt.vocoder import convert
+
+    y = convert(np.asarray(c, np.float32), f0_scale=float(rng.uniform(*f0)), formant_scale=float(rng.uniform(*fm)),
+                buzz=True, rng=rng)
+    y = np.clip(np.rint(y), -32768, 32767).astype(np.int16)
+    return y, _speech_rms(y)
+
+
 def _speed(x: np.ndarray, r: float) -> np.ndarray:
     """``x`` played ``r`` times faster (pitch and tempo), re-centred in its window."""
     n = len(x)
@@ -121,7 +132,7 @@ def coloured_noise(rng: np.random.Generator, colour: str, shape) -> np.ndarray:
 
 def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1.12),
             gain_db=(-6.0, 6.0), snr_db=(5.0, 30.0), clean_share: float = 0.25,
-            with_clip: bool = True, colours=None) -> np.ndarray:
+            with_clip: bool = True, colours=None, convert=None) -> np.ndarray:
     """(len(clips) * n, 16000) int16: every clip ``n`` times, in clip order (clip i's copies are
     rows i*n .. i*n + n - 1). The first copy of each clip is the clip itself (``with_clip``; else
     all n are changed copies, drawn as copies 1.. would be); of the others a
@@ -129,7 +140,11 @@ def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1
     ``ambient_windows``; else white noise) at an SNR drawn from ``snr_db`` on the clip's speech.
     ``colours``: each noisy copy's noise drawn from these instead: "white", "pink", "brown"
     (``coloured_noise``), "talker" (one random ``noise`` window) or "babble" (the sum of ``BABBLE``
-    random ``noise`` windows at random levels: a room of talkers, from the place's own speech)."""
+    random ``noise`` windows at random levels: a room of talkers, from the place's own speech).
+    ``convert``: ``(share, (f0_low, f0_high), (formant_low, formant_high))``: that share of the changed
+    copies starts from the clip voice-converted (``edge.adapt.vocoder``, a pulse excitation; pitch and
+    formants scaled by factors drawn from the ranges) instead of the clip itself (None: never; the
+    copies to the bit as without it)."""
     clips = np.asarray(clips)
     if clips.ndim != 2 or clips.shape[1] != WINDOW:
         raise EdgelearnError(f"augment needs (N, {WINDOW}) windows, got {clips.shape}", fix="fit clips to 1 s first")
@@ -141,15 +156,25 @@ def augment(clips, n: int, rng, noise=None, shift_s: float = 0.15, speed=(0.9, 1
         if not colours or set(colours) - known:
             raise EdgelearnError(f"noise colours {list(colours)}" + ("" if noise is not None else " without noise windows"),
                                  fix=f"pass one or more of {sorted(known)}")
+    if convert is not None:
+        try:
+            share, f0, fm = float(convert[0]), tuple(map(float, convert[1])), tuple(map(float, convert[2]))
+        except (TypeError, ValueError, IndexError):
+            share, f0, fm = -1.0, (), ()
+        if not 0.0 <= share <= 1.0 or len(f0) != 2 or len(fm) != 2 or min(f0 + fm) <= 0 or f0[0] > f0[1] \
+                or fm[0] > fm[1]:
+            raise EdgelearnError(f"voice conversion {convert}", fix="pass (share in [0, 1], (f0 low, high), "
+                                                                     "(formant low, high)) with 0 < low <= high")
     out = np.empty((len(clips) * n, WINDOW), np.int16)
     smax = int(round(shift_s * SR))
     first = 1 if with_clip else 0
     for i, c in enumerate(clips):
         if with_clip:
             out[i * n] = c
-        level = _speech_rms(c)
+        clip_level = _speech_rms(c)
         for j in range(first, n):
-            x = _speed(c, float(rng.uniform(*speed)))
+            src, level = (c, clip_level) if convert is None or rng.random() >= share else _converted(c, rng, f0, fm)
+            x = _speed(src, float(rng.uniform(*speed)))
             x = _shift(x, int(rng.integers(-smax, smax + 1)))
             g = 10 ** (float(rng.uniform(*gain_db)) / 20)
             x *= g

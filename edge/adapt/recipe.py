@@ -86,12 +86,13 @@ def negative_ids(labels) -> tuple:
 
 
 def training_windows(windows, y, labels, ambient=None, augment: int = 0, seed: int = 0,
-                     noisy_ambient: bool = False, speed=None):
+                     noisy_ambient: bool = False, speed=None, convert=None):
     """(int16 windows, label ids) of a speaker adaptation: the clips of word labels ``augment``
     times each (the clip itself first), the other labelled clips once, then ``ambient`` (1 s int16
     windows) as ``_unknown_``, with ``noisy_ambient`` followed by one augmented copy of each
     (``edge.adapt.ambient.augment``). ``speed``: the (low, high) range of the word copies' speed
-    (pitch, formants and tempo together; None: ``augment``'s own). Deterministic in ``seed`` (the
+    (pitch, formants and tempo together; None: ``augment``'s own); ``convert``: the share of them
+    voice-converted first and its ranges (``augment``'s ``convert``). Deterministic in ``seed`` (the
     feature cache keys on the audio)."""
     from edge.adapt.ambient import augment as _augment
 
@@ -102,7 +103,7 @@ def training_windows(windows, y, labels, ambient=None, augment: int = 0, seed: i
     parts, ys = [], []
     if augment and augment > 1 and (~neg).any():
         kw = {} if speed is None else {"speed": tuple(speed)}
-        parts.append(_augment(windows[~neg], int(augment), np.random.default_rng(seed), **kw))
+        parts.append(_augment(windows[~neg], int(augment), np.random.default_rng(seed), convert=convert, **kw))
         ys.append(np.repeat(y[~neg], int(augment)))
     else:
         parts.append(windows[~neg])

@@ -3,7 +3,8 @@ simulator both call ``local_examples``), as embeddings of the bundle's frozen en
 
 - **labelled**: the clips the user gave (``DIR/<label>/*.wav`` or ``(windows, labels)``, what
   ``device adapt --data`` reads), the word clips ``augment`` times each (``edge.adapt.recipe.
-  training_windows``: shifted, sped up or slowed down over ``FL_SPEED``, louder or softer, noisy),
+  training_windows``: shifted, sped up or slowed down over ``FL_SPEED``, half of them voice-converted
+  first (``FL_CONVERT``), louder or softer, noisy),
   ``_unknown_`` / ``_silence_`` clips once;
 - **negatives**: ``ambient`` 1 s windows of audio the device heard that says no command (its
   user's other words, the room) as ``_unknown_``: the speaker recipe (issue 17) found that
@@ -30,6 +31,13 @@ SOURCES = ("labelled", "augmented", "ambient", "detected", "replay")
 # voices +35.8 against +35.9; 0.85-1.25 gained less (+9.1 over six) and 0.95-1.45 cost the training
 # Festival voices up to 2.6 points.
 FL_SPEED = (0.9, 1.35)
+# Half of those copies start from the clip voice-converted (``edge.adapt.vocoder``: pitch x1.5-2.0,
+# formants x1.1-1.25, a shorter vocal tract than a man's), so a fleet of men also teaches the head
+# women's and children's voices. Chosen on development renders (scripts/fl_sweep.py, twelve
+# schedules, 2026-12-05): Flite slt, outside the fleet, +20.3 points on average against +17.3 without,
+# the fleet's voices +37.2 against +35.9, the training Festival voices kept as well (1.68 against
+# 1.59 points lost); the same pooled data trained centrally, slt +30 against +24.
+FL_CONVERT = (0.5, (1.5, 2.0), (1.1, 1.25))
 
 
 def _device(device):
@@ -65,14 +73,16 @@ def detected_examples(device) -> tuple[np.ndarray, np.ndarray]:
 
 
 def local_examples(device, clips=None, *, augment: int = 0, ambient=None, detections: bool = True,
-                   replay: bool = True, seed: int = 0, detail: bool = False, speed=FL_SPEED):
+                   replay: bool = True, seed: int = 0, detail: bool = False, speed=FL_SPEED,
+                   convert=FL_CONVERT):
     """The device's examples for a federated round: ``(X, y)`` (float32 embeddings, label ids), and
     with ``detail`` also each row's source (one of ``SOURCES``).
 
     ``device``: an ``edge.device.Device`` or its state directory. ``clips``: labelled clips
     (a ``DIR/<label>/*.wav`` directory or ``(windows, labels)``; None: none). ``augment``: copies of
     each word clip (the clip itself first; 0 or 1: as they are), sped up or slowed down over
-    ``speed`` (low, high; ``FL_SPEED``). ``ambient``: (N, 16000) int16
+    ``speed`` (low, high; ``FL_SPEED``), a share voice-converted first (``convert``: ``FL_CONVERT``;
+    None: none). ``ambient``: (N, 16000) int16
     windows that say no command, as ``_unknown_``. ``detections``: the confident detections of the
     tail replay buffer; ``replay``: the embedding replay buffer. Deterministic in ``seed``."""
     from edge.adapt.recipe import training_windows
@@ -90,7 +100,7 @@ def local_examples(device, clips=None, *, augment: int = 0, ambient=None, detect
         if windows is None:
             windows, y = np.zeros((0, 16000), np.int16), np.zeros(0, np.int64)
         w, yy = training_windows(windows, y, km.labels, ambient=ambient, augment=augment, seed=seed,
-                                 speed=speed)
+                                 speed=speed, convert=convert)
         n_neg = int(np.isin(y, [km.labels.index(n) for n in ("_unknown_", "_silence_") if n in km.labels]).sum())
         n_words = len(y) - n_neg
         copies = int(augment) if augment and augment > 1 and n_words else 1

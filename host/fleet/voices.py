@@ -161,13 +161,15 @@ def heldout_clips(voice: str, seed: int, per_command: int = 8, other_words: int 
 
 
 def prepare_devices(devices: list[VoiceDevice], root, augment: int = 8, confirm: float = 0.9,
-                    bundle=None, progress: bool = False, extra_ambient=None, speed=None) -> list[dict]:
+                    bundle=None, progress: bool = False, extra_ambient=None, speed=None,
+                    convert="fl") -> list[dict]:
     """Each user's device as the agent would have it: a fresh ``edge.device.Device`` state under
     ``root/devI``, the heard stream run through ``Device.detect`` (its confident detections, at
     ``confirm``, are kept in the tail replay buffer), then ``edge.fl.local.local_examples`` of the
     labelled clips (``augment`` x), the ambient windows (plus ``extra_ambient[i]``: more everyday
     audio of device i's place, e.g. real speech) and those detections (``speed``: the augmented
-    copies' speed range, None: ``edge.fl.local.FL_SPEED``). Per device:
+    copies' speed range, None: ``edge.fl.local.FL_SPEED``; ``convert``: their voice conversion, "fl":
+    ``edge.fl.local.FL_CONVERT``, None: none). Per device:
     ``{"device", "X", "y", "source", "detections": {"events", "kept", "kept_correct"}}``."""
     import sys
 
@@ -182,7 +184,7 @@ def prepare_devices(devices: list[VoiceDevice], root, augment: int = 8, confirm:
         right = sum(any(a - 0.1 <= e["time_s"] <= b + 1.0 and w == e["keyword"] for a, b, w in d.heard_spans)
                     for e in kept)
         amb = d.ambient if extra_ambient is None else np.concatenate([d.ambient, extra_ambient[i]])
-        kw = {} if speed is None else {"speed": tuple(speed)}
+        kw = ({} if speed is None else {"speed": tuple(speed)}) | ({} if convert == "fl" else {"convert": convert})
         X, y, src = local_examples(dev, d.labelled, augment=augment, ambient=amb, seed=i, detail=True, **kw)
         out.append({"device": dev, "voice": d.voice, "X": X, "y": y, "source": src,
                     "detections": {"events": len(events), "kept": len(kept), "kept_correct": int(right)}})

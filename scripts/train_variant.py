@@ -262,6 +262,9 @@ def main(argv=None) -> int:
                    help="LO,HI pitch draw for the extra Festival renders")
     p.add_argument("--channels", type=int, default=64)
     p.add_argument("--epochs", type=int, default=70)
+    p.add_argument("--max-minutes", type=float, default=60.0,
+                   help="stop training after this many minutes even if --epochs are not done (default 60; "
+                        "a 70-epoch run takes longer than that on two slow cores)")
     p.add_argument("--piper", choices=("none", "eval", "train"), default="none",
                    help="Piper's joe voice: report the model on it, or also train on it")
     p.add_argument("--convert", type=int, default=0,
@@ -285,6 +288,8 @@ def main(argv=None) -> int:
                         "e.g. build/kws3 for the shipped one")
     a = p.parse_args(argv)
     out = Path(a.out)
+    if not a.max_minutes > 0:
+        p.error(f"--max-minutes {a.max_minutes}: give a positive number of minutes, e.g. --max-minutes 120")
     if a.evaluate and not ((out / "model.keras").exists() and (out / "frontend.json").exists()):
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")
@@ -339,7 +344,7 @@ def main(argv=None) -> int:
         scale = json.loads((out / "frontend.json").read_text())["scale"]
         m = evaluate_model(lambda f: model.predict(f[..., None], verbose=0), corpus, scale, synths)
     else:  # train() evaluates what it trained
-        res = train(out=out, epochs=a.epochs, corpus=corpus, max_minutes=60, synths=synths,
+        res = train(out=out, epochs=a.epochs, corpus=corpus, max_minutes=a.max_minutes, synths=synths,
                     build=partial(build_dscnn, channels=a.channels),
                     distill={"targets": teacher_embeddings if a.teacher == "speech-embedding"
                                      else shipped_embeddings, "weight": a.distill} if a.distill else None)

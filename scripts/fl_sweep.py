@@ -184,7 +184,7 @@ higher pitch and shorter vocal tract (``edge.adapt.vocoder``, a pulse excitation
 conversion). Measured first by patching ``augment`` for the whole process, then through the adopted
 path (``edge.fl.local.FL_CONVERT`` = 0.5, pitch x1.5-2.0, formants x1.1-1.25), twelve schedules:
 
-    $ nice -n 5 .venv/bin/python scripts/fl_sweep.py '{"base": {}}' 6 --convert none   # then ending 6 6
+    $ nice -n 5 .venv/bin/python scripts/fl_sweep.py '{"base": {}}' 6 --convert none --central  # then ending 6 6
     $ nice -n 5 .venv/bin/python scripts/fl_sweep.py '{"fl": {}}' 6 --central           # then '{"fl": {}}' 6 6
 
     none       fleet +36.7 / +30.8 / +32.9 / +25.4 / +37.1 / +37.1 / +33.7 / +42.1 / +35.8 / +41.7 / +40.0 /
@@ -265,8 +265,12 @@ def main(argv) -> int:
     convert = "fl"  # --convert SHARE,F0LO,F0HI,FMLO,FMHI or none: not edge.fl.local.FL_CONVERT's conversion
     if "--convert" in argv:
         i = argv.index("--convert")
-        v = [float(x) for x in argv[i + 1].split(",")] if argv[i + 1] != "none" else None
-        convert = None if v is None else (v[0], (v[1], v[2]), (v[3], v[4]))
+        try:
+            v = [float(x) for x in argv[i + 1].split(",")] if argv[i + 1] != "none" else None
+            convert = None if v is None else (v[0], (v[1], v[2]), (v[3], v[4]))
+        except (IndexError, ValueError):
+            raise SystemExit(f"fl_sweep: --convert {' '.join(argv[i + 1:i + 2])!r}: give SHARE,F0LO,F0HI,FMLO,FMHI "
+                             "(e.g. 0.5,1.5,2.0,1.1,1.25) or none") from None
         argv = argv[:i] + argv[i + 2:]
     central = "--central" in argv  # also: the pooled examples trained centrally, by which voices they hold
     argv = [x for x in argv if x != "--central"]

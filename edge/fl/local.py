@@ -34,9 +34,9 @@ FL_SPEED = (0.9, 1.35)
 # Half of those copies start from the clip voice-converted (``edge.adapt.vocoder``: pitch x1.5-2.0,
 # formants x1.1-1.25, a shorter vocal tract than a man's), so a fleet of men also teaches the head
 # women's and children's voices. Chosen on development renders (scripts/fl_sweep.py, twelve
-# schedules, 2026-12-05): Flite slt, outside the fleet, +20.3 points on average against +17.3 without,
-# the fleet's voices +37.2 against +35.9, the training Festival voices kept as well (1.68 against
-# 1.59 points lost); the same pooled data trained centrally, slt +30 against +24.
+# schedules, 2026-12-05): Flite slt, outside the fleet, +21.4 points on average against +17.3 without,
+# the fleet's voices +37.1 against +35.9, the training Festival voices kept as well (1.50 against
+# 1.59 points lost); the same pooled data trained centrally, slt +31 against +24.
 FL_CONVERT = (0.5, (1.5, 2.0), (1.1, 1.25))
 
 

@@ -201,6 +201,19 @@ path (``edge.fl.local.FL_CONVERT`` = 0.5, pitch x1.5-2.0, formants x1.1-1.25), t
 Adopted: ``FL_CONVERT``, for the agent and the simulator alike. slt gains +4.1 points on average and
 +10 in 11 of 12 schedules (10 without); the fleet +1.2. Schedule 3 (rms heard 5 times, kal16 27) rises
 from +1.9 to +6.6 and still misses; 0.75 of the copies moved it no further and cost the fleet 4 points there.
+
+The rehearsal set converted too (2026-12-05, session 31; six schedules, with ``FL_CONVERT``): every
+version's rehearsal clips (24 of each command by the training voices) also shipped as two conversions
+each (``--rehearsal-convert 2``, FL_CONVERT's ranges, 480 rows more), so that rounds which hear kal16
+and not rms still rehearse a shorter vocal tract:
+
+    $ nice -n 10 .venv/bin/python scripts/fl_sweep.py '{"rc2": {}}' 6 --rehearsal-convert 2
+
+    rc2        fleet +42.5 / +33.8 / +36.2 / +18.7 / +35.0 / +37.9 (34.0; FL_CONVERT alone 35.5), slt +25.9 /
+               +15.0 / +17.8 / 0.0 / +15.3 / +24.7 (16.5; alone 18.0); Festival 0.74-1.92 lost (1.22; 1.48)
+
+Not adopted: three times the rehearsal holds the head nearer the training voices; schedule 3 loses
+on both (fleet +18.7, slt 0.0).
 """
 
 from __future__ import annotations
@@ -246,6 +259,41 @@ def _central(fleet, emb, labels, slt, s0) -> None:
         print(json.dumps({"central": name, "slt_dev_gain": gains}), flush=True)
 
 
+def _rehearsal_converted(emb, km, labels, n: int) -> None:
+    """Experiment: the aggregator's rehearsal set (bench fl_voices's ``REHEARSAL`` clips of each command
+    by the training voices) also carries ``n`` voice conversions of each of its clips (``FL_CONVERT``'s
+    ranges, every copy converted), so every round's devices rehearse a shorter vocal tract too.
+    Patched into ``host.aggregator.inprocess.make_state`` for the whole process."""
+    import bench.fl_voices as FV
+    import host.aggregator.inprocess as I
+    from edge.adapt.ambient import augment
+    from edge.fl.local import FL_CONVERT
+    from host.data.corpus import default_cache_dir
+    from host.fleet.data import _find_corpus
+    from host.fleet.simulate import SimConfig, simulated_rehearsal
+
+    rows = simulated_rehearsal(emb, SimConfig(task="shipped-head", rehearsal_per_command=FV.REHEARSAL), labels)
+    train = emb.rows("train")
+    assert np.array_equal(train, np.arange(train[0], train[0] + len(train)))  # one block, in eval_clips' order
+    x, _, _ = _find_corpus(default_cache_dir())[0].eval_clips("train")
+    clips = x[rows - train[0]]
+    conv = augment(clips, n + 1, np.random.default_rng(5), convert=(1.0,) + FL_CONVERT[1:], speed=(1.0, 1.0),
+                   shift_s=0.0, gain_db=(0.0, 0.0), clean_share=1.0).reshape(len(clips), n + 1, -1)[:, 1:]
+    conv = conv.reshape(len(clips) * n, -1)
+    Xc = np.concatenate([km.infer(km.features(conv[a:a + 256]))[0] for a in range(0, len(conv), 256)])
+    yc = np.repeat(emb.y[rows], n)
+    orig = I.make_state
+
+    def make_state(*a, rehearsal=None, **kw):
+        if rehearsal is not None:
+            rehearsal = (np.concatenate([rehearsal[0], Xc.astype(rehearsal[0].dtype)]),
+                         np.concatenate([rehearsal[1], yc.astype(rehearsal[1].dtype)]))
+        return orig(*a, rehearsal=rehearsal, **kw)
+
+    I.make_state = make_state
+    print(json.dumps({"rehearsal_converted": len(yc)}), flush=True)
+
+
 def main(argv) -> int:
     import bench.fl_voices as FV
     from bench import _realspeech as R
@@ -271,6 +319,17 @@ def main(argv) -> int:
         except (IndexError, ValueError):
             raise SystemExit(f"fl_sweep: --convert {' '.join(argv[i + 1:i + 2])!r}: give SHARE,F0LO,F0HI,FMLO,FMHI "
                              "(e.g. 0.5,1.5,2.0,1.1,1.25) or none") from None
+        argv = argv[:i] + argv[i + 2:]
+    reh_conv = 0  # --rehearsal-convert N: the rehearsal set also carries N conversions of each of its clips
+    if "--rehearsal-convert" in argv:
+        i = argv.index("--rehearsal-convert")
+        try:
+            reh_conv = int(argv[i + 1])
+            if reh_conv < 0:
+                raise ValueError
+        except (IndexError, ValueError):
+            raise SystemExit(f"fl_sweep: --rehearsal-convert {' '.join(argv[i + 1:i + 2])!r}: give a whole "
+                             "number of conversions per clip, e.g. 2") from None
         argv = argv[:i] + argv[i + 2:]
     central = "--central" in argv  # also: the pooled examples trained centrally, by which voices they hold
     argv = [x for x in argv if x != "--central"]
@@ -331,6 +390,8 @@ def main(argv) -> int:
     print(json.dumps({"shipped": {"fleet_dev": f0, "val": v0, "train": t0}}), flush=True)
     if central:
         _central(fleet, emb, labels, slt, s0)
+    if reh_conv:
+        _rehearsal_converted(emb, km, labels, reh_conv)
     for name, over in settings.items():
         for rep in range(first, first + reps):
             base = dict(task="shipped-head", devices=FV.DEVICES, rounds=FV.ROUNDS, clients_per_round=FV.CLIENTS,

@@ -19,6 +19,17 @@ def renders(voice, phrase, n, seed):
                                       for _ in range(n)])
 
 
+def bank(km):
+    """The negative bank's windows as a floor is measured on them: (features, embeddings, the bundle's
+    ``Verifier``), from the corpus the device's bundle was made with (``host.recipe.negative_windows``)."""
+    from edge import verify as V
+    from host.data.corpus import build_corpus
+    from host.recipe import negative_windows
+
+    feats = km.features(negative_windows(build_corpus(progress=False)).astype(np.int16))
+    return feats, km.infer(feats)[0], V.Verifier(km.bundle)
+
+
 def bank_floors(state, ver, bank_feats, bank_emb, factor: float, hard: int = FLOOR_HARD,
                 levels: int | None = None) -> None:
     """Raise every enrolled keyword's second-stage levels in ``state`` (``levels``: only the first so

@@ -115,6 +115,7 @@ from bench import _realspeech as R  # noqa: E402
 # the variants' helpers live in their own module; every name stays importable here
 from scripts._custom_variants import (FLOOR_HARD, SpanFeatures, bank_floors, renders,  # noqa: E402,F401
                                       span_frames, span_window)
+from scripts._custom_variants import bank as negative_bank  # noqa: E402
 
 PHRASES = ("banana", "open sesame", "pineapple", "good night", "hey robot", "volcano")
 VOICES = (("flite", "rms"), ("flite", "kal16"))
@@ -303,11 +304,7 @@ def main() -> int:
         return np.concatenate([out, np.asarray(extra).astype(np.int16)])
     bank = None
     if any(var.get("bank_floor") for name, var in VARIANTS.items() if not ONLY or name in ONLY):
-        from host.data.corpus import build_corpus
-        from host.recipe import negative_windows
-
-        bank_feats = km.features(negative_windows(build_corpus(progress=False)).astype(np.int16))
-        bank = bank_feats, km.infer(bank_feats)[0], V.Verifier(bundle)
+        bank = negative_bank(km)
     data = {}
     for vi, v in enumerate(VOICES):
         enrol = {ph: renders(v, ph, 5, 10 * vi + pi) for pi, ph in enumerate(PHRASES)}

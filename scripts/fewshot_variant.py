@@ -21,8 +21,6 @@ KNOWN = {"aug", "levels", "noisy_pass", "range_percentile", "bank_floor", "floor
 
 
 def main(argv) -> int:
-    import numpy as np
-
     from scripts import enroll_noise as EN
 
     if len(argv) != 1 or argv[0] not in EN.VARIANTS:
@@ -38,16 +36,13 @@ def main(argv) -> int:
     from edge import verify as V
     from edge.bundle import load_bundle
     from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
-    from host.data.corpus import build_corpus
-    from host.recipe import negative_windows
+    from scripts._custom_variants import bank as negative_bank
 
     E.AUGMENT_SNRS_DB = var["aug"]
     V.LEVELS_DB[V.VERSION], V.NOISY_PASS[V.VERSION] = var["levels"], var["noisy_pass"]
     V.RANGE_PERCENTILE[V.VERSION] = var.get("range_percentile", 10)
     if var.get("bank_floor"):
-        km = KeywordModel(load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys()))
-        feats = km.features(negative_windows(build_corpus(progress=False)).astype(np.int16))
-        bank = feats, km.infer(feats)[0], V.Verifier(km.bundle)
+        bank = negative_bank(KeywordModel(load_bundle(DEFAULT_BUNDLE, trusted_keys=default_trusted_keys())))
         plain = E.enroll
 
         def enroll(km, state, name, clips, *args, **kw):

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.fl.local import FL_CONVERT, FL_SPEED
+
 FLEET_VOICES = ("awb", "rms", "kal16")   # Flite voices the fleet's users speak with
 OUTSIDE_VOICES = ("slt",)                # a Flite voice no device holds (Flite's only female voice)
 SR = 16000
@@ -162,14 +164,14 @@ def heldout_clips(voice: str, seed: int, per_command: int = 8, other_words: int 
 
 def prepare_devices(devices: list[VoiceDevice], root, augment: int = 8, confirm: float = 0.9,
                     bundle=None, progress: bool = False, extra_ambient=None, speed=None,
-                    convert="fl") -> list[dict]:
+                    convert=FL_CONVERT) -> list[dict]:
     """Each user's device as the agent would have it: a fresh ``edge.device.Device`` state under
     ``root/devI``, the heard stream run through ``Device.detect`` (its confident detections, at
     ``confirm``, are kept in the tail replay buffer), then ``edge.fl.local.local_examples`` of the
     labelled clips (``augment`` x), the ambient windows (plus ``extra_ambient[i]``: more everyday
     audio of device i's place, e.g. real speech) and those detections (``speed``: the augmented
-    copies' speed range, None: ``edge.fl.local.FL_SPEED``; ``convert``: their voice conversion, "fl":
-    ``edge.fl.local.FL_CONVERT``, None: none). Per device:
+    copies' speed range, None: ``edge.fl.local.FL_SPEED``; ``convert``: their voice conversion,
+    ``edge.fl.local.FL_CONVERT`` unless told otherwise, None: none). Per device:
     ``{"device", "X", "y", "source", "detections": {"events", "kept", "kept_correct"}}``."""
     import sys
 
@@ -184,8 +186,8 @@ def prepare_devices(devices: list[VoiceDevice], root, augment: int = 8, confirm:
         right = sum(any(a - 0.1 <= e["time_s"] <= b + 1.0 and w == e["keyword"] for a, b, w in d.heard_spans)
                     for e in kept)
         amb = d.ambient if extra_ambient is None else np.concatenate([d.ambient, extra_ambient[i]])
-        kw = ({} if speed is None else {"speed": tuple(speed)}) | ({} if convert == "fl" else {"convert": convert})
-        X, y, src = local_examples(dev, d.labelled, augment=augment, ambient=amb, seed=i, detail=True, **kw)
+        X, y, src = local_examples(dev, d.labelled, augment=augment, ambient=amb, seed=i, detail=True,
+                                   speed=FL_SPEED if speed is None else tuple(speed), convert=convert)
         out.append({"device": dev, "voice": d.voice, "X": X, "y": y, "source": src,
                     "detections": {"events": len(events), "kept": len(kept), "kept_correct": int(right)}})
         if progress:

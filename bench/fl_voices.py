@@ -56,6 +56,9 @@ gate (tolerance 1.0), until 2026-12-03 with the val split alone at 0.01 and no p
 version ships a rehearsal set (``REHEARSAL`` clips of each command by the corpus's training voices,
 ``aggregator init --rehearsal-corpus``) that each device trains on beside its own examples, so that
 rounds keep the voices the model was trained on (since 2026-12-03; a device adapting alone has none).
+Rounds run an hour apart (``ROUND_GAP``; the simulator skips the hour and moves every device's battery
+and overnight charging window on by it), so over the 18 rounds every device's charger comes round, as
+in a household; back to back until 2026-12-05.
 
     $ nice -n 10 python -m bench.fl_voices        # ~9 min on 2 shared cores (six schedules)
 """
@@ -103,6 +106,11 @@ GATE = {"eval_metric": "balanced", "eval_against": "start", "eval_shrink": [0.5,
 # and each device trains on them beside its own examples (``aggregator init --rehearsal-corpus``;
 # none until 2026-12-03: chosen on development renders, scripts/fl_sweep.py)
 REHEARSAL = 24
+# rounds an hour apart (``SimConfig.round_gap``, skipped rather than waited through): each device's battery
+# and overnight charging window move on with them, so who trains is not fixed by the charge every device
+# had at one instant (back to back until 2026-12-05: 18 rounds in ~20 simulated minutes, and in one
+# schedule two of rms's three users never reached the battery floor; scripts/fl_sweep.py)
+ROUND_GAP = 3600.0
 
 
 def recall(logits, y, labels) -> dict:
@@ -183,7 +191,7 @@ def _run(tmp: Path, quick: bool = False) -> int:
     shipped = extract_head()
     cfg0 = SimConfig(task="shipped-head", devices=DEVICES, rounds=ROUNDS, clients_per_round=CLIENTS,
                      learning_rate=LR, local_epochs=EPOCHS, eval_tolerance=GATE_TOLERANCE, seed=0,
-                     rehearsal_per_command=REHEARSAL, heldout_groups=GATE_GROUPS)
+                     rehearsal_per_command=REHEARSAL, heldout_groups=GATE_GROUPS, round_gap=ROUND_GAP)
     systems = {"shipped model": shipped}
     sims, operating = {}, {}
     # keyword-free speech of the training voices: the aggregator publishes each version with per-word

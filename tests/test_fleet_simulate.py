@@ -82,6 +82,41 @@ def test_a_simulated_battery_drains_with_time_and_training_not_with_check_ins():
     assert night.state(0)["charging"] and night.state(1800)["battery"] == pytest.approx(0.2 + CHARGE_PER_HOUR / 2)
 
 
+@pytest.mark.slow
+def test_a_round_gap_moves_devices_clocks_so_devices_off_the_charger_join_later(tmp_path):
+    """Only devices on the charger may train here (``min_battery`` 1.0). Back to back, every round is
+    over within simulated minutes, so only those charging at the start ever join; with rounds 4 h apart
+    (``round_gap``) the devices' clocks pass their overnight windows and others join too."""
+    from host.fleet.simulate import Device, device_clock
+
+    cfg = SimConfig(devices=12, rounds=6, clients_per_round=2, drop_rate=0.0, slow_fraction=0.0,
+                    time_scale=0.01, round_timeout=60, eval_tolerance=1.0, extra={"min_battery": 1.0})
+    # the simulator draws each device's schedule from [seed, index]: those on the charger at time 0
+    phases = [Device(i, None, np.random.default_rng([cfg.seed, i]), cfg).phase for i in range(cfg.devices)]
+    at_start = {i for i, p in enumerate(phases) if p % 24 < 8}
+    assert at_start and len(at_start) < cfg.devices
+    joined = {}
+    for gap in (0.0, 4 * 3600.0):
+        res = simulate(SimConfig(**{**cfg.__dict__, "round_gap": gap}), tmp_path / f"gap{gap:.0f}",
+                       data=synthetic_set(), progress=False)
+        joined[gap] = {i for i, n in enumerate(res["participation"]) if n}
+    assert joined[0.0] and joined[0.0] <= at_start
+    assert joined[4 * 3600.0] - at_start, (joined, at_start)
+    assert device_clock(30.0, 3, SimConfig(round_gap=3600)) == 30.0 + 3 * 3600
+
+
+def test_a_bad_round_gap_is_one_sentence(tmp_path):
+    from edge.errors import EdgelearnError
+
+    for gap in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(EdgelearnError, match="round gap"):
+            simulate(SimConfig(devices=4, rounds=1, round_gap=gap), tmp_path, data=synthetic_set(), progress=False)
+    from host.fleet.ray_sim import _check  # Ray's devices follow the driver's clock alone: refused there
+
+    with pytest.raises(EdgelearnError, match="round gap"):
+        _check(SimConfig(devices=4, clients_per_round=2, round_gap=3600))
+
+
 def _fleet_cli(*args, timeout=300):
     import subprocess
     import sys

@@ -16,7 +16,7 @@ from host.fleet.simulate import PARTITIONS, TASKS, SimConfig
 
 # the SimConfig fields `fleet simulate` offers as options, in --help order
 SIM_FIELDS = ("devices", "rounds", "mode", "strategy", "codec", "clients_per_round", "drop_rate", "slow_fraction",
-              "time_scale", "task", "eval_tolerance", "learning_rate", "seed", "mcu_devices", "partition")
+              "time_scale", "task", "eval_tolerance", "learning_rate", "seed", "mcu_devices", "partition", "round_gap")
 CHOICES = {"mode": ("sync", "async"), "strategy": tuple(STRATEGIES), "codec": CODECS,
            "task": tuple(t for t in TASKS if t), "partition": PARTITIONS}
 RAY_FIELDS = ("ray_batch", "ray_task_cpus", "ray_task_memory_mb", "ray_in_flight")
@@ -44,7 +44,10 @@ def add_arguments(p) -> None:
                        "MCU model with their own aggregator",
         "partition": "noniid: a voice's clips split between the devices that share it (at most a few hundred "
                      "devices); derived: each device's rows from its index and the seed (any population; "
-                     "what --ray always uses)"})
+                     "what --ray always uses)",
+        "round_gap": "simulated seconds between rounds that the simulator skips: every device's battery and "
+                     "charging window move on by this much at each closed round (3600: rounds hourly, so "
+                     "devices reach their overnight charging window; bench/fl_voices); 0: back to back"})
     s.add_argument("--embeddings", metavar="FILE.npz", default=None,
                    help="the embedding set the devices (corpus task) and the held-out check use: an .npz of X "
                         "(N, 64), y (labels 0-36), voice and split (train/val/test); default: the corpus clips' "

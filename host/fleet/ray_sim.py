@@ -219,6 +219,9 @@ def _check(cfg) -> None:
     if cfg.extra.get("secure_aggregation"):
         raise EdgelearnError("secure aggregation does not run on Ray (a batch's devices deliver one after "
                              "another, a secure round needs them all in each phase)", fix="run it without --ray")
+    if cfg.round_gap:
+        raise EdgelearnError("a round gap (--round-gap) does not run on Ray (its devices' state follows the "
+                             "driver's clock alone)", fix="run it without --ray, or with --round-gap 0")
     if cfg.mcu_devices:
         raise EdgelearnError("the MicroPython boards (--mcu-devices) do not run on Ray", fix="run them without --ray")
     if cfg.clients_per_round > cfg.devices:

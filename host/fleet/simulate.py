@@ -51,6 +51,10 @@ class SimConfig:
     overselect: float = 1.3
     buffer_size: int = 10
     round_timeout: float = 60.0      # simulated seconds
+    # simulated seconds between one round's close and the next round's start that the simulator skips
+    # rather than waits through: at each closed round every device's clock (battery, charging window)
+    # moves on by this much, as if rounds ran on a cadence (3600: hourly); 0 = back to back
+    round_gap: float = 0.0
     median_latency: float = 10.0     # simulated seconds of local training + upload
     latency_sigma: float = 0.6       # log-normal spread (heavy tail)
     slow_fraction: float = 0.1       # these devices are 10x slower
@@ -199,6 +203,12 @@ def final_head(out_dir, version: int | None = None) -> dict:
     return load_params(models / f"v{version}.npz")
 
 
+def device_clock(now_sim: float, closed: int, cfg: SimConfig) -> float:
+    """A device's simulated time (what its battery and charging window follow): the run's simulated
+    seconds plus ``cfg.round_gap`` for each round closed so far."""
+    return now_sim + cfg.round_gap * closed
+
+
 def voice_fleet(cfg: SimConfig, root, progress: bool = True) -> list[dict]:
     """The shipped-head task's devices: ``host.fleet.voices.make_fleet`` + ``prepare_devices``."""
     from host.fleet.voices import FLEET_VOICES, make_fleet, prepare_devices
@@ -255,6 +265,9 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
         raise EdgelearnError(f"fleet task {cfg.task!r} is unknown", fix="use shipped-head, or leave it empty")
     if cfg.partition not in PARTITIONS:
         raise EdgelearnError(f"fleet partition {cfg.partition!r} is unknown", fix="use noniid or derived")
+    if not 0 <= cfg.round_gap < float("inf"):
+        raise EdgelearnError(f"round gap {cfg.round_gap} is below 0 or not a number",
+                             fix="pass the simulated seconds between rounds, e.g. 3600, or 0")
     shipped = cfg.task == "shipped-head"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -315,6 +328,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
     t0 = time.monotonic()
     stats = Stats()
     stop = threading.Event()
+    closed = [0]  # rounds closed so far (the main loop's count): the skipped gaps a device's clock adds
 
     def closed_rounds():
         return agg.store.one("SELECT COUNT(*) FROM rounds WHERE status IN ('closed','rejected')")[0]
@@ -325,7 +339,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
             if d.next_at > now_sim:
                 time.sleep(min(0.05, (d.next_at - now_sim) * s))
                 continue
-            got = begin(d.client, d.state(now_sim), cfg, d.rng, d.slow, stats)
+            got = begin(d.client, d.state(device_clock(now_sim, closed[0], cfg)), cfg, d.rng, d.slow, stats)
             if not isinstance(got, Trained):  # ("wait" | "retry", simulated seconds)
                 d.next_at = now_sim + got[1]
                 continue
@@ -349,7 +363,8 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
     futs = [pool.submit(life, d) for d in devices]
     last = 0.0
     try:
-        while closed_rounds() < cfg.rounds:
+        while (n_closed := closed_rounds()) < cfg.rounds:
+            closed[0] = n_closed
             time.sleep(0.05)
             if progress and time.monotonic() - last > 0.5:
                 last = time.monotonic()

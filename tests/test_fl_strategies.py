@@ -91,6 +91,35 @@ def test_fedavgm_momentum_matches_hand_computation_and_survives_state_roundtrip(
     np.testing.assert_allclose(s2.velocity["w"], [0.5, 1])
 
 
+def test_fedadam_matches_hand_computation_and_survives_state_roundtrip():
+    from host.fl.strategies import FedAdam
+
+    params = {"w": np.zeros(2, np.float32)}
+    s = FedAdam(eta=0.1, beta_1=0.5, beta_2=0.75, tau=0.01)
+    m, v, w = np.zeros(2), np.zeros(2), np.zeros(2)
+    for d in ([2.0, 0.0], [0.0, -1.0]):
+        acc = s.begin(params)
+        acc.add({"w": np.array(d, np.float32)}, 1)
+        params = s.apply(params, acc)
+        m = 0.5 * m + 0.5 * np.array(d)
+        v = 0.75 * v + 0.25 * np.array(d) ** 2
+        w = w + 0.1 * m / (np.sqrt(v) + 0.01)
+    np.testing.assert_allclose(params["w"], w, rtol=1e-5)
+    # a coordinate's step is about eta whatever the size of the clients' deltas (tau small beside them)
+    for size in (1e-2, 1.0, 100.0):
+        step = FedAdam(eta=0.1, beta_1=0.5, beta_2=0.75, tau=1e-6).step(
+            {"w": np.zeros(1, np.float32)}, {"w": np.array([size], np.float32)})["w"][0]
+        assert step == pytest.approx(0.1 * 0.5 / np.sqrt(0.25), rel=1e-3)
+    s2 = FedAdam(eta=0.1, beta_1=0.5, beta_2=0.75, tau=0.01)
+    s2.load_state(s.state())
+    np.testing.assert_allclose(s2.m["w"], m, rtol=1e-6)
+    np.testing.assert_allclose(s2.v["w"], v, rtol=1e-6)
+    assert make_strategy("fedadam", eta=0.01).eta == 0.01
+    for bad in ({"eta": 0}, {"beta_1": 1.0}, {"beta_2": -0.1}, {"tau": float("nan")}):
+        with pytest.raises(StrategyError, match="FedAdam"):
+            make_strategy("fedadam", **bad)
+
+
 def test_fedprox_sends_mu_to_clients():
     assert FedProx(mu=0.1).client_config() == {"prox_mu": 0.1}
     with pytest.raises(StrategyError):

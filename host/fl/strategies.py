@@ -1,4 +1,4 @@
-"""Aggregation strategies: FedAvg, FedAvgM, FedProx, trimmed mean and coordinate-wise median.
+"""Aggregation strategies: FedAvg, FedAvgM, FedAdam, FedProx, trimmed mean and coordinate-wise median.
 
 A strategy has one job: turn a stream of decoded client deltas into a new
 model. ``begin(params)`` returns an accumulator; ``add(delta, num_examples,
@@ -147,6 +147,45 @@ class FedAvgM(FedAvg):
                          for k, v in state.items() if k.startswith("velocity:")}
 
 
+class FedAdam(FedAvg):
+    """Reddi et al. 2021 ("Adaptive Federated Optimization"): the mean delta Δ̄ is a pseudo-gradient
+    for a server-side Adam without bias correction, m ← β1·m + (1 − β1)·Δ̄, v ← β2·v + (1 − β2)·Δ̄²,
+    w ← w + η·m / (√v + τ): each coordinate moves by about η whatever the size of the clients' steps.
+    The defaults are Flower's ``FedAdam`` (η 0.1, β1 0.9, β2 0.99) with τ 1e-3 (Flower's 1e-9 makes a
+    coordinate nobody moved jump by η on the first update that touches it)."""
+    name = "fedadam"
+
+    def __init__(self, eta: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3):
+        super().__init__(1.0)
+        for what, v, ok in (("eta", eta, eta > 0), ("beta_1", beta_1, 0 <= beta_1 < 1),
+                            ("beta_2", beta_2, 0 <= beta_2 < 1), ("tau", tau, tau > 0)):
+            if not ok or not np.isfinite(v):
+                raise StrategyError(f"FedAdam {what}={v} is out of range",
+                                    fix="use eta > 0, beta_1 and beta_2 in [0, 1), tau > 0 (e.g. 0.1, 0.9, 0.99, 1e-3)")
+        self.eta, self.b1, self.b2, self.tau = float(eta), float(beta_1), float(beta_2), float(tau)
+        self.m: dict = {}
+        self.v: dict = {}
+
+    def step(self, params: dict, mean_delta: dict) -> dict:
+        out = {}
+        for k in params:
+            d = np.asarray(mean_delta[k], np.float32)
+            m = self.m.get(k, np.zeros_like(d))
+            v = self.v.get(k, np.zeros_like(d))
+            self.m[k] = (self.b1 * m + (1 - self.b1) * d).astype(np.float32)
+            self.v[k] = (self.b2 * v + (1 - self.b2) * d * d).astype(np.float32)
+            out[k] = (np.asarray(params[k], np.float32)
+                      + np.float32(self.eta) * self.m[k] / (np.sqrt(self.v[k]) + np.float32(self.tau))).astype(np.float32)
+        return out
+
+    def state(self) -> dict:
+        return {**{f"m:{k}": a for k, a in self.m.items()}, **{f"v:{k}": a for k, a in self.v.items()}}
+
+    def load_state(self, state: dict) -> None:
+        self.m = {k[2:]: np.asarray(a, np.float32) for k, a in state.items() if k.startswith("m:")}
+        self.v = {k[2:]: np.asarray(a, np.float32) for k, a in state.items() if k.startswith("v:")}
+
+
 class _Buffered(WeightedSum):
     """Keeps every delta (robust statistics need all values of a coordinate), up to ``limit``."""
 
@@ -205,7 +244,7 @@ class Median(TrimmedMean):
         return np.median(stack, axis=0)
 
 
-STRATEGIES = {"fedavg": FedAvg, "fedavgm": FedAvgM, "fedprox": FedProx,
+STRATEGIES = {"fedavg": FedAvg, "fedavgm": FedAvgM, "fedadam": FedAdam, "fedprox": FedProx,
               "trimmed_mean": TrimmedMean, "median": Median}
 
 

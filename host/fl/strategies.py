@@ -151,8 +151,9 @@ class FedAdam(FedAvg):
     """Reddi et al. 2021 ("Adaptive Federated Optimization"): the mean delta Δ̄ is a pseudo-gradient
     for a server-side Adam without bias correction, m ← β1·m + (1 − β1)·Δ̄, v ← β2·v + (1 − β2)·Δ̄²,
     w ← w + η·m / (√v + τ): each coordinate moves by about η whatever the size of the clients' steps.
-    The defaults are Flower's ``FedAdam`` (η 0.1, β1 0.9, β2 0.99) with τ 1e-3 (Flower's 1e-9 makes a
-    coordinate nobody moved jump by η on the first update that touches it)."""
+    The defaults are Flower's ``FedAdam`` (η 0.1, β1 0.9, β2 0.99) with τ 1e-3 (with Flower's 1e-9 any
+    coordinate a client moved at all, however little, moves by a full η on the first update: top-k
+    frames touch many coordinates by tiny amounts)."""
     name = "fedadam"
 
     def __init__(self, eta: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3):

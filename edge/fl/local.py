@@ -21,6 +21,8 @@ simulator both call ``local_examples``), as embeddings of the bundle's frozen en
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import numpy as np
 
 SOURCES = ("labelled", "augmented", "ambient", "detected", "replay")
@@ -70,6 +72,18 @@ def detected_examples(device) -> tuple[np.ndarray, np.ndarray]:
     emb, _ = ConvTail(load_tail(device.bundle), qparams=bb.qparams).infer(
         np.asarray(x, np.float32).reshape((len(x),) + shape))
     return np.asarray(emb, np.float32), np.asarray(y, np.int64)
+
+
+@overload
+def local_examples(device, clips=None, *, augment: int = 0, ambient=None, detections: bool = True,
+                   replay: bool = True, seed: int = 0, detail: Literal[False] = False, speed=FL_SPEED,
+                   convert=FL_CONVERT) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@overload
+def local_examples(device, clips=None, *, augment: int = 0, ambient=None, detections: bool = True,
+                   replay: bool = True, seed: int = 0, detail: Literal[True], speed=FL_SPEED,
+                   convert=FL_CONVERT) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
 
 def local_examples(device, clips=None, *, augment: int = 0, ambient=None, detections: bool = True,

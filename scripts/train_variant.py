@@ -28,6 +28,9 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     # the training voices as _unknown_, 2 renders each (Festival 6), against the same recipe without
     $ .venv/bin/python scripts/train_variant.py build/var-nearmiss --near-miss 2 --epochs 40
     $ .venv/bin/python scripts/train_variant.py build/var-plain40 --epochs 40
+    # RHVoice's bdl and clb (HTS voices of two real US speakers, a man and a woman; Debian non-free:
+    # rhvoice rhvoice-english) in training, 12 renders of each word and 3 of each filler
+    $ .venv/bin/python scripts/train_variant.py build/var-rhv --rhvoice 12,3 --epochs 40
     # all of them at once
     $ .venv/bin/python scripts/train_variant.py build/var-all --extra 5,18,1,3 --piper train --channels 128 --epochs 40
 
@@ -150,6 +153,22 @@ def piper_rows(words, fillers, rate, pitch, renders=(12, 3), seed=4242) -> dict:
                 # pitch as Festival's voices get it: relabel the sample rate (synth.py)
                 rows[("piper:joe", t, kind, r)] = synth.finish(pcm, int(voice.config.sample_rate * shift))
     return rows
+
+
+def rhvoice_jobs(words, fillers, renders, rate, pitch, seed=0):
+    """Render jobs ``(voice, text, rate, pitch, key)`` for RHVoice's usable voices (synth.RHVOICE_VOICES):
+    ``renders`` = (per keyword, per filler), drawn as the corpus draws its voices."""
+    from host.data import synth
+
+    jobs = []
+    for vi, name in enumerate(synth.RHVOICE_VOICES):
+        voice, rng = synth.Voice("rhvoice", name), np.random.default_rng([seed, 7000 + vi])
+        for kind, texts, n in (("keyword", words, renders[0]), ("filler", fillers, renders[1])):
+            for t in texts:
+                for r in range(n):
+                    jobs.append((voice, t, float(rng.uniform(*rate)), float(rng.uniform(*pitch)),
+                                 (voice.id, t, kind, r)))
+    return jobs
 
 
 def as_test_corpus(rows: dict):
@@ -283,6 +302,9 @@ def main(argv=None) -> int:
     p.add_argument("--near-miss", type=int, default=0,
                    help="renders of each of NEAR_MISSES (words that begin with, end in or rhyme with a "
                         "command) by each espeak-ng training voice as _unknown_ (Festival: 3x)")
+    p.add_argument("--rhvoice", type=numbers(2, int), default=(0, 0),
+                   help="K,F: renders of each word (K) and filler (F) by RHVoice's bdl and clb in "
+                        "training (needs Debian's non-free rhvoice rhvoice-english)")
     p.add_argument("--evaluate", action="store_true",
                    help="do not train: report the model already in OUT (model.keras, frontend.json), "
                         "e.g. build/kws3 for the shipped one")
@@ -293,7 +315,8 @@ def main(argv=None) -> int:
     if a.evaluate and not ((out / "model.keras").exists() and (out / "frontend.json").exists()):
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")
-    if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert or a.real_negatives or a.near_miss):
+    if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert or a.real_negatives or a.near_miss
+                       or any(a.rhvoice)):
         p.error("--evaluate reports a model already trained: --extra and --piper train only "
                 "change training (use --piper eval)")
 
@@ -310,6 +333,10 @@ def main(argv=None) -> int:
     jobs = supplement_jobs(corpus, cfg.words, extra, cfg.rate, cfg.pitch, a.festival_pitch, cfg.seed)
     if a.near_miss:
         jobs += near_miss_jobs(corpus, a.near_miss, cfg.rate, cfg.pitch, cfg.seed)
+    if any(a.rhvoice):
+        synth.check_installed(["rhvoice"])
+        fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})
+        jobs += rhvoice_jobs(cfg.words, fillers, a.rhvoice, cfg.rate, cfg.pitch, cfg.seed)
     joe = None
     if a.piper != "none":
         fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})
@@ -322,7 +349,7 @@ def main(argv=None) -> int:
         fest = sorted({str(v) for v, sp in zip(corpus.voice, corpus.split)
                        if sp == "train" and str(v).startswith("festival:")})
         corpus = with_supplement(corpus, converted_rows(corpus, fest, a.convert, seed=cfg.seed))
-    synths = ("espeak", "festival")
+    synths = ("espeak", "festival") + (("rhvoice",) if any(a.rhvoice) else ())
     if a.real_negatives:
         from host.data import realneg
 

@@ -1,4 +1,4 @@
-"""Speech synthesis with the engines Debian ships: espeak-ng, Festival and Flite.
+"""Speech synthesis with the engines Debian ships: espeak-ng, Festival, Flite and RHVoice.
 
 A :class:`Voice` names one synthetic speaker. ``render(voice, texts)`` returns
 16 kHz int16 utterances, trimmed of leading/trailing silence, each from a
@@ -38,15 +38,22 @@ FESTIVAL_VOICES = ["kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts"]
 # Flite's awb and rms are speakers neither other engine has (its kal and slt are
 # the same people as Festival's): they are the never-trained-on synthesizer.
 FLITE_VOICES = ["awb", "rms"]
+# RHVoice (Debian non-free, `rhvoice rhvoice-english`): HTS voices built from CMU ARCTIC recordings of
+# real speakers. Only bdl (US male) and clb (US female) are usable: their data is LGPL-2.1+ (the
+# package's evgeniy-eng and lyubov are CC-BY-NC-ND), and alan and slt are the same people as Flite's
+# awb and Festival's slt, which are held out. Not in the shipped corpus (CorpusConfig.synths);
+# scripts/train_variant.py --rhvoice adds them.
+RHVOICE_VOICES = ["bdl", "clb"]
 
 PACKAGES = {"espeak": "espeak-ng", "festival": "festival festvox-kallpc16k festvox-kdlpc16k "
-            "festvox-us-slt-hts", "flite": "flite"}
-BINARIES = {"espeak": "espeak-ng", "festival": "festival", "flite": "flite"}
+            "festvox-us-slt-hts", "flite": "flite",
+            "rhvoice": "rhvoice rhvoice-english"}
+BINARIES = {"espeak": "espeak-ng", "festival": "festival", "flite": "flite", "rhvoice": "RHVoice-test"}
 
 
 @dataclass(frozen=True)
 class Voice:
-    synth: str  # espeak | festival | flite
+    synth: str  # espeak | festival | flite | rhvoice
     name: str
 
     @property
@@ -72,8 +79,10 @@ def check_installed(synths) -> None:
     missing = [s for s in sorted(set(synths)) if shutil.which(BINARIES[s]) is None]
     if missing:
         pkgs = " ".join(PACKAGES[s] for s in missing)
+        where = (" from Debian's non-free component (add `non-free` to your apt sources' Components)"
+                 if "rhvoice" in missing else " (or run scripts/bootstrap.sh)")
         raise EdgelearnError(f"speech synthesizer(s) not installed: {', '.join(missing)}",
-                             fix=f"`sudo apt-get install {pkgs}` (or run scripts/bootstrap.sh)")
+                             fix=f"`sudo apt-get install {pkgs}`{where}")
 
 
 def parse_wav_bytes(data: bytes) -> tuple[np.ndarray, int]:
@@ -165,6 +174,18 @@ def _flite(voice: Voice, text: str, rate: float, pitch: float) -> np.ndarray:
         return finish(*parse_wav_bytes(path.read_bytes()))
 
 
+def _rhvoice(voice: Voice, text: str, rate: float, pitch: float) -> np.ndarray:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "out.wav"
+        res = subprocess.run(["RHVoice-test", "-p", voice.name, "-r", str(int(round(100 * rate))),
+                              "-o", str(path)], input=text.encode(), capture_output=True, timeout=60)
+        if res.returncode != 0 or not path.exists():
+            raise RuntimeError(f"RHVoice-test failed: {res.stderr.decode(errors='replace')[:200]}")
+        pcm, sr = parse_wav_bytes(path.read_bytes())
+        # pitch as Festival's HTS voice gets it: relabel the sample rate (a different vocal tract)
+        return finish(pcm, int(sr * pitch))
+
+
 def _festival_batch(voice: Voice, jobs: list[tuple[str, float, float]]) -> list[np.ndarray]:
     """One Festival process renders every (text, rate, pitch) job for this voice."""
     with tempfile.TemporaryDirectory() as d:
@@ -190,7 +211,7 @@ def render(voice: Voice, jobs: list[tuple[str, float, float]]) -> list[np.ndarra
     """Render ``(text, rate, pitch)`` jobs (rate, pitch are multipliers around 1.0)."""
     if voice.synth == "festival":
         return _festival_batch(voice, jobs)
-    fn = _espeak if voice.synth == "espeak" else _flite
+    fn = {"espeak": _espeak, "flite": _flite, "rhvoice": _rhvoice}[voice.synth]
     return [fn(voice, t, r, p) for t, r, p in jobs]
 
 

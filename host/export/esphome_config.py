@@ -74,7 +74,8 @@ class ExportConfig:
     # Voices outside the corpus ("synth:name") that say the phrase (``other_renders`` each) and the
     # corpus's words (``other_words`` renders of each), so that the user's clips are not the only
     # audio of their kind, e.g. ("flite:kal16", "flite:kal"), Flite's diphone voices (the corpus has
-    # no Flite voice in training). Off by default: it cost recall on development data.
+    # no Flite voice in training), or ("rhvoice:bdl", "rhvoice:clb"). Off by default: measured on
+    # development data, neither removed the confused words and the first cost recall.
     other_voices: tuple = ()
     other_renders: int = 12
     other_words: int = 3

@@ -30,7 +30,8 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     $ .venv/bin/python scripts/train_variant.py build/var-plain40 --epochs 40
     # RHVoice's bdl and clb (HTS voices of two real US speakers, a man and a woman; Debian non-free:
     # rhvoice rhvoice-english) in training, 12 renders of each word and 3 of each filler
-    $ .venv/bin/python scripts/train_variant.py build/var-rhv --rhvoice 12,3 --epochs 40
+    # (docs/frontend-and-model.md, "Two voices of real people from a fourth synthesizer")
+    $ .venv/bin/python scripts/train_variant.py build/var-rhv70 --rhvoice 12,3 --epochs 70 --max-minutes 75
     # all of them at once
     $ .venv/bin/python scripts/train_variant.py build/var-all --extra 5,18,1,3 --piper train --channels 128 --epochs 40
 

@@ -112,10 +112,11 @@ def window_detector():
     return WindowDetector
 
 
-def stream_report(model, windowed: bool) -> dict:
+def stream_report(model, windowed: bool, thresholds=(0.7,)) -> dict:
     """bench/kws_base's streams (Flite awb/rms/slt, clean/20/10 dB) and the *development* half of the
     real prompts at the fixed 0.7: what a user of the detector would get (the test half is kept for
-    the benchmark)."""
+    the benchmark). Other ``thresholds`` add the same two figures at each (``at``), so that two
+    models can be compared at matched false accepts."""
     from bench import _base_streams as B
     from bench import _realspeech as R
     from bench import kws_base as K
@@ -129,10 +130,16 @@ def stream_report(model, windowed: bool) -> dict:
                for v in B.VOICES for snr in B.SNRS}
     pos = K.summarise(K.positives(model, 0.7, streams))
     fa = K.real_fa(model, 0.7, dev)
-    return {"recall_balanced_at_0.7": {c: round(r["balanced"], 4) for c, r in pos.items()},
-            "per_voice": {c: r["per_voice"] for c, r in pos.items()},
-            "real_dev_fa_per_hour": round(fa["fa_per_hour"], 2),
-            "real_dev_in_sentence": f"{fa['in_sentence_found']}/{fa['in_sentence_said']}"}
+    out = {"recall_balanced_at_0.7": {c: round(r["balanced"], 4) for c, r in pos.items()},
+           "per_voice": {c: r["per_voice"] for c, r in pos.items()},
+           "real_dev_fa_per_hour": round(fa["fa_per_hour"], 2),
+           "real_dev_in_sentence": f"{fa['in_sentence_found']}/{fa['in_sentence_said']}"}
+    for t in (t for t in thresholds if t != 0.7):
+        pos_t = K.summarise(K.positives(model, t, streams))
+        out.setdefault("at", {})[str(t)] = {
+            "recall_balanced": {c: round(r["balanced"], 4) for c, r in pos_t.items()},
+            "real_dev_fa_per_hour": round(K.real_fa(model, t, dev)["fa_per_hour"], 2)}
+    return out
 
 
 def tflite_predict(path: Path):
@@ -169,6 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--stream", action="store_true",
                    help="also stream bench/kws_base's Flite streams and the real prompts' development "
                         "half through the Detector at 0.7 (needs a model.keras build)")
+    p.add_argument("--thresholds", default="0.7",
+                   help="with --stream: comma-separated thresholds to report besides 0.7, e.g. 0.7,0.8,0.9")
     p.add_argument("--quantile", type=float, default=0.2)
     p.add_argument("--floor", type=float, default=0.05)
     p.add_argument("--log-floor", type=float, default=None,
@@ -178,6 +187,13 @@ def main(argv=None) -> int:
                    help="clamp each window's mel energies to this many dB under its loudest")
     a = p.parse_args(argv)
     out = Path(a.out)
+    try:
+        thresholds = tuple(float(t) for t in a.thresholds.split(","))
+    except ValueError:
+        thresholds = ()
+    if not thresholds or not all(0.0 < t < 1.0 for t in thresholds):
+        p.error(f"--thresholds {a.thresholds!r}: give thresholds between 0 and 1, comma-separated, "
+                "e.g. --thresholds 0.7,0.8,0.9")
 
     from edge import features as F
     from host.data.corpus import CorpusConfig, build_corpus
@@ -213,7 +229,7 @@ def main(argv=None) -> int:
         from bench.kws_base import KerasVariant
 
         windowed = not a.plain
-        report["stream"] = stream_report(KerasVariant(out), windowed)
+        report["stream"] = stream_report(KerasVariant(out), windowed, thresholds)
     name = "noisy_report.json" if not a.evaluate else "noisy_report_eval.json"
     if (out / "model.keras").exists():   # a build of this script (never the shipped bundle's folder)
         (out / name).write_text(json.dumps(report, indent=1))

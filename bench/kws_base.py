@@ -87,8 +87,10 @@ def synthetic_negatives(n: int = 900, seed: int = 3) -> np.ndarray:
     return word_pairs(n, seed)
 
 
-def operating_point(km, dev, syn) -> dict:
-    det = Detector(km)
+def negative_streams(det, dev, syn) -> tuple[list, float, float]:
+    """``calibrate``'s negative streams for ``det``: the development half of the real prompts (an
+    event on a prompt that says the keyword is not false) and the synthetic word pairs; with the
+    hours of each."""
     pcm, spans = R.concat(dev)
     sc, ends, hours = stream_scores(det, pcm)
     sc2, ends2, hours2 = stream_scores(det, syn)
@@ -96,7 +98,13 @@ def operating_point(km, dev, syn) -> dict:
     def says(k, t):  # events on a dev prompt that says the keyword are not false accepts
         return any(a - 0.3 <= t <= b + 1.0 and p.says(det.names[k]) for (a, b), p in zip(spans, dev))
 
-    cal = calibrate([(sc, ends, says), (sc2, ends2, None)], hours + hours2, TARGET_FA_H, det.names)
+    return [(sc, ends, says), (sc2, ends2, None)], hours, hours2
+
+
+def operating_point(km, dev, syn) -> dict:
+    det = Detector(km)
+    negs, hours, hours2 = negative_streams(det, dev, syn)
+    cal = calibrate(negs, hours + hours2, TARGET_FA_H, det.names)
     thr = cal["thresholds"]
     return {"thresholds": thr, "dev_fa_h": cal["fa_h"], "dev_hours": hours, "synthetic_hours": hours2}
 
@@ -120,11 +128,12 @@ def real_fa(km, thresholds, test) -> dict:
 OTHER_REAL = ("ru", "es")  # never trained on: host.data.realneg, train_variant --real-negatives
 
 
-def other_real_stream():
-    """(int16 stream, hours, what) of OTHER_REAL's installed prompts, or None without them."""
+def other_real_stream(langs=OTHER_REAL):
+    """(int16 stream, hours, what) of ``langs``' installed prompts (host.data.realneg), or None
+    without them."""
     from host.data import realneg
 
-    langs = [lg for lg in OTHER_REAL if not realneg.missing([lg])]
+    langs = [lg for lg in langs if not realneg.missing([lg])]
     prompts = [R.Prompt(name, text, (), "test", pcm) for lg in langs for name, text, pcm in realneg.prompts(lg)]
     if not prompts:
         return None

@@ -1,6 +1,6 @@
 """The extra training data of scripts/train_variant.py's variants: more renders of the corpus's
-training voices, near misses, Piper's joe, RHVoice's voices, appended to the cached corpus in memory.
-Moved out of train_variant.py unchanged (it re-exports every name)."""
+training voices, near misses, Piper's joe, RHVoice's and SVOX Pico's voices, appended to the cached
+corpus in memory. Moved out of train_variant.py unchanged (it re-exports every name)."""
 
 from __future__ import annotations
 
@@ -106,20 +106,29 @@ def piper_rows(words, fillers, rate, pitch, renders=(12, 3), seed=4242) -> dict:
     return rows
 
 
-def rhvoice_jobs(words, fillers, renders, rate, pitch, seed=0):
-    """Render jobs ``(voice, text, rate, pitch, key)`` for RHVoice's usable voices (synth.RHVOICE_VOICES):
-    ``renders`` = (per keyword, per filler), drawn as the corpus draws its voices."""
+ENGINE_VOICES = {"rhvoice": "RHVOICE_VOICES", "pico": "PICO_VOICES"}  # engine -> synth's list of its usable voices
+
+
+def engine_jobs(engine, words, fillers, renders, rate, pitch, seed=0):
+    """Render jobs ``(voice, text, rate, pitch, key)`` for a non-free engine's usable voices
+    (``ENGINE_VOICES``: RHVoice's bdl and clb, SVOX Pico's en-US and en-GB): ``renders`` = (per
+    keyword, per filler), drawn as the corpus draws its voices, each voice from its own stream."""
     from host.data import synth
 
-    jobs = []
-    for vi, name in enumerate(synth.RHVOICE_VOICES):
-        voice, rng = synth.Voice("rhvoice", name), np.random.default_rng([seed, 7000 + vi])
+    jobs, base = [], 7000 + 100 * list(ENGINE_VOICES).index(engine)
+    for vi, name in enumerate(getattr(synth, ENGINE_VOICES[engine])):
+        voice, rng = synth.Voice(engine, name), np.random.default_rng([seed, base + vi])
         for kind, texts, n in (("keyword", words, renders[0]), ("filler", fillers, renders[1])):
             for t in texts:
                 for r in range(n):
                     jobs.append((voice, t, float(rng.uniform(*rate)), float(rng.uniform(*pitch)),
                                  (voice.id, t, kind, r)))
     return jobs
+
+
+def rhvoice_jobs(words, fillers, renders, rate, pitch, seed=0):
+    """``engine_jobs`` for RHVoice (the draws session 33 trained build/var-rhv70 with)."""
+    return engine_jobs("rhvoice", words, fillers, renders, rate, pitch, seed)
 
 
 def as_test_corpus(rows: dict):

@@ -32,6 +32,8 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     # rhvoice rhvoice-english) in training, 12 renders of each word and 3 of each filler
     # (docs/frontend-and-model.md, "Two voices of real people from a fourth synthesizer")
     $ .venv/bin/python scripts/train_variant.py build/var-rhv70 --rhvoice 12,3 --epochs 70 --max-minutes 75
+    # and SVOX Pico's two English women (Debian non-free: libttspico-utils) beside them
+    $ .venv/bin/python scripts/train_variant.py build/var-rhvpico70 --rhvoice 12,3 --pico 12,3 --epochs 70 --max-minutes 100
     # all of them at once
     $ .venv/bin/python scripts/train_variant.py build/var-all --extra 5,18,1,3 --piper train --channels 128 --epochs 40
 
@@ -57,7 +59,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts._variant_data import (NEAR_MISSES, as_test_corpus, near_miss_jobs, piper_rows,  # noqa: E402,F401
-                                   rhvoice_jobs, supplement_jobs, training_voices, with_supplement)
+                                   engine_jobs, rhvoice_jobs, supplement_jobs, training_voices,
+                                   with_supplement)
 
 
 def per_word(predict, corpus, scale, voice: str) -> dict:
@@ -183,6 +186,12 @@ def main(argv=None) -> int:
     p.add_argument("--rhvoice", type=numbers(2, int), default=(0, 0),
                    help="K,F: renders of each word (K) and filler (F) by RHVoice's bdl and clb in "
                         "training (needs Debian's non-free rhvoice rhvoice-english)")
+    p.add_argument("--pico", type=numbers(2, int), default=(0, 0),
+                   help="K,F: renders of each word (K) and filler (F) by SVOX Pico's en-US and en-GB "
+                        "in training (needs Debian's non-free libttspico-utils)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="training's seed (initial weights, batches, augmentation); the renders keep the "
+                        "corpus's, so two seeds of one recipe train on the same utterances")
     p.add_argument("--evaluate", action="store_true",
                    help="do not train: report the model already in OUT (model.keras, frontend.json), "
                         "e.g. build/kws3 for the shipped one")
@@ -194,7 +203,7 @@ def main(argv=None) -> int:
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")
     if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert or a.real_negatives or a.near_miss
-                       or any(a.rhvoice)):
+                       or any(a.rhvoice) or any(a.pico)):
         p.error("--evaluate reports a model already trained: --extra and --piper train only "
                 "change training (use --piper eval)")
 
@@ -211,10 +220,12 @@ def main(argv=None) -> int:
     jobs = supplement_jobs(corpus, cfg.words, extra, cfg.rate, cfg.pitch, a.festival_pitch, cfg.seed)
     if a.near_miss:
         jobs += near_miss_jobs(corpus, a.near_miss, cfg.rate, cfg.pitch, cfg.seed)
-    if any(a.rhvoice):
-        synth.check_installed(["rhvoice"])
+    engines = {e: n for e, n in (("rhvoice", a.rhvoice), ("pico", a.pico)) if any(n)}
+    if engines:
+        synth.check_installed(list(engines))
         fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})
-        jobs += rhvoice_jobs(cfg.words, fillers, a.rhvoice, cfg.rate, cfg.pitch, cfg.seed)
+        for engine, n in engines.items():
+            jobs += engine_jobs(engine, cfg.words, fillers, n, cfg.rate, cfg.pitch, cfg.seed)
     joe = None
     if a.piper != "none":
         fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})
@@ -227,7 +238,7 @@ def main(argv=None) -> int:
         fest = sorted({str(v) for v, sp in zip(corpus.voice, corpus.split)
                        if sp == "train" and str(v).startswith("festival:")})
         corpus = with_supplement(corpus, converted_rows(corpus, fest, a.convert, seed=cfg.seed))
-    synths = ("espeak", "festival") + (("rhvoice",) if any(a.rhvoice) else ())
+    synths = ("espeak", "festival") + tuple(engines)
     if a.real_negatives:
         from host.data import realneg
 
@@ -249,7 +260,7 @@ def main(argv=None) -> int:
         scale = json.loads((out / "frontend.json").read_text())["scale"]
         m = evaluate_model(lambda f: model.predict(f[..., None], verbose=0), corpus, scale, synths)
     else:  # train() evaluates what it trained
-        res = train(out=out, epochs=a.epochs, corpus=corpus, max_minutes=a.max_minutes, synths=synths,
+        res = train(out=out, epochs=a.epochs, corpus=corpus, max_minutes=a.max_minutes, synths=synths, seed=a.seed,
                     build=partial(build_dscnn, channels=a.channels),
                     distill={"targets": teacher_embeddings if a.teacher == "speech-embedding"
                                      else shipped_embeddings, "weight": a.distill} if a.distill else None)

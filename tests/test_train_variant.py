@@ -165,3 +165,6 @@ def test_rhvoice_jobs_are_the_two_usable_voices_with_their_own_draws():
     assert all(0.8 <= j[2] <= 1.25 and 0.8 <= j[3] <= 1.25 for j in jobs)
     assert len({(j[2], j[3]) for j in jobs}) == len(jobs)   # drawn per render, not copied
     assert tv.rhvoice_jobs(["yes"], ["apple"], (0, 0), (1, 1), (1, 1)) == []
+    pico = tv.engine_jobs("pico", ["yes", "no"], ["apple"], (3, 1), (0.8, 1.25), (0.8, 1.25))
+    assert {j[0].id for j in pico} == {"pico:en-US", "pico:en-GB"} and len(pico) == len(jobs)
+    assert not {(j[2], j[3]) for j in pico} & {(j[2], j[3]) for j in jobs}   # a stream of their own

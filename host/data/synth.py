@@ -1,4 +1,4 @@
-"""Speech synthesis with the engines Debian ships: espeak-ng, Festival, Flite and RHVoice.
+"""Speech synthesis with the engines Debian ships: espeak-ng, Festival, Flite, RHVoice and SVOX Pico.
 
 A :class:`Voice` names one synthetic speaker. ``render(voice, texts)`` returns
 16 kHz int16 utterances, trimmed of leading/trailing silence, each from a
@@ -44,16 +44,22 @@ FLITE_VOICES = ["awb", "rms"]
 # awb and Festival's slt, which are held out. Not in the shipped corpus (CorpusConfig.synths);
 # scripts/train_variant.py --rhvoice adds them.
 RHVOICE_VOICES = ["bdl", "clb"]
+# SVOX Pico (Debian non-free, `libttspico-utils`; Apache-2.0, in non-free because its language files
+# come without their sources): the Android synthesizer's two English voices, a US and a British woman.
+# Not in the shipped corpus either; scripts/train_variant.py --pico adds them.
+PICO_VOICES = ["en-US", "en-GB"]
+NON_FREE = ("rhvoice", "pico")
 
 PACKAGES = {"espeak": "espeak-ng", "festival": "festival festvox-kallpc16k festvox-kdlpc16k "
             "festvox-us-slt-hts", "flite": "flite",
-            "rhvoice": "rhvoice rhvoice-english"}
-BINARIES = {"espeak": "espeak-ng", "festival": "festival", "flite": "flite", "rhvoice": "RHVoice-test"}
+            "rhvoice": "rhvoice rhvoice-english", "pico": "libttspico-utils"}
+BINARIES = {"espeak": "espeak-ng", "festival": "festival", "flite": "flite", "rhvoice": "RHVoice-test",
+            "pico": "pico2wave"}
 
 
 @dataclass(frozen=True)
 class Voice:
-    synth: str  # espeak | festival | flite | rhvoice
+    synth: str  # espeak | festival | flite | rhvoice | pico
     name: str
 
     @property
@@ -80,7 +86,7 @@ def check_installed(synths) -> None:
     if missing:
         pkgs = " ".join(PACKAGES[s] for s in missing)
         where = (" from Debian's non-free component (add `non-free` to your apt sources' Components)"
-                 if "rhvoice" in missing else " (or run scripts/bootstrap.sh)")
+                 if set(missing) & set(NON_FREE) else " (or run scripts/bootstrap.sh)")
         raise EdgelearnError(f"speech synthesizer(s) not installed: {', '.join(missing)}",
                              fix=f"`sudo apt-get install {pkgs}`{where}")
 
@@ -186,6 +192,18 @@ def _rhvoice(voice: Voice, text: str, rate: float, pitch: float) -> np.ndarray:
         return finish(pcm, int(sr * pitch))
 
 
+def _pico(voice: Voice, text: str, rate: float, pitch: float) -> np.ndarray:
+    from xml.sax.saxutils import escape
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "out.wav"  # pico2wave wants a name ending in .wav
+        _run(["pico2wave", "-l", voice.name, "-w", str(path),
+              f'<speed level="{int(round(100 * rate))}">{escape(text)}</speed>'])
+        pcm, sr = parse_wav_bytes(path.read_bytes())
+        # pitch as RHVoice's and Festival's HTS voices get it: relabel the sample rate
+        return finish(pcm, int(sr * pitch))
+
+
 def _festival_batch(voice: Voice, jobs: list[tuple[str, float, float]]) -> list[np.ndarray]:
     """One Festival process renders every (text, rate, pitch) job for this voice."""
     with tempfile.TemporaryDirectory() as d:
@@ -211,7 +229,7 @@ def render(voice: Voice, jobs: list[tuple[str, float, float]]) -> list[np.ndarra
     """Render ``(text, rate, pitch)`` jobs (rate, pitch are multipliers around 1.0)."""
     if voice.synth == "festival":
         return _festival_batch(voice, jobs)
-    fn = {"espeak": _espeak, "flite": _flite, "rhvoice": _rhvoice}[voice.synth]
+    fn = {"espeak": _espeak, "flite": _flite, "rhvoice": _rhvoice, "pico": _pico}[voice.synth]
     return [fn(voice, t, r, p) for t, r, p in jobs]
 
 

@@ -293,7 +293,7 @@ def other_voices(phrase: str, cfg: ExportConfig) -> tuple[list[np.ndarray], list
     bad = [v for v in cfg.other_voices if v.count(":") != 1 or v.split(":")[0] not in synth.BINARIES]
     if bad:
         raise EdgelearnError(f"other_voices {bad[0]!r} is not a voice", fix='name each as "synth:name", '
-                             'e.g. "flite:kal16" (synth: espeak, festival, flite or rhvoice)')
+                             f'e.g. "flite:kal16" (synth: {", ".join(synth.BINARIES)})')
     voices = [Voice(*v.split(":", 1)) for v in cfg.other_voices]
     if not voices:
         return [], []

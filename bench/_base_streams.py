@@ -95,6 +95,16 @@ def babble_pool() -> list[np.ndarray]:
     return [p for v in voices for p in S.render(v, [(w, 1.0, 1.0) for w in FILLERS[:20]])]
 
 
+def voice_streams(voices=VOICES, seed: int = 11, stream_seed: int = 5, pool=None) -> dict:
+    """{(voice, snr): (int16 stream, spans, clips)} for every voice and ``SNRS`` level: voice i's
+    renders drawn with ``seed + i``, its streams with ``stream_seed``. The defaults are bench
+    ``kws_base``'s streams; development scripts pass other seeds (``scripts/asr_stage.py``'s 101, 55)."""
+    pool = babble_pool() if pool is None else pool
+    clips = {v: render_voice(v, seed=seed + i) for i, v in enumerate(voices)}
+    return {(v, snr): (*positive_stream(clips[v], snr, seed=stream_seed, pool=pool), clips[v])
+            for v in voices for snr in SNRS}
+
+
 def _noise(rng, i: int, n: int, pool) -> np.ndarray:
     """n samples of the i-th stretch's noise: white, pink and babble in turn."""
     colour = COLOURS[i % len(COLOURS)]

@@ -58,7 +58,6 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -68,8 +67,10 @@ from bench import _realspeech as R
 from bench._speaker_rows import (  # noqa: F401 (those not called here: re-exported)
     NOISY_FA_SNRS, SPEAKER_THRESHOLDS, adapt_speaker, negative_fa, negative_fa_with, real_fa_with, speaker_rows,
     state_model)
+# a trained variant beside the shipped model (--variant) likewise
+from bench._variant_rows import VARIANT_THRESHOLDS, KerasVariant, curve, variant  # noqa: F401
 from bench.common import row, write_results
-from edge.detect import Detector, detect_pcm, trigger
+from edge.detect import Detector, detect_pcm
 from edge.operating import calibrate, stream_scores
 from host.data.words import COMMANDS10
 
@@ -235,71 +236,6 @@ def summarise(res) -> dict:
            if all("by_noise" in r for r in rs) else {})} for snr, rs in by.items()}
 
 
-class KerasVariant:
-    """A trained build directory (``scripts/train_variant.py OUT``: model.keras, frontend.json) in
-    the KeywordModel interface, so a variant is streamed exactly as the shipped model is."""
-
-    def __init__(self, build_dir):
-        from tensorflow import keras
-
-        from host.data.words import LABELS, LABELS12
-
-        build_dir = Path(build_dir)
-        self.model = keras.models.load_model(build_dir / "model.keras")
-        self.scale = np.asarray(json.loads((build_dir / "frontend.json").read_text())["scale"], np.float32)
-        self.labels = list(LABELS)
-        # the Detector reads which words to watch from a bundle's labels12: the ten commands
-        self.bundle = SimpleNamespace(manifest={"extra": {"labels12": list(LABELS12)}})
-
-    def infer(self, feats):
-        emb, probs = self.model(np.asarray(feats, np.float32)[..., None], training=False)  # predict(): ~10x slower per call
-        return np.asarray(emb), np.asarray(probs)
-
-
-VARIANT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
-
-
-def curve(model, streams, dev, test, other, thresholds=VARIANT_THRESHOLDS) -> dict:
-    """{threshold: recall per condition and false accepts per hour} for one model: each stream's
-    first-stage scores once (``edge.operating.stream_scores``), then the Detector's trigger at every
-    threshold (``edge.detect.trigger``, the Detector's events run for run: tests/test_detect.py)."""
-    det = Detector(model)
-    cached = {key: stream_scores(det, pcm)[:2] for key, (pcm, _, _) in streams.items()}
-    halves = {}
-    for half, prompts in (("dev", dev), ("test", test)):
-        pcm, spans = R.concat(prompts)
-        halves[half] = (*stream_scores(det, pcm)[:2], spans, prompts)
-    oth = stream_scores(det, other[0])[:2] if other is not None else None
-    out = {}
-    for t in thresholds:
-        res = {key: B.score_positives(trigger(*cached[key], t, det.names), spans, clips)
-               for key, (_, spans, clips) in streams.items()}
-        fa = {half: B.false_accepts(trigger(sc, ends, t, det.names), spans, prompts)
-              for half, (sc, ends, spans, prompts) in halves.items()}
-        out[t] = {"positives": summarise(res), "real": fa,
-                  "other_fa_h": None if oth is None else len(trigger(*oth, t, det.names)) / other[1]}
-    return out
-
-
-def variant(build_dir, streams, dev, test, ours) -> list[dict]:
-    """A variant beside the shipped model (fp32 both) at several thresholds, on the same streams:
-    dev FA/h is for choosing, the test half and the other speakers for reporting."""
-    rows, other = [], other_real_stream()
-    for name, model in (("shipped fp32", ours), (f"variant {Path(build_dir).name}", KerasVariant(build_dir))):
-        for t, r in curve(model, streams, dev, test, other).items():
-            pos = r["positives"]
-            rows.append(row(f"{name} at {t:g}: Flite awb/rms/slt, clean", "streaming command recall (class-balanced)",
-                            round(pos["clean"]["balanced"], 4), "fraction", "goal", 0.8, ratio=None,
-                            at_20db=round(pos["20 dB"]["balanced"], 4), at_10db=round(pos["10 dB"]["balanced"], 4),
-                            per_voice=pos["clean"]["per_voice"],
-                            real_dev_fa_h=round(r["real"]["dev"]["fa_per_hour"], 2),
-                            real_test_fa_h=round(r["real"]["test"]["fa_per_hour"], 2),
-                            in_sentence_test=f"{r['real']['test']['in_sentence_found']}/{r['real']['test']['in_sentence_said']}",
-                            other_real_fa_h=None if r["other_fa_h"] is None else round(r["other_fa_h"], 2),
-                            other_real=None if other is None else f"{other[2]}, {other[1] * 60:.0f} min"))
-    return rows
-
-
 def main(argv=None) -> int:
     import argparse
 
@@ -329,10 +265,7 @@ def _run(a) -> int:
     bundle = load_bundle(DEFAULT_BUNDLE, trusted_keys=REPO_KEYS)
     km = KeywordModel(bundle)
     dev, test = R.load_prompts(which="dev"), R.load_prompts(which="test")
-    pool = B.babble_pool()
-    clips = {v: B.render_voice(v, seed=11 + i) for i, v in enumerate(B.VOICES)}
-    streams = {(v, snr): (*B.positive_stream(clips[v], snr, seed=5, pool=pool), clips[v])
-               for v in B.VOICES for snr in B.SNRS}
+    streams = B.voice_streams()
     if a.variant is not None:
         write_results("kws_base_variant", variant(a.variant, streams, dev, test,
                                                   KeywordModel(bundle, precision="float32")))

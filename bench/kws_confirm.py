@@ -56,10 +56,7 @@ def main(argv=None) -> int:
         return 1
     km = KeywordModel(load_bundle(DEFAULT_BUNDLE, trusted_keys=REPO_KEYS))
     test = R.load_prompts(which="test")
-    pool = B.babble_pool()
-    clips = {v: B.render_voice(v, seed=11 + i) for i, v in enumerate(B.VOICES)}  # kws_base's streams
-    streams = {(v, snr): (*B.positive_stream(clips[v], snr, seed=5, pool=pool), clips[v])
-               for v in B.VOICES for snr in B.SNRS}
+    streams = B.voice_streams()  # kws_base's streams
     real_pcm, real_spans = R.concat(test)
     other = other_real_stream()
     rows, ref = [], {}

@@ -148,11 +148,8 @@ def main(argv=None) -> int:
     if reason:
         raise SystemExit(f"curve_variants: {reason}")
     dev = R.load_prompts(which="dev")
-    pool = B.babble_pool()
     seeds, stream_seed, syn_args = DEV_SEEDS if a.streams == "dev" else BENCH_SEEDS
-    clips = {v: B.render_voice(v, seed=seeds + i) for i, v in enumerate(B.VOICES)}
-    streams = {(v, snr): (*B.positive_stream(clips[v], snr, seed=stream_seed, pool=pool), clips[v])
-               for v in B.VOICES for snr in B.SNRS}
+    streams = B.voice_streams(seed=seeds, stream_seed=stream_seed)
     syn = synthetic_negatives(**syn_args)
     foreign = other_real_stream(("fr", "it"))
     report = {}

@@ -124,10 +124,7 @@ def stream_report(model, windowed: bool, thresholds=(0.7,)) -> dict:
     if windowed:
         K.Detector = window_detector()
     dev = R.load_prompts(which="dev")
-    pool = B.babble_pool()
-    clips = {v: B.render_voice(v, seed=11 + i) for i, v in enumerate(B.VOICES)}
-    streams = {(v, snr): (*B.positive_stream(clips[v], snr, seed=5, pool=pool), clips[v])
-               for v in B.VOICES for snr in B.SNRS}
+    streams = B.voice_streams()
     pos = K.summarise(K.positives(model, 0.7, streams))
     fa = K.real_fa(model, 0.7, dev)
     out = {"recall_balanced_at_0.7": {c: round(r["balanced"], 4) for c, r in pos.items()},

@@ -211,14 +211,11 @@ def main() -> int:
     print("lexicon", {w: [[part["phones"][i] for i in s] for s in ss] for w, ss in lex.items()}, flush=True)
     det = Detector(km)
     names = det.names
-    pool = B.babble_pool()
     if test:  # bench/kws_base's own streams, the real test half and its synthetic negatives
         voices, seeds, stream_seed, which, syn_args = B.VOICES, 11, 5, "test", {}
     else:
         voices, seeds, stream_seed, which, syn_args = ("awb", "rms", "slt", "kal16"), 101, 55, "dev", dict(n=600, seed=31)
-    clips = {v: B.render_voice(v, seed=seeds + i) for i, v in enumerate(voices)}
-    pos_streams = {(v, snr): (*B.positive_stream(clips[v], snr, seed=stream_seed, pool=pool), clips[v])
-                   for v in voices for snr in B.SNRS}
+    pos_streams = B.voice_streams(voices, seeds, stream_seed)
     dev = R.load_prompts(which=which)
     real_pcm, real_spans = R.concat(dev)
     syn = synthetic_negatives(**syn_args)

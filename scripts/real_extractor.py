@@ -265,10 +265,7 @@ def main(argv=None) -> int:
 
     st = Streamer(ext, model, COMMANDS10)
     dev, test = R.load_prompts(which="dev"), R.load_prompts(which="test")
-    pool = B.babble_pool()
-    clips = {v: B.render_voice(v, seed=11 + i) for i, v in enumerate(B.VOICES)}
-    streams = {(v, snr): (*B.positive_stream(clips[v], snr, seed=5, pool=pool), clips[v])
-               for v in B.VOICES for snr in B.SNRS}
+    streams = B.voice_streams()
     t0 = time.process_time()
     dev_pcm, dev_spans = R.concat(dev)
     sd, ed, hd = st.scores(dev_pcm)

@@ -38,6 +38,23 @@ class KerasVariant:
         return np.asarray(emb), np.asarray(probs)
 
 
+class Ensemble:
+    """Several models as one, in the same interface: the mean of their posteriors, each model on its
+    own input scale (``features.normalize`` divides by it, so rescaling the first model's input is
+    exact); the embedding is the first model's. For judging whether averaging seeds or recipes helps
+    at low false accepts (scripts/curve_variants.py ``a+b``); nothing ships one."""
+
+    def __init__(self, members):
+        first = members[0]
+        if any(list(m.labels) != list(first.labels) for m in members):
+            raise SystemExit("ensemble: its models name different labels; join models of one label set")
+        self.members, self.scale, self.labels, self.bundle = members, first.scale, first.labels, first.bundle
+
+    def infer(self, feats):
+        outs = [m.infer(np.asarray(feats, np.float32) * (self.scale / m.scale)) for m in self.members]
+        return outs[0][0], np.mean([probs for _, probs in outs], axis=0)
+
+
 VARIANT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
 
 

@@ -68,7 +68,7 @@ from bench._speaker_rows import (  # noqa: F401 (those not called here: re-expor
     NOISY_FA_SNRS, SPEAKER_THRESHOLDS, adapt_speaker, negative_fa, negative_fa_with, real_fa_with, speaker_rows,
     state_model)
 # a trained variant beside the shipped model (--variant) likewise
-from bench._variant_rows import VARIANT_THRESHOLDS, KerasVariant, curve, variant  # noqa: F401
+from bench._variant_rows import VARIANT_THRESHOLDS, Ensemble, KerasVariant, curve, variant  # noqa: F401
 from bench.common import row, write_results
 from edge.detect import Detector, detect_pcm
 from edge.operating import calibrate, stream_scores

@@ -47,8 +47,9 @@ def test_points_recall_false_accepts_calibration_and_matched_budgets(monkeypatch
     dev_len = len(R.concat(dev)[0])
     syn = np.zeros(16000 * 20, np.int16)
     foreign = (np.zeros(16000 * 30, np.int16), 30 / 3600, "fr+it")   # "no" at 0.65 once
+    others = (np.zeros(16000 * 25, np.int16), 25 / 3600, "es-co")    # "go" at 0.75 once: every event false
     fixed = {len(pos_pcm): bump(3, 1.2, 0.8), dev_len: bump(20.5, 5.0, 0.6), len(syn): bump(20, None, 0),
-             len(foreign[0]): bump(30, 7.0, 0.65, "no")}
+             len(foreign[0]): bump(30, 7.0, 0.65, "no"), len(others[0]): bump(25, 9.0, 0.75, "go")}
     # the second dev prompt says "yes" at 0.95: never a false accept
     fixed[dev_len][0][np.abs(fixed[dev_len][1][:, 0] - 15.0) < 0.15, 0] = 0.95
 
@@ -59,20 +60,24 @@ def test_points_recall_false_accepts_calibration_and_matched_budgets(monkeypatch
     monkeypatch.setattr(edge.operating, "stream_scores", scores)
     monkeypatch.setattr("bench.kws_base.stream_scores", scores)
     model = SimpleNamespace(labels=list(LABELS), bundle=SimpleNamespace(manifest={"extra": {"labels12": list(LABELS12)}}))
-    pts = cv.model_curve(model, streams, dev, syn, (0.5, 0.7, 0.9), (1.0,), foreign)
+    pts = cv.model_curve(model, streams, dev, syn, (0.5, 0.7, 0.9), (1.0,), foreign, others)
     by = {p["point"]: p for p in pts}
     dev_hours = R.concat(dev)[1][-1][1] / 3600  # to the end of the last prompt, as bench kws_base counts
     assert by["0.5"]["recall"] == {"clean": 1.0, "20 dB": 1.0, "10 dB": 1.0}
     assert by["0.5"]["dev_fa_h"] == round(1 / dev_hours, 2)       # "yesterday", not "yes"
     assert by["0.5"]["foreign_fa_h"] == 120.0                        # one event in 30 s
+    assert by["0.5"]["others_fa_h"] == 144.0                         # one event in 25 s
+    assert by["0.5"]["real_fa_h"] == round(2 / (dev_hours + others[1]), 2)  # both real streams as one
     assert by["0.7"]["recall"]["clean"] == 1.0 and by["0.7"]["dev_fa_h"] == 0.0
     assert by["0.7"]["foreign_fa_h"] == 0.0
+    assert by["0.7"]["real_fa_h"] == round(1 / (dev_hours + others[1]), 2)  # "go" by the other speaker
     assert by["0.9"]["recall"]["clean"] == 0.0 and by["0.9"]["synthetic_fa_h"] == 0.0
     cal = by["calibrated 1 FA/h"]
     assert 0.6 < cal["thresholds"]["yes"] <= 0.8                   # above the false accept, under the hit
-    assert cal["recall"]["clean"] == 1.0 and cal["dev_fa_h"] == 0.0
-    best = cv.best_at(pts, (0.0, 1e6))
-    assert best["0"]["dev_fa_h"] == 0.0 and best["0"]["recall"]["clean"] == 1.0
+    assert cal["thresholds"]["go"] > 0.75                          # the other speakers calibrate too
+    assert cal["recall"]["clean"] == 1.0 and cal["real_fa_h"] == 0.0
+    best = cv.best_at(pts, (0.0, 1e6))                             # budgets are on real_fa_h
+    assert best["0"]["point"] == "calibrated 1 FA/h" and best["0"]["recall"]["clean"] == 1.0
     assert best["1e+06"]["recall"]["clean"] == 1.0
     assert cv.best_at([by["0.5"]], (1.0,)) == {"1": None}           # nothing inside the budget
 
@@ -85,3 +90,32 @@ def test_bad_arguments_are_one_sentence(tmp_path, capsys):
         msg = str(e.value)
         assert msg.startswith("curve_variants: ") and msg.replace("e.g.", "eg").count(". ") == 0 and "\n" not in msg
     assert cv.floats("0.6,0.7", "--thresholds", 0.0, 1.0, "0.6") == (0.6, 0.7)
+
+
+def test_an_ensemble_averages_posteriors_each_on_its_own_scale():
+    """``a+b``: the mean of the members' posteriors; each member sees its own normalisation (features
+    are divided by the scale, so multiplying the first member's input by scale0 / scale_i is exact)."""
+    from bench.kws_base import Ensemble
+
+    class Member:
+        def __init__(self, scale, k, labels=LABELS):
+            self.scale, self.k, self.labels = np.asarray(scale, np.float32), k, list(labels)
+            self.bundle = SimpleNamespace(manifest={"extra": {"labels12": list(LABELS12)}})
+            self.seen = None
+
+        def infer(self, feats):
+            self.seen = feats
+            probs = np.zeros((len(feats), len(self.labels)), np.float32)
+            probs[:, self.k] = 1.0
+            return np.full((len(feats), 4), self.k, np.float32), probs
+
+    a, b = Member([2.0, 4.0], 0), Member([1.0, 8.0], 3)
+    ens = Ensemble([a, b])
+    raw = np.asarray([[[6.0, 8.0]]], np.float32)          # (1 window, 1 frame, 2 coefficients), unscaled
+    emb, probs = ens.infer(raw / a.scale)                   # the Detector normalises with ens.scale (a's)
+    np.testing.assert_allclose(a.seen, raw / a.scale)
+    np.testing.assert_allclose(b.seen, raw / b.scale, rtol=1e-6)  # as if b had been given its own input
+    assert probs[0, 0] == probs[0, 3] == 0.5 and probs.sum() == 1.0
+    assert emb[0, 0] == 0                                   # the first member's embedding
+    with pytest.raises(SystemExit, match="^ensemble: its models name different labels"):
+        Ensemble([a, Member([1.0, 1.0], 0, labels=list(reversed(LABELS)))])

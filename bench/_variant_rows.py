@@ -55,7 +55,7 @@ class Ensemble:
         return outs[0][0], np.mean([probs for _, probs in outs], axis=0)
 
 
-VARIANT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9)
+VARIANT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9)
 
 
 def curve(model, streams, dev, test, other, thresholds=VARIANT_THRESHOLDS) -> dict:

@@ -52,6 +52,7 @@ audio for both.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="kws_base", description="base commands on unseen voices and real speech")
     ap.add_argument("--variant", type=Path, default=None,
                     help="also stream a build of scripts/train_variant.py (model.keras) beside the shipped "
-                         "fp32 model, and write kws_base_variant.json instead")
+                         "fp32 model, and write kws_base_variant_<its folder's name>.json instead")
     a = ap.parse_args(argv or [])  # `edgelearn bench kws_base` calls main() with none
     global TMP
     TMP = tempfile.mkdtemp(prefix="kws_base_")
@@ -267,8 +268,9 @@ def _run(a) -> int:
     dev, test = R.load_prompts(which="dev"), R.load_prompts(which="test")
     streams = B.voice_streams()
     if a.variant is not None:
-        write_results("kws_base_variant", variant(a.variant, streams, dev, test,
-                                                  KeywordModel(bundle, precision="float32")))
+        # one file per variant: each is one look at the test half, kept beside the others
+        write_results("kws_base_variant_" + re.sub(r"\W", "_", a.variant.name),
+                      variant(a.variant, streams, dev, test, KeywordModel(bundle, precision="float32")))
         return 0
     syn = synthetic_negatives()
     op = operating_point(km, dev, syn)

@@ -80,11 +80,16 @@ def test_points_recall_false_accepts_calibration_and_matched_budgets(monkeypatch
     assert best["0"]["point"] == "calibrated 1 FA/h" and best["0"]["recall"]["clean"] == 1.0
     assert best["1e+06"]["recall"]["clean"] == 1.0
     assert cv.best_at([by["0.5"]], (1.0,)) == {"1": None}           # nothing inside the budget
+    # the English half held to its own budget: 0.5 fires on "yesterday" there, so a wide pooled budget
+    # alone takes it, with --english-max 0 the best point without that false accept
+    assert cv.best_at(pts, (1e6,))["1e+06"]["point"] == "0.5"
+    assert cv.best_at(pts, (1e6,), english_max=0.0)["1e+06"]["point"] == "0.7"
 
 
 def test_bad_arguments_are_one_sentence(tmp_path, capsys):
     for argv in (["shipped", "--thresholds", "0.7,1.2"], ["shipped", "--targets", "x"],
-                 ["shipped", "--budgets", "-1"], [str(tmp_path)]):
+                 ["shipped", "--budgets", "-1"], ["shipped", "--english-max", "-2"],
+                 ["shipped", "--english-max", "many"], [str(tmp_path)]):
         with pytest.raises(SystemExit) as e:
             cv.main(argv)
         msg = str(e.value)

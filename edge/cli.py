@@ -49,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 _EXTRA_FOR = {
     "tensorflow": "host", "tf2onnx": "host", "onnx": "host", "librosa": "host",
     "scipy": "host", "matplotlib": "host", "tflite_micro": "host", "ethosu": "host",
-    "pymicro_features": "host",
+    "pymicro_features": "host", "soundfile": "host",
     "starlette": "serve", "uvicorn": "serve", "httpx": "serve", "orjson": "serve",
     "prometheus_client": "serve", "onnxruntime": "serve",
     "ai_edge_litert": "device runtime", "tflite_runtime": "device runtime",

@@ -88,7 +88,7 @@ def best_at(points: list[dict], budgets, english_max: float = float("inf")) -> d
 def load(spec: str):
     """``shipped``, a build directory, or several joined by ``+`` (an ensemble) -> (name, model in the
     KeywordModel interface)."""
-    from bench.kws_base import KerasVariant, Ensemble
+    from bench.kws_base import Ensemble, KerasVariant
 
     if "+" in spec:
         parts = [load(s) for s in spec.split("+")]

@@ -11,15 +11,16 @@ counted for false accepts (``prompts``), as the Russian ones are when training t
 French and Italian. A prompt whose transcript holds a word that sounds like a command
 ("non", "no", "stop", ...) is left out.
 
-Three more speakers come in Debian's asterisk-prompt packages, ~34 usable minutes together:
+Three more speakers come in Debian's asterisk-prompt packages, ~43 usable minutes together:
 Colombian Spanish (``es-co``, GSM, GPL-2), Armelle Desjardins' French (``fr-armelle``, GSM,
 GPL-2+) and Paola Dal Zot's Italian (``it-menardi``, CC-BY-SA-3.0). They carry no transcripts,
 but their prompts have Asterisk's names, so the English transcript of the same name says what
 each means (``TRANSLATED``), and a prompt meaning "no" (their "no", "non") is left out by it.
 They cannot be installed beside the core sounds (apt replaces asterisk-core-sounds-es and -fr,
 whose transcripts the benchmark reads), so ``scripts/unpack_prompts.sh`` unpacks the Debian
-packages under ``PROMPTS``, one folder each. Nothing trains on them: they are development speech for choosing between models
-(scripts/curve_variants.py), a longer stream than the English development half's 16 minutes.
+packages under ``PROMPTS``, one folder each. Nothing trains on them: they are development
+speech for choosing between models (scripts/curve_variants.py), a longer stream than the
+English development half's 16 minutes.
 
     >>> wins = windows(("fr", "it"))     # list of 1 s int16 windows at 16 kHz, [] if none installed
     >>> held = prompts("ru")             # [(name, text, 16 kHz float32)] for false accepts

@@ -1,6 +1,6 @@
 """The extra training data of scripts/train_variant.py's variants: more renders of the corpus's
 training voices, near misses, Piper's joe, RHVoice's and SVOX Pico's voices, appended to the cached
-corpus in memory. Moved out of train_variant.py unchanged (it re-exports every name)."""
+corpus in memory. Moved out of train_variant.py (it re-exports every name)."""
 
 from __future__ import annotations
 
@@ -124,11 +124,6 @@ def engine_jobs(engine, words, fillers, renders, rate, pitch, seed=0):
                     jobs.append((voice, t, float(rng.uniform(*rate)), float(rng.uniform(*pitch)),
                                  (voice.id, t, kind, r)))
     return jobs
-
-
-def rhvoice_jobs(words, fillers, renders, rate, pitch, seed=0):
-    """``engine_jobs`` for RHVoice (the draws session 33 trained build/var-rhv70 with)."""
-    return engine_jobs("rhvoice", words, fillers, renders, rate, pitch, seed)
 
 
 def as_test_corpus(rows: dict):

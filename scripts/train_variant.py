@@ -59,8 +59,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts._variant_data import (NEAR_MISSES, as_test_corpus, near_miss_jobs, piper_rows,  # noqa: E402,F401
-                                   engine_jobs, rhvoice_jobs, supplement_jobs, training_voices,
-                                   with_supplement)
+                                   engine_jobs, supplement_jobs, training_voices, with_supplement)
 
 
 def per_word(predict, corpus, scale, voice: str) -> dict:

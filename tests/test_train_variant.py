@@ -155,8 +155,8 @@ def test_world_conversion_moves_pitch_and_keeps_length():
     assert 190 < np.median(f0[f0 > 0]) < 240
 
 
-def test_rhvoice_jobs_are_the_two_usable_voices_with_their_own_draws():
-    jobs = tv.rhvoice_jobs(["yes", "no"], ["apple"], (3, 1), (0.8, 1.25), (0.8, 1.25))
+def test_engine_jobs_are_each_engines_usable_voices_with_their_own_draws():
+    jobs = tv.engine_jobs("rhvoice", ["yes", "no"], ["apple"], (3, 1), (0.8, 1.25), (0.8, 1.25))
     assert {j[0].id for j in jobs} == {"rhvoice:bdl", "rhvoice:clb"}
     per_voice = [j for j in jobs if j[0].name == "clb"]
     assert [j[4][1:] for j in per_voice] == [("yes", "keyword", 0), ("yes", "keyword", 1), ("yes", "keyword", 2),
@@ -164,7 +164,7 @@ def test_rhvoice_jobs_are_the_two_usable_voices_with_their_own_draws():
                                               ("apple", "filler", 0)]
     assert all(0.8 <= j[2] <= 1.25 and 0.8 <= j[3] <= 1.25 for j in jobs)
     assert len({(j[2], j[3]) for j in jobs}) == len(jobs)   # drawn per render, not copied
-    assert tv.rhvoice_jobs(["yes"], ["apple"], (0, 0), (1, 1), (1, 1)) == []
+    assert tv.engine_jobs("rhvoice", ["yes"], ["apple"], (0, 0), (1, 1), (1, 1)) == []
     pico = tv.engine_jobs("pico", ["yes", "no"], ["apple"], (3, 1), (0.8, 1.25), (0.8, 1.25))
     assert {j[0].id for j in pico} == {"pico:en-US", "pico:en-GB"} and len(pico) == len(jobs)
     assert not {(j[2], j[3]) for j in pico} & {(j[2], j[3]) for j in jobs}   # a stream of their own

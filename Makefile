@@ -21,6 +21,7 @@ wheel-check: setup
 	@bash scripts/check_wheel.sh
 
 model: setup
+	@bash scripts/model_deps.sh
 	$(PY) -m edge.cli model --out models/kws-dscnn-s
 
 bench: setup .venv-mlserver/bin/mlserver .venv-peers/bin/python .venv-wyoming-oww/bin/python .venv-mww/bin/python .venv-flower/bin/python

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 1024
 RATE = 16000
 GAP_S = 3.0        # between keywords
+LEAD_S = 1.0       # a detection may come this long before its phrase's end (the phrase is ~0.9 s)
 CLIENTS = 4
 SETUP_N = 32       # connections set up at once to measure set-up CPU
 IDLE_S = 5         # listening, no client: the server's own CPU
@@ -97,8 +98,10 @@ def _score(sent, got, ends):
     for t_recv, ev in got:
         if ev.type != "detection":
             continue
-        # the keyword this detection is of: the latest one fully sent before it arrived, not yet taken
-        cands = [j for j, s in enumerate(sent_end) if s <= t_recv and t_recv - s < GAP_S and j not in found]
+        # the keyword this detection is of: the latest one whose end was due at most LEAD_S after it
+        # arrived, not yet taken. A detector may fire before the phrase's last loud frame is sent
+        # ("hey jarv..."): its latency is then negative, not a late detection of the phrase before
+        cands = [j for j, s in enumerate(sent_end) if s - LEAD_S <= t_recv < s - LEAD_S + GAP_S and j not in found]
         if not cands:
             continue
         j = cands[-1]

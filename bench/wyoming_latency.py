@@ -13,6 +13,8 @@ audio-stop).
 
 - latency: from the moment the chunk holding the phrase's last sample was sent to the arrival of
   its ``detection`` (p50, p99 over every phrase of the 1- and 4-client runs; and of the 8-client run);
+  negative when a detector fires before the phrase's last loud frame was sent (a detection up to
+  ``LEAD_S`` early is the phrase's; until 2026-12-05 an early one was taken for the phrase before);
 - CPU per second of audio per connected client: the server process's CPU time (all threads,
   /proc) while the streams run, over audio seconds x clients, with 1, 4 and 8 clients at once;
 - set-up CPU per stream: ``SETUP_N`` connections at once, each detect + audio-start (ours: until

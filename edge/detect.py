@@ -50,13 +50,32 @@ def default_keywords(model) -> list[str]:
     return [w for w in extra.get("labels12", list(model.labels)) if w not in NON_KEYWORDS]
 
 
+def bundle_thresholds(manifest: dict) -> dict | None:
+    """The per-keyword thresholds a bundle was published with (manifest ``extra.operating.thresholds``:
+    the shipped model's operating point chosen by false accepts per hour on real development speech,
+    host/recipe.py, or a federated version's matched to the version federation started from), or None.
+    A malformed table is one EdgelearnError."""
+    op = ((manifest or {}).get("extra") or {}).get("operating")
+    if op is None:
+        return None
+    thr = op.get("thresholds") if isinstance(op, dict) else None
+    labels = set(manifest.get("labels") or (manifest.get("extra") or {}).get("labels12") or ())
+    if not isinstance(thr, dict) or not all(
+            isinstance(k, str) and k in labels and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and 0 < v <= 1 for k, v in thr.items()):
+        raise EdgelearnError(f"bundle version {manifest.get('version')}'s operating point (manifest extra.operating) "
+                             "is malformed", fix="install another version, or pass --threshold")
+    return {k: float(v) for k, v in thr.items()}
+
+
 class Detector:
     def __init__(self, km, custom=None, keywords=None, stride: int = 4, smooth: int = 2,
-                 threshold: float | dict = THRESHOLD, refractory_s: float = 1.0, peak_window_s: float = 0.4,
+                 threshold: float | dict | None = None, refractory_s: float = 1.0, peak_window_s: float = 0.4,
                  head=None, on_event=None, asr=None):
         """``km``: a KeywordModel; ``custom``: CustomKeywords or None; ``keywords``: base labels
         to report (default: the bundle's 12-class command words, else every word label);
-        ``threshold``: one for every base keyword, or {keyword: threshold} (``edge.operating``);
+        ``threshold``: one for every base keyword, or {keyword: threshold} (``edge.operating``), or
+        None: the bundle's own operating point (``bundle_thresholds``), else ``THRESHOLD``;
         ``head``: an adapted embedding head (``edge.adapt.EmbeddingHead``) that replaces the bundle's base
         posteriors (an adapted conv tail comes as ``km``: ``edge.adapt.TailModel``);
         ``on_event(event, window)``: called with each event and the normalised (49, 10)
@@ -74,6 +93,9 @@ class Detector:
                                  fix=f"choose from {[w for w in labels if w not in NON_KEYWORDS]}")
         self.base_idx = np.array([labels.index(w) for w in keywords], dtype=np.int64)
         self.names = list(keywords) + (list(custom.names) if custom is not None else [])
+        if threshold is None:
+            own = bundle_thresholds(getattr(getattr(km, "bundle", None), "manifest", None) or {}) or {}
+            threshold = {w: own[w] for w in keywords if w in own} or THRESHOLD
         if isinstance(threshold, dict):  # per keyword (``edge.operating``); others keep THRESHOLD
             unknown = sorted(set(threshold) - set(keywords))
             if unknown:

@@ -322,7 +322,7 @@ class Device(Detection, Enrolment):
                "adapt": adapt.meta, "replay": replay,
                "last_schedule": last}
         op = (bundle.manifest.get("extra") or {}).get("operating")
-        if op is not None:  # a federated version's default thresholds (``version_thresholds``)
+        if op is not None:  # the version's default thresholds, shipped or federated (``version_thresholds``)
             try:
                 thr = version_thresholds(bundle)
             except EdgelearnError:

@@ -73,20 +73,13 @@ def is_federated(bundle) -> bool:
 
 
 def version_thresholds(bundle) -> dict | None:
-    """The per-word thresholds a federated version was published with (manifest
-    ``extra.operating.thresholds``: matched by the aggregator so the version fires on keyword-free
-    speech no more often than the model federation started from at 0.7), or None."""
-    op = (bundle.manifest.get("extra") or {}).get("operating")
-    if op is None:
-        return None
-    thr = op.get("thresholds") if isinstance(op, dict) else None
-    labels = set(bundle.labels)
-    if not isinstance(thr, dict) or not all(
-            isinstance(k, str) and k in labels and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and 0 < v <= 1 for k, v in thr.items()):
-        raise EdgelearnError(f"bundle version {bundle.version}'s operating point (manifest extra.operating) is "
-                             "malformed", fix="install another version, or pass --threshold")
-    return {k: float(v) for k, v in thr.items()}
+    """The per-word thresholds a version was published with (manifest ``extra.operating.thresholds``:
+    the shipped model's operating point, or a federated version's matched by the aggregator so it
+    fires on keyword-free speech no more often than the model federation started from), or None
+    (``edge.detect.bundle_thresholds``)."""
+    from edge.detect import bundle_thresholds
+
+    return bundle_thresholds(bundle.manifest)
 
 
 def head_params(bundle) -> dict:

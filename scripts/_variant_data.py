@@ -1,10 +1,13 @@
 """The extra training data of scripts/train_variant.py's variants: more renders of the corpus's
 training voices, near misses, Piper's joe, RHVoice's and SVOX Pico's voices, appended to the cached
-corpus in memory. Moved out of train_variant.py (it re-exports every name)."""
+corpus in memory. Moved out of train_variant.py (it re-exports every name); the two engines' renders
+and ``with_supplement``, which the shipped recipe uses too, live in host/data/supplement.py."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from host.data.supplement import ENGINE_VOICES, engine_jobs, with_supplement  # noqa: F401  (re-exported)
 
 
 def training_voices(corpus):
@@ -67,21 +70,6 @@ def near_miss_jobs(corpus, renders: int, rate, pitch, seed=0):
     return jobs
 
 
-def with_supplement(corpus, rendered: dict):
-    """The corpus plus ``rendered`` ({(voice id, text, kind, r): int16}) as training rows."""
-    from host.data.corpus import Corpus
-
-    audio, offsets = [corpus.audio], list(corpus.offsets)
-    meta = {"text": list(corpus.text), "kind": list(corpus.kind), "voice": list(corpus.voice),
-            "split": list(corpus.split)}
-    for (vid, text, kind, _r), pcm in rendered.items():  # in plan order
-        audio.append(np.asarray(pcm, np.int16))
-        offsets.append(offsets[-1] + len(pcm))
-        for k, v in zip(("text", "kind", "voice", "split"), (text, kind, vid, "train")):
-            meta[k].append(v)
-    return Corpus(np.concatenate(audio), np.array(offsets, np.int64), meta, corpus.config)
-
-
 def piper_rows(words, fillers, rate, pitch, renders=(12, 3), seed=4242) -> dict:
     """Piper's joe voice: {("piper:joe", text, kind, r): int16}, drawn as Festival's voices are."""
     try:
@@ -104,26 +92,6 @@ def piper_rows(words, fillers, rate, pitch, renders=(12, 3), seed=4242) -> dict:
                 # pitch as Festival's voices get it: relabel the sample rate (synth.py)
                 rows[("piper:joe", t, kind, r)] = synth.finish(pcm, int(voice.config.sample_rate * shift))
     return rows
-
-
-ENGINE_VOICES = {"rhvoice": "RHVOICE_VOICES", "pico": "PICO_VOICES"}  # engine -> synth's list of its usable voices
-
-
-def engine_jobs(engine, words, fillers, renders, rate, pitch, seed=0):
-    """Render jobs ``(voice, text, rate, pitch, key)`` for a non-free engine's usable voices
-    (``ENGINE_VOICES``: RHVoice's bdl and clb, SVOX Pico's en-US and en-GB): ``renders`` = (per
-    keyword, per filler), drawn as the corpus draws its voices, each voice from its own stream."""
-    from host.data import synth
-
-    jobs, base = [], 7000 + 100 * list(ENGINE_VOICES).index(engine)
-    for vi, name in enumerate(getattr(synth, ENGINE_VOICES[engine])):
-        voice, rng = synth.Voice(engine, name), np.random.default_rng([seed, base + vi])
-        for kind, texts, n in (("keyword", words, renders[0]), ("filler", fillers, renders[1])):
-            for t in texts:
-                for r in range(n):
-                    jobs.append((voice, t, float(rng.uniform(*rate)), float(rng.uniform(*pitch)),
-                                 (voice.id, t, kind, r)))
-    return jobs
 
 
 def as_test_corpus(rows: dict):

@@ -2,8 +2,9 @@
 
 A variant that finds more commands at the Detector's fixed 0.7 may only have moved along the
 same curve (it also fires more on real speech). This script puts models on one footing: for each
-model (``shipped``: the shipped bundle in fp32; or a build directory of
-``scripts/train_variant.py``: model.keras, frontend.json) every stream's first-stage scores are
+model (``shipped``: the shipped bundle in fp32; a build directory of
+``scripts/train_variant.py``: model.keras, frontend.json; or a bundle directory, ``edgelearn model
+--out``: its int8 encoder, as a device runs it) every stream's first-stage scores are
 computed once (``edge.operating.stream_scores``) and the Detector's trigger is replayed
 (``edge.detect.trigger``) at
 
@@ -99,9 +100,15 @@ def load(spec: str):
 
         return "shipped fp32", KeywordModel(load_bundle(DEFAULT_BUNDLE, trusted_keys=REPO_KEYS), precision="float32")
     path = Path(spec)
+    if (path / "manifest.json").is_file():  # a signed bundle (`edgelearn model --out`): its int8 encoder, as shipped
+        from edge.bundle import load_bundle
+        from edge.kws import REPO_KEYS, KeywordModel
+
+        return f"{path.name} int8", KeywordModel(load_bundle(path, trusted_keys=REPO_KEYS))
     if not (path / "model.keras").is_file() or not (path / "frontend.json").is_file():
-        raise SystemExit(f"curve_variants: {spec} has no model.keras and frontend.json; give 'shipped' or a "
-                         "directory that scripts/train_variant.py trained")
+        raise SystemExit(f"curve_variants: {spec} has no model.keras and frontend.json, nor a bundle's "
+                         "manifest.json; give 'shipped', a directory that scripts/train_variant.py trained "
+                         "or one that `edgelearn model --out` wrote")
     return path.name, KerasVariant(path)
 
 

@@ -42,7 +42,9 @@ With ``--piper eval`` (or ``train``) it also reports the trained model on joe's 
 
 Extra renders are for training voices only and are appended to the cached corpus in memory, so
 the val, test and unseen clips are the very clips the shipped model is measured on. Nothing here
-changes the shipped recipe (``edgelearn model``).
+changes the shipped recipe (``edgelearn model``), which since 2026-12-05 is this script's
+``--rhvoice 12,3 --pico 12,3 --real-negatives fr,it --epochs 70`` (host/data/supplement.py); a
+variant names its own supplement (the defaults add none).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from edge.errors import EdgelearnError  # noqa: E402
+from host.data.supplement import Supplement, check, supplemented  # noqa: E402
 from scripts._variant_data import (NEAR_MISSES, as_test_corpus, near_miss_jobs, piper_rows,  # noqa: E402,F401
                                    engine_jobs, supplement_jobs, training_voices, with_supplement)
 
@@ -219,12 +223,12 @@ def main(argv=None) -> int:
     jobs = supplement_jobs(corpus, cfg.words, extra, cfg.rate, cfg.pitch, a.festival_pitch, cfg.seed)
     if a.near_miss:
         jobs += near_miss_jobs(corpus, a.near_miss, cfg.rate, cfg.pitch, cfg.seed)
-    engines = {e: n for e, n in (("rhvoice", a.rhvoice), ("pico", a.pico)) if any(n)}
-    if engines:
-        synth.check_installed(list(engines))
-        fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})
-        for engine, n in engines.items():
-            jobs += engine_jobs(engine, cfg.words, fillers, n, cfg.rate, cfg.pitch, cfg.seed)
+    sup = Supplement(engines=tuple((e, n) for e, n in (("rhvoice", a.rhvoice), ("pico", a.pico)) if any(n)),
+                     real_negatives=tuple(a.real_negatives.split(",")) if a.real_negatives else ())
+    try:
+        check(sup)
+    except EdgelearnError as e:
+        p.error(str(e))
     joe = None
     if a.piper != "none":
         fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})
@@ -237,19 +241,8 @@ def main(argv=None) -> int:
         fest = sorted({str(v) for v, sp in zip(corpus.voice, corpus.split)
                        if sp == "train" and str(v).startswith("festival:")})
         corpus = with_supplement(corpus, converted_rows(corpus, fest, a.convert, seed=cfg.seed))
-    synths = ("espeak", "festival") + tuple(engines)
-    if a.real_negatives:
-        from host.data import realneg
-
-        langs = tuple(a.real_negatives.split(","))
-        if any(lg not in realneg.SPEAKERS for lg in langs) or realneg.missing(langs):
-            p.error(realneg.missing([lg for lg in langs if lg in realneg.SPEAKERS]) or
-                    f"--real-negatives takes {', '.join(realneg.SPEAKERS)}, got {a.real_negatives!r}")
-        wins = realneg.windows(langs)
-        corpus = with_supplement(corpus, {("asterisk:" + ",".join(langs), f"real speech {i}", "filler", i): w
-                                          for i, w in enumerate(wins)})
-        synths += ("asterisk",)
-        print(f"real-speech negatives: {len(wins)} one-second windows ({', '.join(langs)})", flush=True)
+    # the engines' renders, then the real windows: what the shipped recipe adds (host/data/supplement.py)
+    corpus, synths = supplemented(corpus, sup)
     if a.piper == "train":
         corpus, synths = with_supplement(corpus, joe), synths + ("piper",)
     if a.evaluate:

@@ -15,6 +15,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("meta", "devices", "rounds", "selections", "updates", "contributions", "chunks", "models")
+# The shipped bundle's version and the federation's first version (the base bundle with its head as
+# head.npz, ``ModelRegistry.init_from_bundle``); round k publishes FIRST + k.
+BASE_VERSION = json.loads((ROOT / "models" / "kws-dscnn-s" / "manifest.json").read_text())["version"]
+FIRST = BASE_VERSION + 1
 
 
 class FakeClock:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from agent_helpers import CLI, ROOT, free_port, make_battery_sysfs, make_silence_data, stream, trusted_keys
+from aggregator_helpers import FIRST
 from aggregator_helpers import start as start_aggregator
 from devstate_helpers import make_keyword_clips
 
@@ -38,6 +39,10 @@ from edge.store import BundleStore
 
 NAMES = ("pi-0", "pi-1", "pi-2")
 TIMEOUT = 240.0  # a guard against hangs (a loaded 2-core machine), never an assertion
+# The versions this test names v2..v5 (their numbers when the shipped bundle was version 1): the
+# federation's first version (the shipped model with its own head), round 1's, the operator's broken
+# one and its repair; each relative to the shipped bundle's version.
+V2, V3, V4, V5 = FIRST, FIRST + 1, FIRST + 2, FIRST + 3
 
 
 class AgentProc:
@@ -188,21 +193,21 @@ def test_three_agents_federate_reject_a_broken_version_and_survive_kill_9(tmp_pa
         a2.start(hold=f"after,/v1/updates,2,{marks['pi-2']}")   # ... stopped after its answer came back
 
         # -- round 1: every agent pulls v2, checks it and detects with it --------------------------
-        wait_for(lambda: all(a.status().get("fl_version") == 2 for a in agents), "every agent on v2", agents)
+        wait_for(lambda: all(a.status().get("fl_version") == V2 for a in agents), "every agent on v2", agents)
         n_before = {a.name: len(a.events) for a in agents}
         wait_for(lambda: rounds(agg).get(1, (None,))[0] == "closed", "round 1 closed", agents)
-        assert rounds(agg)[1] == ("closed", 3, 3)  # three updates made v3 (nobody may join round 2 yet)
+        assert rounds(agg)[1] == ("closed", 3, V3)  # three updates made v3 (nobody may join round 2 yet)
         for a in agents:
             st = a.status()
-            assert st["version"] == "kws-dscnn-s v2" and st["rejected"] == [] and st["rollbacks"] == 0, st
-            assert st["last_health"]["version"] == 2 and st["last_health"]["ok"], st
+            assert st["version"] == f"kws-dscnn-s v{V2}" and st["rejected"] == [] and st["rollbacks"] == 0, st
+            assert st["last_health"]["version"] == V2 and st["last_health"]["ok"], st
             assert st["last_health"]["accuracy"] == 1.0, st  # the known inputs are named right
             assert st["rounds_joined"] == 1 and st["bytes_uploaded"] > 0, st
         wait_for(lambda: all(len(a.events) > n_before[a.name] for a in agents), "detections on v2", agents)
         assert {e["keyword"] for a in agents for e in a.events} == {"hey edge"}
 
         # -- the operator publishes a broken v4: signed, but its head names every class as the next --
-        cur = dict(np.load(agg / "models" / "v3.npz"))
+        cur = dict(np.load(agg / "models" / f"v{V3}.npz"))
         broken = {**cur, "classifier.w": np.roll(cur["classifier.w"], 1, axis=1),
                   "classifier.b": np.roll(cur["classifier.b"], 1)}
         with pytest.raises(EdgelearnError, match="in use by"):  # not beside a serving aggregator
@@ -211,29 +216,29 @@ def test_three_agents_federate_reject_a_broken_version_and_survive_kill_9(tmp_pa
         server.wait()
         with pytest.raises(EdgelearnError, match="same tensors"):
             publish_version(agg, {"classifier.w": cur["classifier.w"]})
-        assert publish_version(agg, broken, note="a broken head, for the test") == 4
+        assert publish_version(agg, broken, note="a broken head, for the test") == V4
         set_budget(agg, 3)  # two more rounds per device
         server = start_aggregator(agg, port)
         assert rounds(agg)[2][0] == "failed"  # round 2 (v3, joined by nobody) was superseded
 
         # -- round 3 trains v4: pi-0 uploads and rejects v4; pi-1 holds before its upload, pi-2 after --
-        checked = lambda a: (a.status().get("last_health") or {}).get("version") == 4  # noqa: E731
+        checked = lambda a: (a.status().get("last_health") or {}).get("version") == V4  # noqa: E731
         wait_for(lambda: checked(a0), "pi-0 checks v4", agents)
         st = a0.status()
-        assert st["version"] == "kws-dscnn-s v2" and st["fl_version"] == 2 and st["rejected"] == [4], st
-        assert st["rollbacks"] == 1 and BundleStore(a0.state / "fl" / "store", trusted).current().version == 2
+        assert st["version"] == f"kws-dscnn-s v{V2}" and st["fl_version"] == V2 and st["rejected"] == [V4], st
+        assert st["rollbacks"] == 1 and BundleStore(a0.state / "fl" / "store", trusted).current().version == V2
         wait_for(lambda: marks["pi-1"].exists() and marks["pi-2"].exists(), "pi-1 and pi-2 held mid-round", agents)
         in_round3 = {d for (d,) in db(agg, "SELECT device_id FROM updates WHERE round_id=3")}
         assert in_round3 == {"pi-0", "pi-2"} and rounds(agg)[3][:2] == ("open", 2)  # pi-1's never left the device
         last = a0.status()["last_health"]
-        assert last["version"] == 4 and not last["ok"] and last["accuracy"] == 0.0, last
+        assert last["version"] == V4 and not last["ok"] and last["accuracy"] == 0.0, last
         seen = {a.name: a.status() for a in (a1, a2)}
         for a in (a1, a2):
             a.kill9()
             st = read_status(a.state)  # every file old or new: the state reads
-            assert st is not None and st["fl_version"] == 2, st
+            assert st is not None and st["fl_version"] == V2, st
             store = BundleStore(a.state / "fl" / "store", trusted)
-            assert store.current().version == 4  # installed by the round, never checked
+            assert store.current().version == V4  # installed by the round, never checked
             assert json.loads((a.state / "fl" / "fl_state.json").read_text())["seq"] == 2
             assert st["rounds_joined"] == seen[a.name]["rounds_joined"] == 1
         n_before = {a.name: len(a.events) for a in agents}
@@ -248,29 +253,29 @@ def test_three_agents_federate_reject_a_broken_version_and_survive_kill_9(tmp_pa
         st = a2.status()
         assert st["last_checkin"]["action"] == "wait", st  # told it contributed already: it sends nothing
         assert st["last_round"] == 3 and st["rounds_joined"] == 2, st  # and counts that update, once
-        assert st["version"] == "kws-dscnn-s v2" and st["fl_version"] == 2 and st["rejected"] == [4], st
+        assert st["version"] == f"kws-dscnn-s v{V2}" and st["fl_version"] == V2 and st["rejected"] == [V4], st
         assert not st["last_health"]["ok"] and st["rollbacks"] == 1, st
         a1.start()  # it may run through rounds 3 and 4 before the next look: only what lasts is asserted
-        wait_for(lambda: a1.status().get("pid") == a1.proc.pid and 4 in a1.status().get("rejected", []),
+        wait_for(lambda: a1.status().get("pid") == a1.proc.pid and V4 in a1.status().get("rejected", []),
                  "pi-1 restarted and rejected v4", agents)
         st = a1.status()
-        assert st["rejected"] == [4] and st["rollbacks"] == 1 and st["version"] != "kws-dscnn-s v4", st
+        assert st["rejected"] == [V4] and st["rollbacks"] == 1 and st["version"] != f"kws-dscnn-s v{V4}", st
         wait_for(lambda: rounds(agg).get(3, (None,))[0] == "closed", "round 3 closed", agents)
-        assert rounds(agg)[3] == ("closed", 3, 5)
+        assert rounds(agg)[3] == ("closed", 3, V5)
 
         # -- round 4 trains v5 (round 3's update of v4), all three join it, the killed ones included;
         # it names the known inputs right again, so every agent checks it against v2 and uses it -----
         wait_for(lambda: rounds(agg).get(4, (None,))[0] == "closed", "round 4 closed", agents)
         assert rounds(agg)[4][:2] == ("closed", 3)
-        wait_for(lambda: all((a.status().get("last_health") or {}).get("version") == 5 for a in agents),
+        wait_for(lambda: all((a.status().get("last_health") or {}).get("version") == V5 for a in agents),
                  "every agent checks v5", agents)
         for a in agents:
             st = a.status()
-            assert st["last_health"]["ok"] and st["fl_version"] == 5 and st["rejected"] == [4], st
+            assert st["last_health"]["ok"] and st["fl_version"] == V5 and st["rejected"] == [V4], st
             # the running version stayed in the store whenever the client installed one (it keeps two):
             # pi-1 re-installed the rejected v4 to train round 3 on it, and the agent dropped it again
             assert BundleStore(a.state / "fl" / "store", trusted).pointer() == \
-                {"current": "kws-dscnn-s-v5", "previous": "kws-dscnn-s-v2"}, a.name
+                {"current": f"kws-dscnn-s-v{V5}", "previous": f"kws-dscnn-s-v{V2}"}, a.name
         wait_for(lambda: all(len(a.events) > n_before[a.name] for a in agents), "detections after the restarts",
                  agents)
         # every device's update counted once in each closed round: 3 updates a round, 3 rounds a device
@@ -296,7 +301,7 @@ def test_three_agents_federate_reject_a_broken_version_and_survive_kill_9(tmp_pa
     assert rcs == {n: 0 for n in NAMES}, {a.name: a.stderr_tail() for a in agents}
     for a in agents:
         st = read_status(a.state)
-        assert st["state"] == "stopped" and 4 in st["rejected"] and st["version"] != "kws-dscnn-s v4", st
+        assert st["state"] == "stopped" and V4 in st["rejected"] and st["version"] != f"kws-dscnn-s v{V4}", st
         # rounds 1, 3 and 4, each counted once: pi-2 learnt at its restart that its round-3 update had arrived
         assert st["rounds_joined"] == 3 and st["last_round"] == 4, st
         assert Device(a.state, BundleStore(a.state / "fl" / "store", trusted).current()).status()["keywords"] \

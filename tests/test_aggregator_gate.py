@@ -161,6 +161,7 @@ def test_a_version_is_published_with_thresholds_matched_to_the_first(tmp_path):
     from edge.bundle import load_bundle
     from edge.detect import count_events
     from edge.device import Device, version_thresholds
+    from edge.kws import DEFAULT_BUNDLE
 
     p = small_params()
     X, y, p = _heldout(p)
@@ -176,9 +177,14 @@ def test_a_version_is_published_with_thresholds_matched_to_the_first(tmp_path):
         v = agg.rounds.publish_params(eager, note="test")
         labels = reg._labels()
     first = json.loads((state / "bundles" / f"v{start}" / "manifest.json").read_text())
-    assert "operating" not in first.get("extra", {})  # the first version keeps the fixed 0.7
+    base = json.loads((DEFAULT_BUNDLE / "manifest.json").read_text())  # make_state's base bundle
+    own = (base["extra"].get("operating") or {}).get("thresholds", {})
+    assert set(own).isdisjoint({labels[1], labels[2], labels[3]})  # (these words are the base's 0.7)
+    # the first version keeps the base bundle's own operating point (the shipped one's since version 2)
+    assert first["extra"].get("operating") == base["extra"].get("operating")
     op = json.loads((state / "bundles" / f"v{v}" / "manifest.json").read_text())["extra"]["operating"]
-    assert op["matched_to_version"] == start and set(op["thresholds"]) == {labels[1], labels[2]}
+    assert op["matched_to_version"] == start and set(op["thresholds"]) == {labels[1], labels[2]} | set(own)
+    assert {w: op["thresholds"][w] for w in own} == own  # words without negatives keep the base's
 
     def probs(q):
         z = head_logits(q, neg["X"])

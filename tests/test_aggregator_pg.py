@@ -19,7 +19,7 @@ import zipfile
 
 import numpy as np
 
-from aggregator_helpers import FakeClock, signed_checkin, start
+from aggregator_helpers import FIRST, FakeClock, signed_checkin, start
 from aggregator_helpers import post as _post
 from host.aggregator.app import Aggregator, build_app
 from host.aggregator.config import AggregatorConfig
@@ -76,13 +76,13 @@ def test_two_serve_replicas_close_one_round_from_exactly_the_accepted_updates(pg
                 assert (s2, dup["status"], dup["round_id"]) == (200, "duplicate", 1), dup
         assert answers == ["accepted"] * n
         st = [json.loads(_get(p, "/v1/status")[1]) for p in ports]
-        assert st[0]["current_version"] == st[1]["current_version"] == 3
+        assert st[0]["current_version"] == st[1]["current_version"] == FIRST + 1
         assert st[0]["store"] == "postgresql"
         rounds = {r["round_id"]: r for r in st[1]["rounds"]}
-        assert rounds[1]["status"] == "closed" and rounds[1]["accepted"] == n and rounds[1]["result_version"] == 3
+        assert rounds[1]["status"] == "closed" and rounds[1]["accepted"] == n and rounds[1]["result_version"] == FIRST + 1
         assert [m["round_id"] for m in st[0]["models"]] == [None, 1]   # exactly one version from round 1
         # both replicas serve the new version (published by one of them), byte for byte
-        a, b = _get(ports[0], "/v1/bundles/3.zip"), _get(ports[1], "/v1/bundles/3.zip")
+        a, b = _get(ports[0], f"/v1/bundles/{FIRST + 1}.zip"), _get(ports[1], f"/v1/bundles/{FIRST + 1}.zip")
         assert a[0] == b[0] == 200 and a[1] == b[1]
         # the rehearsal set init put into the database rides in the version, whichever replica built it
         with zipfile.ZipFile(io.BytesIO(a[1])) as z:
@@ -95,7 +95,7 @@ def test_two_serve_replicas_close_one_round_from_exactly_the_accepted_updates(pg
             p.wait(timeout=30)
     store = open_store(url, tmp_path)
     try:
-        head = load_params(io.BytesIO(store.get_file("models/v3.npz")))
+        head = load_params(io.BytesIO(store.get_file(f"models/v{FIRST + 1}.npz")))
         assert store.one("SELECT COUNT(*) FROM updates")[0] == 0
     finally:
         store.close()
@@ -155,11 +155,11 @@ def test_kill9_of_one_replica_during_ingestion_loses_no_acknowledged_update(pg, 
                 p.send_signal(signal.SIGTERM)
                 p.wait(timeout=30)
     r1 = {r["round_id"]: r for r in st["rounds"]}[1]
-    assert (r1["status"], r1["accepted"], r1["result_version"]) == ("closed", n, 3)
+    assert (r1["status"], r1["accepted"], r1["result_version"]) == ("closed", n, FIRST + 1)
     assert [m["round_id"] for m in st["models"]] == [None, 1]
     store = open_store(url, tmp_path)
     try:
-        head = load_params(io.BytesIO(store.get_file("models/v3.npz")))
+        head = load_params(io.BytesIO(store.get_file(f"models/v{FIRST + 1}.npz")))
         assert store.one("SELECT COUNT(*) FROM devices WHERE rounds_joined = 1")[0] == n
     finally:
         store.close()
@@ -190,12 +190,12 @@ def test_a_deadline_both_replicas_see_closes_the_round_once(pg, request, tmp_pat
         a.rounds._close("deadline")  # a's ticker read the deadline before b's close committed: a no-op
         a.rounds.tick()
         rows = a.store.all("SELECT round_id, status, accepted, result_version FROM rounds ORDER BY round_id")
-        assert rows == [(1, "closed", 3, 3), (2, "open", 0, None)]
-        assert a.store.all("SELECT version, round_id FROM models ORDER BY version") == [(2, None), (3, 1)]
+        assert rows == [(1, "closed", 3, FIRST + 1), (2, "open", 0, None)]
+        assert a.store.all("SELECT version, round_id FROM models ORDER BY version") == [(FIRST, None), (FIRST + 1, 1)]
         assert a.rounds.round["round_id"] == b.rounds.round["round_id"] == 2
         want = _fedavg(small_params(), sent, keys)
         for reg in (a.registry, b.registry):   # both hold the same version (b fetched it from the database)
-            got = reg.params(3)
+            got = reg.params(FIRST + 1)
             for k in want:
                 np.testing.assert_allclose(got[k], want[k], atol=1e-5)
     finally:
@@ -210,9 +210,9 @@ def test_files_of_a_publication_that_never_committed_do_not_shadow_the_published
     clock = FakeClock()
     cfg = AggregatorConfig(clients_per_round=2, overselect=1.0, max_overselect=1.0, round_timeout=600)
     state, keys = make_state(tmp_path, cfg, n_devices=2, db=url)
-    # what a replica killed inside its close leaves: v3's head written, the transaction never committed
+    # what a replica killed inside its close leaves: FIRST + 1's head written, the transaction never committed
     bogus = {k: np.full_like(v, 7.0) for k, v in small_params().items()}
-    (state / "models" / "v3.npz").write_bytes(params_bytes(bogus))
+    (state / "models" / f"v{FIRST + 1}.npz").write_bytes(params_bytes(bogus))
     a = Aggregator(state, clock, db=url)   # restarted on that state directory
     b = Aggregator(tmp_path / "b", clock, str(_key_path(state)), db=url)
     try:
@@ -220,8 +220,8 @@ def test_files_of_a_publication_that_never_committed_do_not_shadow_the_published
         for d in sorted(keys):
             sent[d] = _frame(d, keys[d], b.rounds.checkin(d, AWAKE)["task"], seed=len(sent))
             b.rounds.submit(sent[d], d)
-        assert b.registry.current == 3
-        want, got = _fedavg(small_params(), sent, keys), a.registry.params(3)
+        assert b.registry.current == FIRST + 1
+        want, got = _fedavg(small_params(), sent, keys), a.registry.params(FIRST + 1)
         for k in want:
             np.testing.assert_allclose(got[k], want[k], atol=1e-5)
     finally:
@@ -242,13 +242,13 @@ def test_fedbuff_buffers_fill_across_replicas_and_each_makes_one_version(pg, req
         for i, (d, f) in enumerate(sorted(sent.items())):
             assert reps[(i + 1) % 2].rounds.submit(f, d)["status"] == "accepted"
         rows = reps[0].store.all("SELECT round_id, status, accepted, result_version FROM rounds ORDER BY round_id")
-        assert rows == [(1, "closed", 3, 3), (2, "closed", 3, 4), (3, "open", 0, None)]
-        # the second buffer: trained from v2, one version behind v3 (weight n / sqrt(2), onto v3)
+        assert rows == [(1, "closed", 3, FIRST + 1), (2, "closed", 3, FIRST + 2), (3, "open", 0, None)]
+        # the second buffer: trained from FIRST, one version behind FIRST + 1 (weight n / sqrt(2), onto it)
         first = dict(sorted(sent.items())[:3])
         v3 = _fedavg(small_params(), first, keys)
         ups = [decode_update(f, keys[d]) for d, f in sorted(sent.items())[3:]]
         w = [u.header.num_examples / np.sqrt(2) for u in ups]
-        got = reps[1].registry.params(4)
+        got = reps[1].registry.params(FIRST + 2)
         for k in v3:
             want = v3[k] + sum(wi * np.asarray(t.values, np.float64).reshape(v3[k].shape)
                                for wi, u in zip(w, ups) for t in u.tensors if t.name == k) / sum(w)
@@ -323,9 +323,9 @@ def test_a_secure_aggregation_round_across_replicas_publishes_fedavg(pg, request
                 views[d] = clients[d].secure_step(tasks[d], *deltas[d])
         assert {v["phase"] for v in views.values()} == {"done"}, views
         store = apps[1].state.aggregator.store
-        assert store.one("SELECT status, accepted, result_version FROM rounds WHERE round_id=1") == ("closed", 4, 3)
+        assert store.one("SELECT status, accepted, result_version FROM rounds WHERE round_id=1") == ("closed", 4, FIRST + 1)
         assert store.one("SELECT COUNT(*) FROM updates")[0] == 0   # nothing individual was stored
-        head = apps[0].state.aggregator.registry.params(3)
+        head = apps[0].state.aggregator.registry.params(FIRST + 1)
     base, total = small_params(), sum(n for _, n in deltas.values())
     for k in base:
         want = base[k] + sum(dl[k].astype(np.float64) * n for dl, n in deltas.values()) / total

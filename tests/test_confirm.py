@@ -150,15 +150,17 @@ def _kal16_stream(kal16):
     return pcm, said
 
 
-def test_device_detect_asr_finds_what_0_7_misses_and_drops_words_inside_sentences(kal16, tmp_path):
-    """The shipped model on one stream: at 0.7 it misses "stop"; at 0.3 alone it also fires inside
-    the sentences; at 0.3 with the recogniser it keeps "yes" and "stop" and drops the rest."""
+def test_device_detect_asr_keeps_what_the_default_finds_and_drops_words_inside_sentences(kal16, tmp_path):
+    """The shipped model on one stream: its default operating point finds commands said alone (version
+    1 at 0.7 missed "stop" here); at 0.3 alone it also fires inside the sentences; at 0.3 with the
+    recogniser it keeps "yes" and "stop", everything the default found, and drops the rest."""
     import edge
 
     pcm, said = _kal16_stream(kal16)
     dev = edge.Device(tempfile.mkdtemp(dir=tmp_path))
 
-    assert ("stop", "stop") not in said(dev.detect(pcm, replay=False))
+    default = set(said(dev.detect(pcm, replay=False)))
+    assert default and default <= {("yes", "yes"), ("stop", "stop")}
     low = said(dev.detect(pcm, replay=False, threshold=FIRST_STAGE))
     assert any(text not in ("yes", "stop") for _, text in low)
     det, _ = dev.detector(replay=False, asr=True)

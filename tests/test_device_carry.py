@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from aggregator_helpers import BASE_VERSION
 from devstate_helpers import make_keyword_clips
 
 from edge.audio import read_wav
@@ -19,6 +20,7 @@ from edge.errors import EdgelearnError
 
 ROOT = Path(__file__).resolve().parents[1]
 KW = "hey edge"
+NEW = BASE_VERSION + 1  # the version each test carries to: the one after the shipped bundle's
 
 
 def stream(clip) -> np.ndarray:
@@ -61,10 +63,10 @@ def enrolled(tmp_path):
 def test_unchanged_basis_carries_the_keyword_as_it_is(enrolled, tmp_path):
     st, _ = enrolled
     before = json.loads((st / "keywords.json").read_text())["keywords"]
-    res = Device(st).carry_to(new_version(tmp_path, 2, change_negatives=False))
+    res = Device(st).carry_to(new_version(tmp_path, NEW, change_negatives=False))
     assert res == {"keywords": 1, "contexts": 0, "rederived": []}
     after = json.loads((st / "keywords.json").read_text())
-    assert after["model_version"] == 2 and after["keywords"] == before
+    assert after["model_version"] == NEW and after["keywords"] == before
 
 
 def test_a_new_negative_bank_enrols_the_keyword_again_from_the_kept_clips(enrolled, tmp_path):
@@ -75,11 +77,11 @@ def test_a_new_negative_bank_enrols_the_keyword_again_from_the_kept_clips(enroll
     before = json.loads((st / "keywords.json").read_text())["keywords"][0]
     pcm = stream(read_wav(clips[0]))
     assert [e["keyword"] for e in Device(st).detect(pcm, replay=False)] == [KW] * 3
-    new = new_version(tmp_path, 2, change_negatives=True)
+    new = new_version(tmp_path, NEW, change_negatives=True)
     res = Device(st).carry_to(new)
     assert res["rederived"] == [KW] and res["keywords"] == 1
     doc = json.loads((st / "keywords.json").read_text())
-    assert doc["model_version"] == 2 and doc["keywords"][0]["name"] == KW
+    assert doc["model_version"] == NEW and doc["keywords"][0]["name"] == KW
     assert doc["keywords"][0]["threshold"] != before["threshold"] or doc["keywords"][0]["w"] != before["w"]
     assert not list(st.glob(".rederive-*"))  # the scratch state is gone
     assert [e["keyword"] for e in Device(st, new).detect(pcm, replay=False)] == [KW] * 3
@@ -89,7 +91,7 @@ def test_without_kept_clips_a_new_basis_is_refused_and_nothing_changes(enrolled,
     st, _ = enrolled
     shutil.rmtree(st / ENROLMENT_DIR)  # enrolled before clips were kept
     before = (st / "keywords.json").read_bytes()
-    new = new_version(tmp_path, 2, change_negatives=True)
+    new = new_version(tmp_path, NEW, change_negatives=True)
     with pytest.raises(EdgelearnError, match="no kept enrolment clips for hey edge"):
         Device(st).carry_to(new)
     assert (st / "keywords.json").read_bytes() == before
@@ -141,7 +143,7 @@ def test_a_carry_killed_between_its_two_writes_finishes_on_the_next_call_or_is_u
     w, y = (rng.standard_normal((4, 16000)) * 2000).astype(np.int16), ["yes", "yes", "stop", "stop"]
     assert Device(st).adapt((w, y), steps=2, force=True)["status"] == "done"
     old = Device(st).bundle
-    new = new_version(tmp_path, 2, change_negatives=False)
+    new = new_version(tmp_path, NEW, change_negatives=False)
     pub, held = tmp_path / "keys" / "rel.pub", tmp_path / "held"
     pcm = stream(read_wav(clips[0]))
 
@@ -150,7 +152,7 @@ def test_a_carry_killed_between_its_two_writes_finishes_on_the_next_call_or_is_u
                 json.loads((st / "keywords.json").read_text())["model_version"])
 
     kill_carry_half_way(st, new, pub, held)
-    assert bound() == (2, old.version)
+    assert bound() == (NEW, old.version)
     with pytest.raises(EdgelearnError, match="trained on bundle"):
         AdaptStore(st, old)  # what the old version would find: the reason the agent undoes it
     Device(st).unbind_adapted(new)  # the version is refused: back on the running one
@@ -159,6 +161,6 @@ def test_a_carry_killed_between_its_two_writes_finishes_on_the_next_call_or_is_u
 
     kill_carry_half_way(st, new, pub, held)
     res = Device(st).carry_to(new)  # the restart: finishes what the killed one began
-    assert res["keywords"] == 1 and res["contexts"] == 1 and bound() == (2, 2)
+    assert res["keywords"] == 1 and res["contexts"] == 1 and bound() == (NEW, NEW)
     assert AdaptStore(st, new).meta["contexts"]
     assert [e["keyword"] for e in Device(st, new).detect(pcm, replay=False)] == [KW] * 3

@@ -22,12 +22,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from agent_helpers import CLI, ROOT, free_port
+from aggregator_helpers import BASE_VERSION, FIRST
 from devstate_helpers import make_data, make_sysfs
 
 from edge.agent import Agent, AgentConfig, read_status
 from edge.bundle import load_bundle
 from edge.device import CHUNK, Device, base_models, detection_info
 from edge.errors import EdgelearnError
+
+# The versions this file names v1..v4 (their numbers when the shipped bundle was version 1): the shipped
+# bundle itself, the federation's first version (base + 1, as the aggregator publishes it), and two later ones.
+V1, V2, V3, V4 = BASE_VERSION, FIRST, FIRST + 1, FIRST + 2
 
 
 def federated_version(tmp: Path, version: int, params: dict, operating: dict | None = None):
@@ -83,7 +88,7 @@ def adapted(tmp_path):
     data = make_data(tmp_path / "data")
     dev = Device(tmp_path / "st")
     assert dev.adapt(data, force=True)["status"] == "done"
-    v2_dir, keys = federated_version(tmp_path, 2, swapped_head(dev.bundle))
+    v2_dir, keys = federated_version(tmp_path, V2, swapped_head(dev.bundle))
     rng = np.random.default_rng(3)
     quiet = np.stack([(rng.standard_normal(16000) * a).astype(np.int16) for a in (20, 50, 100, 200)])
     from edge.device_data import load_labelled
@@ -111,20 +116,20 @@ def test_the_new_head_is_heard_at_once_and_the_context_adapted_again_on_it(adapt
     assert not hears_new_head(dev.models(), s)  # the adapted shipped model
     new_base = personal(base_models(v2), s)
     assert new_base.max() < 0.05 and personal(dev.models(), s).min() > 0.2  # what adapting learned
-    assert detection_info(dev.bundle, s["state"]) == {"version": 1, "federated_head": False, "context": "default",
-                                                      "context_version": 1, "adapted_on": 1, "rebased": False}
+    assert detection_info(dev.bundle, s["state"]) == {"version": V1, "federated_head": False, "context": "default",
+                                                      "context_version": 1, "adapted_on": V1, "rebased": False}
     assert dev.carry_to(v2) == {"keywords": 0, "contexts": 1, "rederived": []}
     on2 = Device(s["state"], v2)
     # at once: the new head, with the personal offsets (before: the shipped classifier, v2 ignored)
     assert hears_new_head(on2.models(), s)
     assert personal(on2.models(), s).min() > 4 * new_base.max()
     info = on2.status()["detection"]
-    assert info == {"version": 2, "federated_head": True, "context": "default", "context_version": 1,
-                    "adapted_on": 1, "rebased": True}
+    assert info == {"version": V2, "federated_head": True, "context": "default", "context_version": 1,
+                    "adapted_on": V1, "rebased": True}
     # adapted again on v2: trained through v2's head, and no longer rebased
     res = on2.adapt(s["data"], force=True)
-    assert res["status"] == "done" and res["version"] == 2
-    assert detection_info(v2, s["state"])["adapted_on"] == 2 and not detection_info(v2, s["state"])["rebased"]
+    assert res["status"] == "done" and res["version"] == 2  # the context's version (its second save), not the bundle's
+    assert detection_info(v2, s["state"])["adapted_on"] == V2 and not detection_info(v2, s["state"])["rebased"]
     assert hears_new_head(on2.models(), s) and personal(on2.models(), s).min() > 4 * new_base.max()
     # the tail a context adapts on v2 is v2's model itself (the head at its end), not tail.npz's classifier
     from edge.adapt import TailModel
@@ -168,8 +173,8 @@ def test_training_through_a_federated_heads_projection_has_the_true_gradients(st
 
 def test_an_adapted_context_detects_at_the_versions_operating_point(adapted, tmp_path):
     s = adapted
-    op = {"thresholds": {"yes": 0.81, "no": 0.62}, "matched_to_version": 2}
-    v3_dir, keys = federated_version(tmp_path, 3, swapped_head(Device(s["state"]).bundle), operating=op)
+    op = {"thresholds": {"yes": 0.81, "no": 0.62}, "matched_to_version": V2}
+    v3_dir, keys = federated_version(tmp_path, V3, swapped_head(Device(s["state"]).bundle), operating=op)
     v3 = load_bundle(v3_dir, trusted_keys=keys)
     Device(s["state"]).carry_to(v3)
     det, _ = Device(s["state"], v3).detector(replay=False)
@@ -181,7 +186,7 @@ def test_a_head_a_tail_cannot_end_in_is_refused_in_one_sentence(adapted, tmp_pat
     s = adapted
     head = swapped_head(Device(s["state"]).bundle)
     head["adapter.a"] = np.zeros((64, 4), np.float32)
-    bad_dir, keys = federated_version(tmp_path, 4, head)
+    bad_dir, keys = federated_version(tmp_path, V4, head)
     dev = Device(s["state"])
     with pytest.raises(EdgelearnError) as e:
         dev.carry_to(load_bundle(bad_dir, trusted_keys=keys))
@@ -220,12 +225,12 @@ def test_the_agent_adapts_again_on_a_new_version_and_a_kill_9_between_leaves_a_w
             p.stdin.write(pcm.tobytes())
             p.stdin.flush()
             st = read_status(state)
-            if st and st.get("adapting") and st.get("fl_version") == 2:
+            if st and st.get("adapting") and st.get("fl_version") == V2:
                 break
             time.sleep(0.01)
         st = read_status(state)
-        assert st["adapting"] and st["model"]["readapt_pending"] and st["model"]["adapted_on"] == 1, st
-        assert st["last_health"]["ok"] and st["version"].endswith(" v2")
+        assert st["adapting"] and st["model"]["readapt_pending"] and st["model"]["adapted_on"] == V1, st
+        assert st["last_health"]["ok"] and st["version"].endswith(f" v{V2}")
         time.sleep(delay)
     finally:
         os.killpg(p.pid, signal.SIGKILL)  # the agent and its training child, at once
@@ -233,7 +238,7 @@ def test_the_agent_adapts_again_on_a_new_version_and_a_kill_9_between_leaves_a_w
     v2 = s["v2"]
     dev = Device(state, v2)
     info = dev.status()["detection"]  # old (rebased, adapted on v1) or new (adapted on v2): never broken
-    assert info["version"] == 2 and info["adapted_on"] in (1, 2) and info["rebased"] == (info["adapted_on"] == 1)
+    assert info["version"] == V2 and info["adapted_on"] in (V1, V2) and info["rebased"] == (info["adapted_on"] == V1)
     if delay == 0:
         assert info["rebased"], "killed before the run could commit: the context adapted on v1, rebased"
     assert hears_new_head(dev.models(), s)
@@ -251,14 +256,14 @@ def test_the_agent_adapts_again_on_a_new_version_and_a_kill_9_between_leaves_a_w
     t_start = time.time()
     agent = Agent(state, AgentConfig(source=audio(), data=s["data"], aggregator=agg[1], device_id="pi-0",
                                      device_key=key, status_every_s=0), trusted_keys=keys, sysfs_root=sysfs)
-    assert agent.device.bundle.version == 2  # it ran v2 before the kill: used at once
+    assert agent.device.bundle.version == V2  # it ran v2 before the kill: used at once
     assert agent.status["model"]["readapt_pending"] == info["rebased"]
     agent._emit = out.append
     agent.run()
     assert done.get("status") == "done", done
     st = read_status(state)
-    assert st["model"] == {"version": 2, "federated_head": True, "context": "default",
-                           "context_version": st["model"]["context_version"], "adapted_on": 2, "rebased": False,
+    assert st["model"] == {"version": V2, "federated_head": True, "context": "default",
+                           "context_version": st["model"]["context_version"], "adapted_on": V2, "rebased": False,
                            "readapt_pending": False}
     again = Device(state, v2)
     assert hears_new_head(again.models(), s)
@@ -301,11 +306,11 @@ def test_the_switch_mid_stream_drops_and_repeats_no_event(adapted, fleet_agent, 
         n["i"] += 1
         if n["i"] == len(chunks) // 2:
             BundleStore(state / "fl" / "store", s["keys"]).install(s["v2_dir"])
-            agent._switch_version(2)
+            agent._switch_version(V2)
 
     agent._tick = tick
     agent.run()
-    assert agent.device.bundle.version == 2 and agent.status["model"]["rebased"]
+    assert agent.device.bundle.version == V2 and agent.status["model"]["rebased"]
     assert not agent.status["model"]["readapt_pending"]  # this agent does not adapt (--no-adapt)
     got = [e for e in out if e["keyword"] == "hey edge"]
     assert [e["time_s"] for e in got] == pytest.approx([e["time_s"] for e in want], abs=0.021)
@@ -330,7 +335,7 @@ def test_a_run_in_progress_at_the_switch_is_stopped_and_the_next_one_adapts_on_t
             yield pcm
             if agent.child is not None and "stopped" not in seen:
                 BundleStore(state / "fl" / "store", s["keys"]).install(s["v2_dir"])
-                agent._switch_version(2)
+                agent._switch_version(V2)
                 seen["stopped"] = dict(agent.status["last_adapt"])
                 assert agent.child is None
             elif "stopped" in seen and agent.status["last_adapt"].get("status") == "done":
@@ -341,10 +346,10 @@ def test_a_run_in_progress_at_the_switch_is_stopped_and_the_next_one_adapts_on_t
                                      **fleet_agent), trusted_keys=s["keys"], sysfs_root=sysfs)
     agent._emit = lambda ev: None
     agent.run()
-    assert seen["stopped"]["status"] == "stopped" and "version 2" in seen["stopped"]["reason"]
+    assert seen["stopped"]["status"] == "stopped" and f"version {V2}" in seen["stopped"]["reason"]
     assert agent.status["last_adapt"]["status"] == "done"  # asked for at once, not after adapt_every_s
     info = detection_info(s["v2"], state)
-    assert info["adapted_on"] == 2 and not info["rebased"]
+    assert info["adapted_on"] == V2 and not info["rebased"]
     assert hears_new_head(Device(state, s["v2"]).models(), s)
 
 
@@ -363,7 +368,7 @@ def test_a_version_that_undoes_the_adaptation_fails_its_health_check(adapted, fl
     a, b = running.labels.index("no"), running.labels.index("down")
     for k in ("classifier.w", "classifier.b"):  # and no <-> down
         head[k][..., [a, b]] = head[k][..., [b, a]]
-    v3_dir, keys = federated_version(tmp_path, 3, head)
+    v3_dir, keys = federated_version(tmp_path, V3, head)
     agent = Agent(state, AgentConfig(source=[], data=s["data"], **fleet_agent), trusted_keys=keys)
     clips = agent.labelled_clips()
     before = health_check(running, clips, state_dir=state)
@@ -371,10 +376,10 @@ def test_a_version_that_undoes_the_adaptation_fails_its_health_check(adapted, fl
     v3 = load_bundle(v3_dir, trusted_keys=keys)
     assert health_check(v3, clips, baseline=health_check(running, clips)["accuracy"])["ok"]  # the old comparison
     agent._fl_store().install(v3_dir)
-    agent._switch_version(3)
+    agent._switch_version(V3)
     h = agent.status["last_health"]
     assert not h["ok"] and h["accuracy"] < 0.5 and "the running version" in h["reason"], h
-    assert agent.device.bundle.version == running.version and agent.status["rejected"] == [3]
+    assert agent.device.bundle.version == running.version and agent.status["rejected"] == [V3]
     after = Device(state)  # the adapt pointer never moved: the running path as it was
     assert detection_info(after.bundle, state)["context"] == "default"
     assert health_check(after.bundle, clips, state_dir=state)["accuracy"] == before["accuracy"]

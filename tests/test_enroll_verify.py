@@ -73,12 +73,16 @@ def test_verifier_rejects_wrong_order_the_first_stage_accepts(km, clips, voice, 
     # 10 on the kws_fewshot bench; here the clean (1.0, 1.0) render is 0.0006 over its threshold)
     assert all(events(km, one, c) == (["hey robot"], 0) for c in clips[HELD_OUT])
     assert sum(events(km, two, c) == (["hey robot"], 0) for c in clips[HELD_OUT]) >= 2
-    # the same sounds in another order: a pooled embedding cannot tell, the verifier can
+    # the same sounds in another order: a pooled embedding can hardly tell, the verifier can. The
+    # swapped halves of a held-out render pass the first stage (the test means something); the words
+    # spoken the other way round may already fail it (version 2's embedding keeps some order: 0.60
+    # against a 0.73 threshold); either way the two stages together never report them
     [spoken] = synth.render(voice, [("robot hey", 1.0, 1.0)])
-    for near_miss in (spoken, swapped_halves(clips[5])):
-        assert events(km, one, near_miss)[0] == ["hey robot"]
+    swapped = swapped_halves(clips[5])
+    assert events(km, one, swapped)[0] == ["hey robot"]
+    for near_miss in (spoken, swapped):
         found, rejected = events(km, two, near_miss)
-        assert found == [] and rejected >= 1
+        assert found == [] and rejected >= (1 if events(km, one, near_miss)[0] else 0)
 
 
 def test_enrolment_report_and_state_round_trip(km, enrolled):

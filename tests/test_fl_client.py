@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aggregator_helpers import FIRST
 from edge.errors import BundleError
 from edge.fl import FLClient, FLError, FederatedHeadTrainer, head_logits
 from host.aggregator.app import build_app
@@ -45,7 +46,7 @@ def test_fleet_learns_from_a_random_head_over_rounds(tmp_path):
         for _ in range(4):
             for c in cs:
                 assert c.run_once(OK)["action"] == "uploaded"
-        assert reg.current == 2 + 4
+        assert reg.current == FIRST + 4
         assert reg.accuracy(reg.params()) > acc0 + 0.2  # 37 classes, chance is 0.03
         # every client runs the newest bundle after its next check-in
         cs[0].run_once(OK)

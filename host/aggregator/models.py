@@ -169,30 +169,34 @@ class ModelRegistry:
     def operating(self, params: dict, version: int) -> dict | None:
         """The per-word thresholds version ``version`` (``params``) is published with: for each
         keyword of the held-out set's negatives, the lowest threshold at which it fires on that
-        keyword-free speech no more often than the first published version does at
-        ``edge.detect.THRESHOLD`` (``edge.operating.matched``), so a version that names the fleet's
-        voices more readily does not fire more often on everyday speech than the model federation
-        started from. None without negatives, and for the first version itself."""
+        keyword-free speech no more often than the first published version does at the base bundle's
+        own operating point (``edge.detect.bundle_thresholds``, else ``THRESHOLD``;
+        ``edge.operating.matched``), so a version that names the fleet's voices more readily does not
+        fire more often on everyday speech than the model federation started from. Words the negatives do not cover keep the base bundle's own thresholds. None without
+        negatives, and for the first version itself (it carries the base bundle's operating point)."""
         row = self.store.one("SELECT MIN(version) FROM models WHERE status='published'")
         if self.negatives is None or row is None or row[0] is None or version <= int(row[0]):
             return None  # no negatives, or this is the first version (it is the reference)
         start = int(row[0])  # not start_version(): while the first version is written there is none
         from edge.adapt import EmbeddingHead
-        from edge.detect import THRESHOLD, count_events
+        from edge.detect import THRESHOLD, bundle_thresholds, count_events
         from edge.operating import matched
 
         X, ends, kw, hours = self.negatives
         names = [self._labels()[k] for k in kw]
+        own = bundle_thresholds(json.loads((self._base() / "manifest.json").read_text())) or {}
+        ref_thr = [own.get(n, THRESHOLD) for n in names]
 
         def probs(p):  # the posteriors a device's Detector scores with this head
             return EmbeddingHead(p).probs(X)[:, kw]
 
         if self._reference_counts is None or self._reference_counts[0] != start:
             ref = probs(self.params(start))
-            self._reference_counts = (start, [count_events(ref[:, k], THRESHOLD, ends) for k in range(len(kw))])
+            self._reference_counts = (start, [count_events(ref[:, k], ref_thr[k], ends) for k in range(len(kw))])
         thr = matched(probs(params), ends, self._reference_counts[1], names)
-        return {"thresholds": {n: float(t) for n, t in thr.items()}, "matched_to_version": start,
-                "reference_threshold": THRESHOLD, "negative_hours": round(hours, 4),
+        # words without negatives keep the base bundle's own threshold (its operating point, if any)
+        return {"thresholds": {**own, **{n: float(t) for n, t in thr.items()}}, "matched_to_version": start,
+                "reference_threshold": dict(zip(names, ref_thr)), "negative_hours": round(hours, 4),
                 "reference_events": dict(zip(names, self._reference_counts[1]))}
 
     def _labels(self) -> list[str]:

@@ -55,6 +55,18 @@ SOUNDALIKE = {"yes", "no", "non", "nò", "up", "down", "left", "right", "on", "o
 MIN_RMS = 100.0  # a window quieter than this (int16 scale) is a pause, not speech
 
 
+def check_languages(langs, what: str, allowed=None) -> None:
+    """One EdgelearnError naming the first of ``langs`` that is not a language of ``allowed`` (default
+    every one of ``SPEAKERS``) and the ones to choose from."""
+    from edge.errors import EdgelearnError
+
+    allowed = SPEAKERS if allowed is None else allowed
+    unknown = [lg for lg in langs if lg not in allowed]
+    if unknown:
+        raise EdgelearnError(f"{what} language {unknown[0]!r} has no prompts here",
+                             fix=f"use some of {', '.join(sorted(allowed))}")
+
+
 def missing(langs) -> str | None:
     """One sentence naming the packages to install, or None."""
     unpack = [SPEAKERS[lg][1] for lg in langs if lg in TRANSLATED and not folder(lg).is_dir()]

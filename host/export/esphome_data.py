@@ -202,10 +202,7 @@ def real_speech(cfg: "ExportConfig") -> list[np.ndarray]:
     if "es" in cfg.real_speech:
         raise EdgelearnError("real_speech includes 'es': the Spanish prompts are Allison, the "
                              "benchmarks' English real-speech speaker", fix="leave 'es' out")
-    unknown = [lg for lg in cfg.real_speech if lg not in realneg.SPEAKERS]
-    if unknown:
-        raise EdgelearnError(f"real_speech language {unknown[0]!r} has no prompts here",
-                             fix=f"use some of {', '.join(sorted(set(realneg.SPEAKERS) - {'es'}))}")
+    realneg.check_languages(cfg.real_speech, "real_speech", set(realneg.SPEAKERS) - {"es"})
     lack = realneg.missing(cfg.real_speech)
     if lack:
         _say(cfg, f"export esphome: fewer real-speech negatives than the recipe's: {lack}")

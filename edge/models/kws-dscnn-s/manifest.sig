@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 28fa5f3ff2f380fe Hyt4cTA9QgQwR4DUbIjkfcexahM4K/IekHjStJb7ZAzg5LwbKYxOM2AzrNkkl/apcmLfhEENr7O1OAcm92SBAA==
+edgelearn-ed25519-signature 4b4fc401c1ef752c dClNg7n3VttTwfqoYCFVUoR6Rc+xV5/0ZsDFppNMKnsd5jvAruJa6ZXmerNZK47hgEt+a67EKs4Rd3sq4GdbBQ==

@@ -144,3 +144,25 @@ except AppError as e:
     res = run_board(code, tmp_path / "fs", image)
     out = res.stdout.decode()
     assert res.returncode == 0 and out.startswith("ERR no bundle in bundle") and "edgelearn flash" in out, res
+
+
+def test_the_heap_benchmarks_reference_revision_still_runs_the_sequence(tmp_path):
+    """bench/mcu_heap.py measures this sequence on the firmware before issue 5 (``PREVIOUS``, from git)
+    beside this checkout's. The driver must still speak to it: after the serial link moved from
+    firmware/ to edge/portable/ (issue 16) the reference failed at any heap until the driver fell back."""
+    import subprocess
+
+    from bench import mcu_heap as M
+
+    try:
+        src = M._tree(tmp_path, M.PREVIOUS)
+    except subprocess.CalledProcessError:
+        pytest.skip(f"revision {M.PREVIOUS} is not in this clone's history (a shallow clone)")
+    assert not (src / "edge" / "portable" / "link.py").exists()     # the old layout: firmware/link.py
+    fs = M._board(tmp_path, src)
+    fresh_state(fs)
+    res = run_board(SEQUENCE, fs, None, heap_bytes=512 * 1024)
+    assert res.returncode == 0, (res.stdout[-1500:] + res.stderr[-1500:]).decode(errors="replace")
+    marks, other = parse_marks(res.stdout)
+    assert [m["step"] for m in marks] == ["code", "boot"] + ["shot"] * 5 + ["enrol", "detect", "adapt", "update"]
+    assert int(other["CHUNKS"]) >= 1

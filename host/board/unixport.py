@@ -50,7 +50,10 @@ amv = memoryview(abuf)
 """
 
 DRIVER = r"""
-from edge.portable import link as L
+try:
+    from edge.portable import link as L
+except ImportError:   # firmware before issue 16 (bench/mcu_heap.py's reference revision) had it in firmware/
+    from firmware import link as L
 from firmware.board import FakeBoard
 from firmware.app import App
 seq = [0]

@@ -70,6 +70,48 @@ def near_miss_jobs(corpus, renders: int, rate, pitch, seed=0):
     return jobs
 
 
+def everyday_words(commands=("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")) -> list[str]:
+    """host/data/everyday_words.txt less the words a command begins ("going", "upper") or that hold a
+    command of three or more letters anywhere ("stopped", "download"): NEAR_MISSES' lesson was that
+    such words as ``_unknown_`` teach the model to refuse the command itself."""
+    from pathlib import Path
+
+    from host.data import synth
+
+    words = (Path(synth.__file__).parent / "everyday_words.txt").read_text().split()
+    return [w for w in words if not any(w.startswith(c) or (len(c) >= 3 and c in w) for c in commands)]
+
+
+def everyday_windows(corpus, phrases: int, seed: int = 0) -> dict:
+    """Running speech of every training voice cut into 1 s windows, as ``_unknown_`` rows: ``phrases``
+    phrases of 2-5 everyday words per espeak-ng voice (three times as many per Festival voice), each
+    voice's renders one after another, windows 1 s apart from a random start (as
+    ``host.data.realneg.windows`` cuts the real prompts), quiet ones dropped. What the detector meets
+    between keywords: parts of words, two words in one window, none of them the corpus's ~100."""
+    from host.data import realneg, synth
+
+    words = everyday_words()
+    jobs = []
+    for vi, vid, kind_synth, voice in training_voices(corpus):
+        rng = np.random.default_rng([seed, 7000 + vi])
+        for k in range(phrases * (3 if kind_synth == "festival" else 1)):
+            text = " ".join(str(w) for w in rng.choice(words, int(rng.integers(2, 6))))
+            jobs.append((voice, text, float(rng.uniform(0.85, 1.2)), float(rng.uniform(0.9, 1.1)), (vid, k)))
+    got = synth.render_jobs(jobs, "everyday speech")
+    rows, rng = {}, np.random.default_rng([seed, 7999])
+    for vid in dict.fromkeys(j[4][0] for j in jobs):
+        parts = []
+        for j in jobs:
+            if j[4][0] == vid and j[4] in got:
+                parts += [got[j[4]].astype(np.float32), np.zeros(int(rng.uniform(0.05, 0.4) * 16000), np.float32)]
+        x = np.concatenate(parts)
+        for a in range(int(rng.integers(0, 16000)), len(x) - 16000 + 1, 16000):
+            w = x[a:a + 16000]
+            if np.sqrt(np.mean(w ** 2)) >= realneg.MIN_RMS:
+                rows[(vid, f"everyday {len(rows)}", "filler", len(rows))] = np.clip(w, -32768, 32767).astype(np.int16)
+    return rows
+
+
 def piper_rows(words, fillers, rate, pitch, renders=(12, 3), seed=4242) -> dict:
     """Piper's joe voice: {("piper:joe", text, kind, r): int16}, drawn as Festival's voices are."""
     try:

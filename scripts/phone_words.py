@@ -1,4 +1,5 @@
-"""Write host/data/phone_words.txt: the vocabulary the verifier's phone model is trained on.
+"""Write host/data/phone_words.txt: the vocabulary the verifier's phone model is trained on, and
+host/data/everyday_words.txt: the next ``N_WORDS`` words of the same list, which no benchmark speaks.
 
 The most frequent English words (PyPI ``wordfreq``, a development-time dependency only: the
 list is committed), alphabetic, 2+ letters, less every word the ``kws_fewshot`` bench speaks
@@ -6,7 +7,12 @@ list is committed), alphabetic, 2+ letters, less every word the ``kws_fewshot`` 
 word that contains one of the bench's keywords or near misses or is contained in one (4+
 letters): the bench then measures the verifier on words its phone model never heard.
 
-    $ pip install wordfreq && python scripts/phone_words.py
+The benchmarks' negative word pairs are drawn from phone_words.txt (``bench/_base_streams.
+other_speech``, ``host/data/negatives.word_pairs``); a recipe that trains on everyday speech as
+negatives (``scripts/train_variant.py --everyday``) draws from everyday_words.txt, so that no
+benchmark scores it on words it was trained to refuse.
+
+    $ pip install wordfreq && python scripts/phone_words.py     # phone_words.txt is rewritten as it is
 """
 
 from __future__ import annotations
@@ -34,10 +40,11 @@ def main() -> None:
             return False
         return not any((k in w or w in k) and min(len(k), len(w)) >= 4 for k in keyish)
 
-    words = [w for w in top_n_list("en", 30000) if ok(w)][:N_WORDS]
-    out = Path(__file__).resolve().parents[1] / "host" / "data" / "phone_words.txt"
-    out.write_text("\n".join(words) + "\n")
-    print(f"wrote {len(words)} words to {out}")
+    ranked = [w for w in top_n_list("en", 50000) if ok(w)]
+    data = Path(__file__).resolve().parents[1] / "host" / "data"
+    for name, words in (("phone_words.txt", ranked[:N_WORDS]), ("everyday_words.txt", ranked[N_WORDS:2 * N_WORDS])):
+        (data / name).write_text("\n".join(words) + "\n")
+        print(f"wrote {len(words)} words to {data / name}")
 
 
 if __name__ == "__main__":

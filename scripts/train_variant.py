@@ -34,6 +34,9 @@ script reproduces the attempts of 2026-11-30 so that each row there can be re-ru
     $ .venv/bin/python scripts/train_variant.py build/var-rhv70 --rhvoice 12,3 --epochs 70 --max-minutes 75
     # and SVOX Pico's two English women (Debian non-free: libttspico-utils) beside them
     $ .venv/bin/python scripts/train_variant.py build/var-rhvpico70 --rhvoice 12,3 --pico 12,3 --epochs 70 --max-minutes 100
+    # the shipped recipe plus running speech of everyday words (host/data/everyday_words.txt) by the
+    # training voices as 1 s windows of _unknown_, 20 phrases per espeak-ng voice (Festival 60)
+    $ .venv/bin/python scripts/train_variant.py build/var-everyday --rhvoice 12,3 --pico 12,3 --real-negatives fr,it --everyday 20
     # all of them at once
     $ .venv/bin/python scripts/train_variant.py build/var-all --extra 5,18,1,3 --piper train --channels 128 --epochs 40
 
@@ -63,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edge.errors import EdgelearnError  # noqa: E402
 from host.data.supplement import Supplement, check, supplemented  # noqa: E402
 from scripts._variant_data import (NEAR_MISSES, as_test_corpus, near_miss_jobs, piper_rows,  # noqa: E402,F401
-                                   engine_jobs, supplement_jobs, training_voices, with_supplement)
+                                   engine_jobs, everyday_windows, supplement_jobs, training_voices, with_supplement)
 
 
 def per_word(predict, corpus, scale, voice: str) -> dict:
@@ -186,6 +189,9 @@ def main(argv=None) -> int:
     p.add_argument("--near-miss", type=int, default=0,
                    help="renders of each of NEAR_MISSES (words that begin with, end in or rhyme with a "
                         "command) by each espeak-ng training voice as _unknown_ (Festival: 3x)")
+    p.add_argument("--everyday", type=int, default=0,
+                   help="phrases of 2-5 everyday words (host/data/everyday_words.txt, no command in them) per "
+                        "espeak-ng training voice (Festival: 3x), cut into 1 s windows of running speech as _unknown_")
     p.add_argument("--rhvoice", type=numbers(2, int), default=(0, 0),
                    help="K,F: renders of each word (K) and filler (F) by RHVoice's bdl and clb in "
                         "training (needs Debian's non-free rhvoice rhvoice-english)")
@@ -206,7 +212,7 @@ def main(argv=None) -> int:
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")
     if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert or a.real_negatives or a.near_miss
-                       or any(a.rhvoice) or any(a.pico)):
+                       or a.everyday or any(a.rhvoice) or any(a.pico)):
         p.error("--evaluate reports a model already trained: --extra and --piper train only "
                 "change training (use --piper eval)")
 
@@ -241,8 +247,13 @@ def main(argv=None) -> int:
         fest = sorted({str(v) for v, sp in zip(corpus.voice, corpus.split)
                        if sp == "train" and str(v).startswith("festival:")})
         corpus = with_supplement(corpus, converted_rows(corpus, fest, a.convert, seed=cfg.seed))
+    # by the corpus's own training voices, and added after the engines' renders: the engines say the
+    # corpus's filler texts, never these windows' names
+    everyday = everyday_windows(corpus, a.everyday, seed=cfg.seed) if a.everyday else {}
     # the engines' renders, then the real windows: what the shipped recipe adds (host/data/supplement.py)
     corpus, synths = supplemented(corpus, sup)
+    if everyday:
+        corpus = with_supplement(corpus, everyday)
     if a.piper == "train":
         corpus, synths = with_supplement(corpus, joe), synths + ("piper",)
     if a.evaluate:

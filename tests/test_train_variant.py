@@ -168,3 +168,45 @@ def test_engine_jobs_are_each_engines_usable_voices_with_their_own_draws():
     pico = tv.engine_jobs("pico", ["yes", "no"], ["apple"], (3, 1), (0.8, 1.25), (0.8, 1.25))
     assert {j[0].id for j in pico} == {"pico:en-US", "pico:en-GB"} and len(pico) == len(jobs)
     assert not {(j[2], j[3]) for j in pico} & {(j[2], j[3]) for j in jobs}   # a stream of their own
+
+
+def test_everyday_speech_is_one_second_unknown_windows_of_training_voices(monkeypatch):
+    from host.data import synth
+    from host.data.words import COMMANDS10
+
+    asked = []
+
+    def fake_render_jobs(jobs, label):      # 1.5 s of speech-loud noise per phrase, no synthesizer
+        asked.extend(jobs)
+        rng = np.random.default_rng(1)
+        return {j[4]: rng.integers(-4000, 4000, 24000).astype(np.int16) for j in jobs}
+
+    monkeypatch.setattr(synth, "render_jobs", fake_render_jobs)
+    c = tiny_corpus()
+    rows = tv.everyday_windows(c, 4)
+    by_voice = {}
+    for voice, text, _rate, _pitch, (vid, _k) in asked:
+        assert vid == voice.id and 2 <= len(text.split()) <= 5
+        for w in text.split():
+            assert not any(w.startswith(cmd) or (len(cmd) >= 3 and cmd in w) for cmd in COMMANDS10), w
+        by_voice[vid] = by_voice.get(vid, 0) + 1
+    # training voices only, Festival three times as many phrases
+    assert by_voice == {"espeak:en-us+m1": 4, "festival:kal_diphone": 12}
+    assert rows and all(k[2] == "filler" and len(v) == 16000 and v.dtype == np.int16 for k, v in rows.items())
+    assert {k[0] for k in rows} == set(by_voice)
+    # 1 s windows of each voice's run of phrases (1.5 s each, with pauses): about one per 1.7 s of it
+    assert 4 <= sum(k[0] == "espeak:en-us+m1" for k in rows) <= 6
+    merged = tv.with_supplement(c, rows)
+    assert set(merged.split[len(c.text):]) == {"train"}
+    assert c.eval_clips("test")[0].shape == merged.eval_clips("test")[0].shape
+
+
+def test_everyday_words_are_none_of_the_words_benchmarks_speak():
+    from host.data.words import FILLERS, SPEECH_COMMANDS
+    from scripts._variant_data import everyday_words
+
+    # the benchmarks' negative word pairs come from phone_words.txt, their keywords from the corpus's
+    # words: everyday speech must teach none of them
+    phone = set((ROOT / "host" / "data" / "phone_words.txt").read_text().split())
+    every = set(everyday_words())
+    assert len(every) > 7000 and not every & phone and not every & (set(FILLERS) | set(SPEECH_COMMANDS))

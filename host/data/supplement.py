@@ -85,7 +85,9 @@ def supplemented(corpus, sup: Supplement = Supplement()):
     check(sup)
     cfg = corpus.config  # the cached corpus's CorpusConfig as a dict
     seed, rate, pitch, words = cfg.get("seed", 0), cfg["rate"], cfg["pitch"], cfg["words"]
-    fillers = sorted({t for t, k in zip(corpus.text, corpus.kind) if k == "filler"})
+    # the corpus's own filler texts, from its config: rows a caller added before (windows of real or
+    # running speech, named by number) are not texts for an engine to say
+    fillers = sorted(cfg["fillers"])
     jobs = [j for e, n in sup.engines if any(n) for j in engine_jobs(e, words, fillers, n, rate, pitch, seed)]
     synths = ("espeak", "festival") + tuple(e for e, n in sup.engines if any(n))
     if jobs:

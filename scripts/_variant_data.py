@@ -86,7 +86,7 @@ def everyday_windows(corpus, phrases: int, seed: int = 0) -> dict:
     """Running speech of every training voice cut into 1 s windows, as ``_unknown_`` rows: ``phrases``
     phrases of 2-5 everyday words per espeak-ng voice (three times as many per Festival voice), each
     voice's renders one after another, windows 1 s apart from a random start (as
-    ``host.data.realneg.windows`` cuts the real prompts), quiet ones dropped. What the detector meets
+    ``host.data.realneg.cut`` cuts the real prompts), quiet ones dropped. What the detector meets
     between keywords: parts of words, two words in one window, none of them the corpus's ~100."""
     from host.data import realneg, synth
 
@@ -104,11 +104,8 @@ def everyday_windows(corpus, phrases: int, seed: int = 0) -> dict:
         for j in jobs:
             if j[4][0] == vid and j[4] in got:
                 parts += [got[j[4]].astype(np.float32), np.zeros(int(rng.uniform(0.05, 0.4) * 16000), np.float32)]
-        x = np.concatenate(parts)
-        for a in range(int(rng.integers(0, 16000)), len(x) - 16000 + 1, 16000):
-            w = x[a:a + 16000]
-            if np.sqrt(np.mean(w ** 2)) >= realneg.MIN_RMS:
-                rows[(vid, f"everyday {len(rows)}", "filler", len(rows))] = np.clip(w, -32768, 32767).astype(np.int16)
+        for w in realneg.cut(np.concatenate(parts), rng):
+            rows[(vid, f"everyday {len(rows)}", "filler", len(rows))] = w
     return rows
 
 

@@ -172,8 +172,9 @@ class ModelRegistry:
         keyword-free speech no more often than the first published version does at the base bundle's
         own operating point (``edge.detect.bundle_thresholds``, else ``THRESHOLD``;
         ``edge.operating.matched``), so a version that names the fleet's voices more readily does not
-        fire more often on everyday speech than the model federation started from. Words the negatives do not cover keep the base bundle's own thresholds. None without
-        negatives, and for the first version itself (it carries the base bundle's operating point)."""
+        fire more often on everyday speech than the model federation started from. Words the negatives
+        do not cover keep the base bundle's own thresholds. None without negatives, and for the first
+        version itself (it carries the base bundle's operating point)."""
         row = self.store.one("SELECT MIN(version) FROM models WHERE status='published'")
         if self.negatives is None or row is None or row[0] is None or version <= int(row[0]):
             return None  # no negatives, or this is the first version (it is the reference)

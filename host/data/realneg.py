@@ -130,17 +130,20 @@ def read_gsm(path) -> tuple[np.ndarray, int]:
 
 
 def windows(langs=("fr", "it"), hop_s: float = 1.0, seed: int = 0) -> list[np.ndarray]:
-    """Every installed, usable prompt of ``langs`` cut into 1 s windows (16 kHz int16), ``hop_s``
-    apart from a random start in each prompt; windows under ``MIN_RMS`` are dropped."""
+    """Every installed, usable prompt of ``langs`` cut into 1 s windows (``cut``)."""
     rng = np.random.default_rng(seed)
+    return [w for lang in langs for _, _, x in prompts(lang) for w in cut(x, rng, hop_s)]
+
+
+def cut(x: np.ndarray, rng, hop_s: float = 1.0) -> list[np.ndarray]:
+    """Speech ``x`` (16 kHz) as 1 s int16 windows ``hop_s`` apart from a random start (padded to 1 s if
+    shorter); windows under ``MIN_RMS`` are pauses and dropped."""
     hop = int(hop_s * 16000)
+    if len(x) < 16000:
+        x = np.pad(x, (0, 16000 - len(x)))
     out = []
-    for lang in langs:
-        for _, _, x in prompts(lang):
-            if len(x) < 16000:
-                x = np.pad(x, (0, 16000 - len(x)))
-            for a in range(int(rng.integers(0, min(hop, len(x) - 16000 + 1))), len(x) - 16000 + 1, hop):
-                w = x[a:a + 16000]
-                if np.sqrt(np.mean(w ** 2)) >= MIN_RMS:
-                    out.append(np.clip(w, -32768, 32767).astype(np.int16))
+    for a in range(int(rng.integers(0, min(hop, len(x) - 16000 + 1))), len(x) - 16000 + 1, hop):
+        w = x[a:a + 16000]
+        if np.sqrt(np.mean(w ** 2)) >= MIN_RMS:
+            out.append(np.clip(w, -32768, 32767).astype(np.int16))
     return out

@@ -43,14 +43,18 @@ REAL = {"fr": "Asterisk's French prompts by June Wallack (`asterisk-core-sounds-
 def _supplement(manifest: dict) -> str:
     rec = (manifest.get("extra") or {}).get("recipe") or {}
     engines = [(e, n) for e, n in rec.get("engines", []) if any(n)]
-    langs = rec.get("real_negatives", [])
-    if not engines and not langs:
+    langs, everyday = rec.get("real_negatives", []), rec.get("everyday", 0)
+    if not engines and not langs and not everyday:
         return "Synthetic speech only.\n"
     parts = [f"{ENGINES.get(e, e)}: {n[0]} renders of each word and {n[1]} of each filler per voice"
              for e, n in engines]
     if langs:
         parts.append("real human speech as `_unknown_` only, cut into 1 s windows: "
                      + "; ".join(REAL.get(lg, str(lg)) for lg in langs))
+    if everyday:
+        parts.append(f"running speech of everyday words (`host/data/everyday_words.txt`, no command in them) as "
+                     f"`_unknown_`, cut into 1 s windows: {everyday} phrases of 2-5 words per espeak-ng training "
+                     f"voice, {3 * everyday} per Festival voice")
     return ("The training split also holds (`host/data/supplement.py`) " + "; ".join(parts)
             + ". No command is ever said by a real person in training.\n")
 

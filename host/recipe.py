@@ -23,22 +23,26 @@ from host.tail_export import PREFIX_FILE, PREFIX_LAYER
 MODEL_ID = "kws-dscnn-s"
 DEFAULT_KEY = Path.home() / ".config" / "edgelearn" / "release.key"
 NEGATIVES = 1600
-VERSION = 2  # 1: the corpus alone (to 2026-12-05); 2: + RHVoice, SVOX Pico and real negatives
+VERSION = 3  # 1: the corpus alone (to 2026-12-05); 2: + RHVoice, SVOX Pico and real negatives; 3: + everyday speech
 EPOCHS = 70
+# training's seed (initial weights, batches, augmentation). Version 3's weights are seed 1: of the two
+# seeds of its recipe measured on development data (docs/frontend-and-model.md, "Everyday running
+# speech as `_unknown_`") the better at the shipping point; seed 0 was the worse of its pair clean.
+SEED = 1
 TRAIN_MINUTES = 150.0  # a cap, not the plan: 70 epochs took 36 min on two cores alone (2026-12-04)
 # The base commands' default operating point, written to the manifest (extra.operating) and used by
 # every Detector that is given no threshold (edge.detect.bundle_thresholds). Chosen on development data
-# only, for version 2's int8 encoder (2026-12-05): `scripts/curve_variants.py build/bundle-all3
+# only, for version 3's int8 encoder (2026-12-05): `scripts/curve_variants.py build/bundle-v3
 # --english-max 3.65`'s best point at issue 17's rate, <= 0.5 false accepts per hour on the pooled real
 # development speech (the English half of Asterisk's Allison, 16 min, and the three translated speakers,
 # 52 min: no event in 68 minutes): per-keyword thresholds calibrated (edge.operating.calibrate) to
-# 0.5 FA/h on that speech and the synthetic word pairs, mean recall 31.7 / 13.9 / 1.7 % on the Flite
-# development streams against 23.3 / 6.1 / 1.1 % for the best single threshold there (0.9; 0.85 had
-# one event, 0.8 four). A place that tolerates more trades it back with `device calibrate` /
-# `--sensitivity` or `--threshold`. A model retrained from scratch needs its own: `edgelearn model
-# --threshold T|FILE`.
-OPERATING = {"yes": 0.79, "no": 0.89, "up": 0.8, "down": 0.9, "left": 0.72, "right": 0.7, "on": 0.86,
-             "off": 0.84, "stop": 0.93, "go": 0.62}
+# 0.5 FA/h on that speech and the synthetic word pairs, mean recall 35.6 / 23.9 / 4.4 % on the Flite
+# development streams against 6.7 / 1.7 / 0 % for the best single threshold there (0.95; 0.85 and 0.9
+# had one event each; version 2's table on its own encoder: 31.7 / 13.9 / 1.7 %, the same run). A place that
+# tolerates more trades it back with `device calibrate` / `--sensitivity` or `--threshold`. A model
+# retrained from scratch needs its own: `edgelearn model --threshold T|FILE`.
+OPERATING = {"yes": 0.88, "no": 0.79, "up": 0.6, "down": 0.92, "left": 0.8, "right": 0.83, "on": 0.77,
+             "off": 0.75, "stop": 0.8, "go": 0.77}
 
 
 def ensure_key(key: Path, pub_dir: Path) -> Path:
@@ -188,7 +192,7 @@ def rebuild(out: Path, work: Path = Path("build") / "kws", key: Path = DEFAULT_K
     check(supplement)
     corpus, synths = supplemented(build_corpus(), supplement)
     if not (reuse and (work / "model.keras").exists()):
-        train(work, epochs=epochs, corpus=corpus, synths=synths, max_minutes=TRAIN_MINUTES)
+        train(work, epochs=epochs, corpus=corpus, synths=synths, max_minutes=TRAIN_MINUTES, seed=SEED)
         if threshold is None:
             sys.stderr.write("model: new weights get the shipped weights' operating point (host/recipe.py "
                              "OPERATING); choose theirs on development data with scripts/curve_variants.py "

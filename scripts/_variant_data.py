@@ -1,22 +1,15 @@
 """The extra training data of scripts/train_variant.py's variants: more renders of the corpus's
 training voices, near misses, Piper's joe, RHVoice's and SVOX Pico's voices, appended to the cached
-corpus in memory. Moved out of train_variant.py (it re-exports every name); the two engines' renders
-and ``with_supplement``, which the shipped recipe uses too, live in host/data/supplement.py."""
+corpus in memory. Moved out of train_variant.py (it re-exports every name); the two engines' renders,
+the everyday running speech and ``with_supplement``, which the shipped recipe uses too, live in
+host/data/supplement.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from host.data.supplement import ENGINE_VOICES, engine_jobs, with_supplement  # noqa: F401  (re-exported)
-
-
-def training_voices(corpus):
-    """``(index, voice id, synthesizer, synth.Voice)`` of each of the corpus's *training* voices."""
-    from host.data import synth
-
-    for vi, vid in enumerate(sorted({v for v, s in zip(corpus.voice, corpus.split) if s == "train"})):
-        kind_synth, name = vid.split(":", 1)
-        yield vi, vid, kind_synth, synth.Voice(kind_synth, name)
+from host.data.supplement import (ENGINE_VOICES, engine_jobs, everyday_windows, everyday_words,  # noqa: F401
+                                  training_voices, with_supplement)  # (re-exported)
 
 
 def supplement_jobs(corpus, words, extra: dict, rate, pitch, festival_pitch=None, seed=0):
@@ -68,45 +61,6 @@ def near_miss_jobs(corpus, renders: int, rate, pitch, seed=0):
                 jobs.append((voice, t, float(rng.uniform(*rate)), float(rng.uniform(*pitch)),
                              (vid, t, "filler", 100 + r)))
     return jobs
-
-
-def everyday_words(commands=("yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go")) -> list[str]:
-    """host/data/everyday_words.txt less the words a command begins ("going", "upper") or that hold a
-    command of three or more letters anywhere ("stopped", "download"): NEAR_MISSES' lesson was that
-    such words as ``_unknown_`` teach the model to refuse the command itself."""
-    from pathlib import Path
-
-    from host.data import synth
-
-    words = (Path(synth.__file__).parent / "everyday_words.txt").read_text().split()
-    return [w for w in words if not any(w.startswith(c) or (len(c) >= 3 and c in w) for c in commands)]
-
-
-def everyday_windows(corpus, phrases: int, seed: int = 0) -> dict:
-    """Running speech of every training voice cut into 1 s windows, as ``_unknown_`` rows: ``phrases``
-    phrases of 2-5 everyday words per espeak-ng voice (three times as many per Festival voice), each
-    voice's renders one after another, windows 1 s apart from a random start (as
-    ``host.data.realneg.cut`` cuts the real prompts), quiet ones dropped. What the detector meets
-    between keywords: parts of words, two words in one window, none of them the corpus's ~100."""
-    from host.data import realneg, synth
-
-    words = everyday_words()
-    jobs = []
-    for vi, vid, kind_synth, voice in training_voices(corpus):
-        rng = np.random.default_rng([seed, 7000 + vi])
-        for k in range(phrases * (3 if kind_synth == "festival" else 1)):
-            text = " ".join(str(w) for w in rng.choice(words, int(rng.integers(2, 6))))
-            jobs.append((voice, text, float(rng.uniform(0.85, 1.2)), float(rng.uniform(0.9, 1.1)), (vid, k)))
-    got = synth.render_jobs(jobs, "everyday speech")
-    rows, rng = {}, np.random.default_rng([seed, 7999])
-    for vid in dict.fromkeys(j[4][0] for j in jobs):
-        parts = []
-        for j in jobs:
-            if j[4][0] == vid and j[4] in got:
-                parts += [got[j[4]].astype(np.float32), np.zeros(int(rng.uniform(0.05, 0.4) * 16000), np.float32)]
-        for w in realneg.cut(np.concatenate(parts), rng):
-            rows[(vid, f"everyday {len(rows)}", "filler", len(rows))] = w
-    return rows
 
 
 def piper_rows(words, fillers, rate, pitch, renders=(12, 3), seed=4242) -> dict:

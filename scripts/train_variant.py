@@ -45,9 +45,9 @@ With ``--piper eval`` (or ``train``) it also reports the trained model on joe's 
 
 Extra renders are for training voices only and are appended to the cached corpus in memory, so
 the val, test and unseen clips are the very clips the shipped model is measured on. Nothing here
-changes the shipped recipe (``edgelearn model``), which since 2026-12-05 is this script's
-``--rhvoice 12,3 --pico 12,3 --real-negatives fr,it --epochs 70`` (host/data/supplement.py); a
-variant names its own supplement (the defaults add none).
+changes the shipped recipe (``edgelearn model``), which since version 3 (2026-12-05) is this
+script's ``--rhvoice 12,3 --pico 12,3 --real-negatives fr,it --everyday 20 --seed 1 --epochs 70``
+(host/data/supplement.py, host/recipe.py); a variant names its own supplement (the defaults add none).
 """
 
 from __future__ import annotations
@@ -230,7 +230,8 @@ def main(argv=None) -> int:
     if a.near_miss:
         jobs += near_miss_jobs(corpus, a.near_miss, cfg.rate, cfg.pitch, cfg.seed)
     sup = Supplement(engines=tuple((e, n) for e, n in (("rhvoice", a.rhvoice), ("pico", a.pico)) if any(n)),
-                     real_negatives=tuple(a.real_negatives.split(",")) if a.real_negatives else ())
+                     real_negatives=tuple(a.real_negatives.split(",")) if a.real_negatives else (),
+                     everyday=a.everyday)
     try:
         check(sup)
     except EdgelearnError as e:
@@ -247,13 +248,9 @@ def main(argv=None) -> int:
         fest = sorted({str(v) for v, sp in zip(corpus.voice, corpus.split)
                        if sp == "train" and str(v).startswith("festival:")})
         corpus = with_supplement(corpus, converted_rows(corpus, fest, a.convert, seed=cfg.seed))
-    # by the corpus's own training voices, and added after the engines' renders: the engines say the
-    # corpus's filler texts, never these windows' names
-    everyday = everyday_windows(corpus, a.everyday, seed=cfg.seed) if a.everyday else {}
-    # the engines' renders, then the real windows: what the shipped recipe adds (host/data/supplement.py)
+    # the engines' renders, the real windows, then the everyday speech: what the shipped recipe adds
+    # (host/data/supplement.py)
     corpus, synths = supplemented(corpus, sup)
-    if everyday:
-        corpus = with_supplement(corpus, everyday)
     if a.piper == "train":
         corpus, synths = with_supplement(corpus, joe), synths + ("piper",)
     if a.evaluate:

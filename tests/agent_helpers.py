@@ -1,5 +1,5 @@
 """Helpers of the agent tests (tests/test_agent.py, tests/test_agent_fleet.py): the audio stream that
-says the enrolled chirp keyword, the trusted-keys directory a federated device verifies versions
+says the enrolled test keyword (a voiced buzz), the trusted-keys directory a federated device verifies versions
 with, known inputs for the health check, a sysfs tree on battery, a free loopback port, signed versions."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ CLI = [sys.executable, "-m", "edge.cli"]
 
 
 def stream(tmp: Path, copies: int = 1, seed: int = 5) -> np.ndarray:
-    """Noise with the enrolled chirp keyword said three times, ``copies`` times over."""
+    """Noise with the enrolled buzz keyword said three times, ``copies`` times over."""
     clips = make_keyword_clips(tmp / "kwclips")
     rng = np.random.default_rng(seed)
     kw = read_wav(clips[0])

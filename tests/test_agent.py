@@ -22,7 +22,7 @@ from edge.device import CHUNK, Device
 
 @pytest.fixture
 def enrolled(tmp_path):
-    """A state with the chirp keyword enrolled, and the stream that says it."""
+    """A state with the buzz keyword enrolled, and the stream that says it."""
     clips = make_keyword_clips(tmp_path / "kwclips")
     Device(tmp_path / "st").enroll("hey edge", clips)
     return tmp_path / "st", stream(tmp_path, copies=2)

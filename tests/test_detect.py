@@ -53,10 +53,15 @@ def long_clip():
     return np.clip(x, -32768, 32767).astype(np.int16), truth
 
 
+# one threshold low enough for every command of these espeak-ng test voices (version 3's "right" by
+# its voice here peaks at 0.60), so "no extras" says no filler fires either; the shipped operating
+# point is stricter (test_the_default_is_the_bundles_operating_point_and_fires_on_a_subset)
+LOW = 0.5
+
+
 def test_every_keyword_found_at_its_time_and_no_extras(km, long_clip):
-    # at 0.7, version 1's default; the shipped operating point is stricter (the next test)
     pcm, truth = long_clip
-    events = detect_pcm(Detector(km, threshold=0.7), pcm)
+    events = detect_pcm(Detector(km, threshold=LOW), pcm)
     assert [e["keyword"] for e in events] == [k for k, _ in truth]
     for ev, (_, end) in zip(events, truth):
         assert abs(ev["time_s"] - end) < 0.3, (ev, end)
@@ -106,7 +111,7 @@ def test_cli_json_lines(km, long_clip, tmp_path):
     pcm, truth = long_clip
     wav = write_wav(tmp_path / "long.wav", pcm)
     out = subprocess.run([sys.executable, "-m", "edge.cli", "device", "detect", "--state", str(tmp_path / "st"),
-                          "--wav", str(wav), "--json", "--threshold", "0.7"],
+                          "--wav", str(wav), "--json", "--threshold", str(LOW)],
                          capture_output=True, text=True, check=True).stdout
     events = [json.loads(line) for line in out.splitlines()]
     assert [e["keyword"] for e in events] == [k for k, _ in truth]

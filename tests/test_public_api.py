@@ -29,7 +29,7 @@ def readme_example() -> str:
 
 def test_readme_python_api_example_runs(tmp_path, monkeypatch, capsys):
     code = readme_example()
-    clips = make_keyword_clips(tmp_path / "clips")  # the chirp the hostile-state tests enrol
+    clips = make_keyword_clips(tmp_path / "clips")  # the buzz the hostile-state tests enrol
     for i, c in enumerate(clips, 1):
         c.rename(tmp_path / f"hey{i}.wav")
     rng = np.random.default_rng(5)

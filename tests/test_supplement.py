@@ -35,7 +35,7 @@ def stub_engines(monkeypatch):
 
     def render_jobs(jobs, label):
         rendered.append(jobs)
-        return {key: np.full(1000 + len(t), 7, np.int16) for _v, t, _r, _p, key in jobs}
+        return {key: np.full(1000 + len(t), 2000, np.int16) for _v, t, _r, _p, key in jobs}
 
     monkeypatch.setattr(synth, "check_installed", lambda names: None)
     monkeypatch.setattr(synth, "render_jobs", render_jobs)
@@ -54,27 +54,35 @@ def test_supplement_goes_to_the_training_split_only_in_a_fixed_order(stub_engine
     added = list(zip(out.voice[n:], out.kind[n:]))
     voices = [f"rhvoice:{v}" for v in synth.RHVOICE_VOICES] + [f"pico:{v}" for v in synth.PICO_VOICES]
     # every engine voice: 12 renders of each of 2 words, 3 of the one filler, engines in the recipe's order
-    assert [v for v, _ in added if v != "asterisk:fr,it"] == [v for v in voices for _ in range(12 * 2 + 3)]
-    assert added[-4:] == [("asterisk:fr,it", "filler")] * 4  # the real windows last, as _unknown_
+    assert [v for v, _ in added[:len(voices) * 27]] == [v for v in voices for _ in range(12 * 2 + 3)]
+    # then the real windows, then the everyday speech of the corpus's own training voice, as _unknown_
+    real = added.index(("asterisk:fr,it", "filler"))
+    assert added[real:real + 4] == [("asterisk:fr,it", "filler")] * 4
+    everyday = added[real + 4:]
+    assert everyday and set(everyday) == {("espeak:en-us+m1", "filler")}
+    assert all(len(out.utterance(i)) == 16000 for i in range(len(out.text) - len(everyday), len(out.text)))
+    everyday_jobs, engine_jobs = stub_engines[:2]
+    assert {j[0].id for j in everyday_jobs} == {"espeak:en-us+m1"} and len(everyday_jobs) == 20
+    assert {t for _v, t, *_ in engine_jobs} == {"yes", "no", "apple"}  # the engines never say the everyday phrases
     again, _ = supplement.supplemented(c, supplement.Supplement())
     assert np.array_equal(again.audio, out.audio)  # the draws come from the corpus's seed
-    assert stub_engines[0] == stub_engines[1]
+    assert stub_engines[:2] == stub_engines[2:]
 
 
 def test_rows_added_before_the_supplement_are_not_texts_for_the_engines(stub_engines):
     # train_variant's experiments add _unknown_ windows named "everyday 12"; an engine must not say them
     c = tiny_corpus()
-    supplement.supplemented(c, supplement.Supplement(real_negatives=()))
+    supplement.supplemented(c, supplement.Supplement(real_negatives=(), everyday=0))
     grown = supplement.with_supplement(c, {("espeak:en-us+m1", f"everyday {i}", "filler", i):
                                            np.full(16000, 5, np.int16) for i in range(3)})
-    supplement.supplemented(grown, supplement.Supplement(real_negatives=()))
+    supplement.supplemented(grown, supplement.Supplement(real_negatives=(), everyday=0))
     assert stub_engines[1] == stub_engines[0]
     assert {t for _v, t, *_ in stub_engines[1]} == {"yes", "no", "apple"}
 
 
 def test_an_empty_supplement_is_the_corpus(stub_engines):
     c = tiny_corpus()
-    out, synths = supplement.supplemented(c, supplement.Supplement(engines=(), real_negatives=()))
+    out, synths = supplement.supplemented(c, supplement.Supplement(engines=(), real_negatives=(), everyday=0))
     assert out is c and synths == ("espeak", "festival") and stub_engines == []
 
 
@@ -101,6 +109,7 @@ def test_recipe_writes_its_supplement_and_operating_point_to_the_card():
     manifest = {"extra": {"recipe": supplement.Supplement().describe(), "operating": op}}
     text = _supplement(manifest)
     assert "bdl and clb" in text and "SVOX Pico" in text and "CC-BY-SA-3.0" in text and "CC-BY-3.0" in text
+    assert "20 phrases of 2-5 words per espeak-ng training voice" in text
     assert f"yes {OPERATING['yes']:g}, no {OPERATING['no']:g}" in _operating(manifest)
     assert _supplement({"extra": {}}) == "Synthetic speech only.\n" and _operating({"extra": {}}) == ""
 
@@ -176,3 +185,30 @@ def test_edgelearn_model_refuses_bad_input_in_one_sentence_before_any_work(tmp_p
     assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not any((tmp_path / d).exists() for d in ("out", "work", "k", "pub"))
+
+
+def test_edgelearn_model_trains_the_recipe_on_the_recipes_seed(monkeypatch, tmp_path):
+    """Version 3's weights are seed 1 of the recipe (host/recipe.py SEED): `edgelearn model` without
+    --reuse trains the supplemented corpus with it, for the recipe's epochs."""
+    import host.data.corpus
+    import host.train
+    from host import recipe
+
+    class Trained(Exception):
+        pass
+
+    seen = {}
+
+    def fake_train(work, **kw):
+        seen.update(kw, work=work)
+        raise Trained
+
+    monkeypatch.setattr(supplement, "check", lambda sup: None)
+    monkeypatch.setattr(supplement, "supplemented", lambda corpus, sup: ((corpus, sup), ("espeak", "asterisk")))
+    monkeypatch.setattr(host.data.corpus, "build_corpus", lambda: "the corpus")
+    monkeypatch.setattr(host.train, "train", fake_train)
+    with pytest.raises(Trained):
+        recipe.rebuild(tmp_path / "out", work=tmp_path / "work", key=tmp_path / "k" / "release.key")
+    assert seen["seed"] == recipe.SEED == 1 and seen["epochs"] == recipe.EPOCHS and seen["work"] == tmp_path / "work"
+    assert seen["corpus"] == ("the corpus", supplement.Supplement()) and seen["synths"] == ("espeak", "asterisk")
+    assert supplement.Supplement().everyday == 20

@@ -39,7 +39,7 @@ TIMEOUT = 120
 
 
 def keyword_stream(clips, seed: int = 8) -> np.ndarray:
-    """Noise with the chirp keyword said three times (its ends at 1.625, 4.875 and 8.125 s)."""
+    """Noise with the buzz keyword said three times (its ends at 1.625, 4.875 and 8.125 s)."""
     rng = np.random.default_rng(seed)
     kw = read_wav(clips[0])
     noise = lambda n: rng.standard_normal(n) * 100  # noqa: E731
@@ -169,7 +169,7 @@ def test_a_stream_without_the_keyword_ends_in_not_detected(server):
 
 def test_detect_names_limit_what_is_reported(server, enrolled):
     _, pcm, _ = enrolled
-    events = run(one_stream(port_of(server.uri), pcm, names=["yes"]))  # a base keyword only: the chirp is not it
+    events = run(one_stream(port_of(server.uri), pcm, names=["yes"]))  # a base keyword only: the buzz is not it
     assert [e.type for e in events] == ["not-detected"]
     events = run(one_stream(port_of(server.uri), pcm, names=["no such word", KW]))
     assert [e.type for e in events][0] == "error" and "no such word" in events[0].data["text"]

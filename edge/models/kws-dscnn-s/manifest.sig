@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 4b4fc401c1ef752c dClNg7n3VttTwfqoYCFVUoR6Rc+xV5/0ZsDFppNMKnsd5jvAruJa6ZXmerNZK47hgEt+a67EKs4Rd3sq4GdbBQ==
+edgelearn-ed25519-signature 05567ea7709459c9 24fRY16pHATbok11utXH6ioKClcwxBSLbXgggIjDfHWNiSjtLN3iYWhz9bMdot9v4+qncv2IAfQ3iA4UUQyNAA==

@@ -29,7 +29,7 @@ EPOCHS = 70
 # seeds of its recipe measured on development data (docs/frontend-and-model.md, "Everyday running
 # speech as `_unknown_`") the better at the shipping point; seed 0 was the worse of its pair clean.
 SEED = 1
-TRAIN_MINUTES = 150.0  # a cap, not the plan: 70 epochs took 36 min on two cores alone (2026-12-04)
+TRAIN_MINUTES = 150.0  # a cap, not the plan: 70 epochs took 36 min on two cores alone (2026-12-04 and -05)
 # The base commands' default operating point, written to the manifest (extra.operating) and used by
 # every Detector that is given no threshold (edge.detect.bundle_thresholds). Chosen on development data
 # only, for version 3's int8 encoder (2026-12-05): `scripts/curve_variants.py build/bundle-v3
@@ -38,9 +38,9 @@ TRAIN_MINUTES = 150.0  # a cap, not the plan: 70 epochs took 36 min on two cores
 # 52 min: no event in 68 minutes): per-keyword thresholds calibrated (edge.operating.calibrate) to
 # 0.5 FA/h on that speech and the synthetic word pairs, mean recall 35.6 / 23.9 / 4.4 % on the Flite
 # development streams against 6.7 / 1.7 / 0 % for the best single threshold there (0.95; 0.85 and 0.9
-# had one event each; version 2's table on its own encoder: 31.7 / 13.9 / 1.7 %, the same run). A place that
-# tolerates more trades it back with `device calibrate` / `--sensitivity` or `--threshold`. A model
-# retrained from scratch needs its own: `edgelearn model --threshold T|FILE`.
+# had one event each; version 2's table on its own encoder: 31.7 / 13.9 / 1.7 %, the same run). A
+# place that tolerates more trades it back with `device calibrate` / `--sensitivity` or `--threshold`.
+# A model retrained from scratch needs its own: `edgelearn model --threshold T|FILE`.
 OPERATING = {"yes": 0.88, "no": 0.79, "up": 0.6, "down": 0.92, "left": 0.8, "right": 0.83, "on": 0.77,
              "off": 0.75, "stop": 0.8, "go": 0.77}
 

@@ -8,8 +8,9 @@ US speakers (bdl, clb), SVOX Pico's two English women and 1 s windows of Asteris
 Italian prompts as negatives took it to 23.0 (docs/frontend-and-model.md, "Three more real speakers,
 and the ranking they give"); version 3 adds 1 s windows of running everyday speech (parts of words,
 two words in one window: what the detector meets between keywords), which halved the false accepts
-on real development speech at one threshold ("Everyday running speech as `_unknown_`"). The val, test and unseen clips stay the corpus's own, so every figure
-measured on them is comparable with the model before.
+on real development speech at one threshold ("Everyday running speech as `_unknown_`"). The val,
+test and unseen clips stay the corpus's own, so every figure measured on them is comparable with the
+model before.
 
     >>> corpus, synths = supplemented(build_corpus(), Supplement())   # what `edgelearn model` trains on
 """

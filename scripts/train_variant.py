@@ -208,6 +208,8 @@ def main(argv=None) -> int:
     out = Path(a.out)
     if not a.max_minutes > 0:
         p.error(f"--max-minutes {a.max_minutes}: give a positive number of minutes, e.g. --max-minutes 120")
+    if a.everyday < 0:
+        p.error(f"--everyday {a.everyday}: give a number of phrases per voice, 0 or more, e.g. --everyday 20")
     if a.evaluate and not ((out / "model.keras").exists() and (out / "frontend.json").exists()):
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")

@@ -8,11 +8,14 @@ smoothed over the last ``smooth`` invocations; a keyword whose smoothed score
 crosses its threshold opens a candidate, the candidate's peak (over at most
 ``peak_window_s``) becomes the event, then a refractory period silences every
 keyword, so one utterance gives one event. A custom keyword with a second stage
-(``edge.verify``) is checked on its peak window before it becomes an event (from
-verifier version 6 on, on every window of the candidate until one passes, the
-peak's first: ``CustomKeywords.searches``); a rejected candidate gives no event and
-no refractory period (``rejected`` counts them; ``verified``, the windows checked), so the
-encoder's cost per hop is unchanged and the verifier runs only when the first stage fires.
+(``edge.verify``) is checked on its peak window before it becomes an event; from
+verifier version 6 on (``CustomKeywords.searches``) every window of the candidate is
+checked as it arrives, and the first that passes is the event at once (the peak so
+far: its score and keyword end), so a phrase whose first stage crosses only near its
+end is reported then, not a peak window later (Wyoming's latency). A rejected
+candidate gives no event and no refractory period (``rejected`` counts them;
+``verified``, the windows checked), so the encoder's cost per hop is unchanged and
+the verifier runs only when the first stage fires.
 
 With ``asr`` (``edge.confirm.AsrConfirm``, the Pi tier), a base keyword's candidate is held
 until ``AFTER_S`` of audio past its keyword end has arrived, then the recogniser decodes that
@@ -121,7 +124,6 @@ class Detector:
         self.quiet_until = -1.0
         self.candidate = None  # (score, k, time_s, invocations left)
         self._peak_window = None
-        self._windows = []     # every window of the open candidate (at most peak_hops + 1)
         self.invocations = 0
         self.rejected = 0
         self.verified = 0      # windows the second stage ran on
@@ -212,7 +214,7 @@ class Detector:
     def _step(self):
         win = self._window()
         feats = F.normalize(win, self.km.scale)[None]
-        cur = feats[0]  # one object: the peak is told from the candidate's other windows by identity
+        cur = feats[0]
         s, _ = self.scores(feats)
         self.history[self.n_inv % self.smooth] = s[0]
         self.n_inv += 1
@@ -224,30 +226,46 @@ class Detector:
         out = None
         if self.candidate is not None:
             score, ck, t, left = self.candidate
-            self._windows.append(cur)
             if sm[ck] > score:
                 self.candidate = (float(sm[ck]), ck, self._keyword_end(win, end_s), left - 1)
                 self._peak_window = cur
             else:
                 self.candidate = (score, ck, t, left - 1)
-            if self.candidate[3] <= 0 or sm[ck] < self.thresholds[ck]:
+            if self._passes_now(ck, cur):
+                out = self._pass()
+            elif self.candidate[3] <= 0 or sm[ck] < self.thresholds[ck]:
                 out = self._emit()
         elif over[k] >= 0 and end_s >= self.quiet_until and self.pending is None:
             self.candidate = (float(sm[k]), k, self._keyword_end(win, end_s), self.peak_hops)
             self._peak_window = cur
-            self._windows = [cur]
+            if self._passes_now(k, cur):
+                out = self._pass()
         return out
+
+    def _searches(self, k: int) -> bool:
+        """Is keyword ``k`` a custom keyword whose second stage tries every window (version 6 on)?"""
+        nb = len(self.base_idx)
+        return k >= nb and self.custom.verifies(k - nb) and self.custom.searches(k - nb)
+
+    def _passes_now(self, k: int, win) -> bool:
+        """A searching keyword's candidate window, checked as it arrives: does it pass?"""
+        return self._searches(k) and self._verify(k - len(self.base_idx), win)
+
+    def _pass(self):
+        """The open candidate's event now (one of its windows passed the second stage)."""
+        score, k, t, _ = self.candidate
+        self.candidate = None
+        return self._event(score, k, t, self._peak_window)
 
     def _emit(self):
         score, k, t, _ = self.candidate
         self.candidate = None
-        windows, self._windows = self._windows, []
         nb = len(self.base_idx)
+        if self._searches(k):  # each window was checked as it came (``_passes_now``): none passed
+            self.rejected += 1
+            return None
         if k >= nb and self.custom.verifies(k - nb):
-            tried = [self._peak_window]
-            if self.custom.searches(k - nb):
-                tried += [w for w in windows if w is not self._peak_window]
-            if not self._verify(k - nb, tried):
+            if not self._verify(k - nb, self._peak_window):
                 self.rejected += 1
                 return None
         elif k < nb and self.asr is not None:
@@ -262,20 +280,10 @@ class Detector:
             self.on_event(ev, peak)
         return ev
 
-    def _verify(self, k: int, tried: list) -> bool:
-        """Does any of ``tried`` pass custom keyword ``k``'s second stage? (``verified`` counts the
-        windows it ran on.) A CustomKeywords aligns a search's windows together (``passes_any``: the
-        same answer, one alignment, every window computed); others go window by window and stop at
-        the first that passes."""
-        check = getattr(self.custom, "passes_any", None)
-        if check is not None and len(tried) > 1:
-            self.verified += len(tried)
-            return bool(check(k, tried))
-        for w in tried:
-            self.verified += 1
-            if self.custom.verify(k, w)[0]:
-                return True
-        return False
+    def _verify(self, k: int, window) -> bool:
+        """Custom keyword ``k``'s second stage on one window (``verified`` counts them)."""
+        self.verified += 1
+        return bool(self.custom.verify(k, window)[0])
 
     @staticmethod
     def _keyword_end(win: np.ndarray, end_s: float) -> float:
@@ -342,28 +350,32 @@ def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, tim
     outside the refractory period, follows its peak for ``peak_hops`` runs or until the score falls
     below the threshold, and the event starts ``refractory_s`` from its keyword end. Only runs at or
     above the threshold can open a candidate, so the loop visits those and the candidates' windows.
-    ``verify(run) -> bool``: the second stage on a run's window, asked for the peak run; with
-    ``search`` (``CustomKeywords.searches``) then for the candidate's other runs until one passes.
-    ``candidates``: a list that gets every candidate's runs, the peak's first (to score a second
-    stage offline: with ``verify`` rejecting all there is no refractory period)."""
+    ``verify(run) -> bool``: the second stage on a run's window, asked for the peak run when the
+    candidate closes; with ``search`` (``CustomKeywords.searches``) for each run as it arrives
+    instead, and the first that passes is the event (the peak so far). ``candidates``: a list that
+    gets every candidate's runs, the peak's first (to score a second stage offline: with ``verify``
+    rejecting all there is no refractory period)."""
     sm = np.convolve(scores, np.ones(smooth) / smooth)[: len(scores)]
     sm[: smooth - 1] = np.cumsum(scores[: smooth - 1]) / np.arange(1, smooth)
     events, quiet, nxt, n = 0, -1.0, 0, len(sm)
     for j in np.nonzero(sm >= thr)[0]:
         if j < nxt or ends[j, 0] < quiet:
             continue
+        early = search and verify is not None  # each run checked as it arrives; the first to pass is the event
         score, t, left, i, pk = sm[j], ends[j, 1], peak_hops, j, j
-        while i + 1 < n:
+        passed = early and verify(j)
+        while not passed and i + 1 < n:
             i += 1
             left -= 1
             if sm[i] > score:
                 score, t, pk = sm[i], ends[i, 1], i
-            if left <= 0 or sm[i] < thr:
+            if early and verify(i):
+                passed = True
+            elif left <= 0 or sm[i] < thr:
                 break
-        runs = [pk] + ([r for r in range(j, i + 1) if r != pk] if search else [])
         if candidates is not None:
             candidates.append([int(pk)] + [r for r in range(j, i + 1) if r != pk])
-        if verify is not None and not any(verify(r) for r in runs):
+        if verify is not None and not (passed if early else verify(pk)):
             nxt = i + 1  # rejected by the second stage: no event and no refractory period
             continue
         events += 1

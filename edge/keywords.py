@@ -229,21 +229,6 @@ class CustomKeywords:
         d = float(self.verifier.distance(seqs, self._prepared[k], version=version)[0])
         return self._passes(k, d, feats), d
 
-    def passes_any(self, k: int, windows) -> bool:
-        """Does any of ``windows`` (normalised (49, 10) each) pass keyword ``k``'s second stage? The
-        answer of ``any(verify(k, w)[0] for w in windows)``, from the same distances (each window's
-        steps as ``verify`` makes them, one backbone run each), all aligned in one ``sdtw_batch``:
-        the detector asks this of a candidate's windows, most of which it would try anyway."""
-        if not self.verifies(k):
-            return True
-        if not len(windows):
-            return False
-        version = self.verify_versions[k]
-        windows = [np.asarray(w) for w in windows]
-        seqs = np.concatenate([self.verifier.sequences(w[None], version) for w in windows])
-        d = self.verifier.distance(seqs, self._prepared[k], version=version)
-        return any(self._passes(k, float(x), w) for x, w in zip(d, windows))
-
     # How far np.interp's result may stray outside the two level thresholds it blends: it computes a
     # convex combination in float64, a few units in the last place (~1e-16 here), far under this.
     _INTERP_SLACK = 1e-9

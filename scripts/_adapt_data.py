@@ -163,8 +163,10 @@ def build(km, bb):
 def emulate(scores, ends, thr, smooth: int = 2, peak_hops: int = 5, refractory_s: float = 1.0, verify=None):
     """``Detector.push`` events (keyword index, time_s, score) from (T, K) first-stage scores.
     ``verify(k, runs) -> bool`` (optional): a second stage on the candidate's runs (the peak's
-    first), as the Detector runs a version-6 custom keyword's; a rejected candidate gives no event
-    and no refractory period."""
+    first), the decision the Detector makes for a version-6 custom keyword (which reports the first
+    window that passes at once, with the peak so far: its time and score may be earlier and lower
+    than the whole candidate's peak given here); a rejected candidate gives no event and no
+    refractory period."""
     s = np.asarray(scores, np.float32)
     thr = np.broadcast_to(np.asarray(thr, np.float32), (s.shape[1],))
     sm = s.copy()

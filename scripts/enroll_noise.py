@@ -239,7 +239,7 @@ def main() -> int:
     V.Verifier.raw = span_raw
 
     def spanned(method):
-        """``CustomKeywords.verify`` / ``passes_any`` with keyword ``k``'s second-stage span set."""
+        """``CustomKeywords.verify`` with keyword ``k``'s second-stage span set."""
         def run(ck, k, *args):
             span2["frames"] = phrase_span2.get(ck.names[k])
             try:
@@ -248,7 +248,6 @@ def main() -> int:
                 span2["frames"] = None
         return run
     CustomKeywords.verify = spanned(CustomKeywords.verify)
-    CustomKeywords.passes_any = spanned(CustomKeywords.passes_any)
     plain_distort, plain_augment = V.distort, E.augment
 
     def reversed_babble(clips, skip, rng, talkers=(3, 6)):

@@ -141,6 +141,31 @@ class Scripted:
         return np.full((1, 64), self.i - 1, np.float32), np.array([[y, 0.0, 1 - y]], np.float32)
 
 
+class ScriptedKeyword:
+    """A custom keyword "kw" whose first-stage scores are ``script`` (at the Scripted model's run
+    index, its embedding) and whose second stage passes the runs in ``passing`` (every run if None);
+    ``asked``: the runs it was asked about, in order; ``search``: its ``searches``."""
+
+    names, thresholds = ["kw"], np.array([0.7], np.float32)
+
+    def __init__(self, km, script, search, passing=None):
+        self.km, self.script, self.search, self.passing, self.asked = km, script, search, passing, []
+
+    def scores(self, emb):
+        return self.script[emb[:, 0].astype(int)][:, None].astype(np.float32)
+
+    def verifies(self, k):
+        return True
+
+    def searches(self, k):
+        return self.search
+
+    def verify(self, k, window):
+        run = self.km.runs[window.ctypes.data]
+        self.asked.append(run)
+        return self.passing is None or run in self.passing, 0.0
+
+
 def scripted_stream(rng, n_runs, bursts, lengths=(1, 10), lows=(0.55, 0.8)):
     """A score script with ``bursts`` rising bursts, PCM long enough for ``n_runs`` encoder runs, and
     the (window end, keyword end) times the Detector gives each run."""
@@ -172,8 +197,9 @@ def test_count_events_replays_the_detector_on_a_score_series():
 
 @pytest.mark.parametrize("search", [False, True])
 def test_count_events_replays_the_second_stage_on_the_peak_or_every_window(search):
-    """A custom keyword's second stage: on the peak window only (verifier versions 1-5), or on every
-    window of the candidate until one passes (version 6, ``search``): count_events == the Detector."""
+    """A custom keyword's second stage: on the peak window only (verifier versions 1-5), or on each
+    window of the candidate as it arrives until one passes, which is the event at once (version 6,
+    ``search``): count_events == the Detector."""
     from edge.detect import count_events
 
     rng = np.random.default_rng(5)
@@ -181,24 +207,7 @@ def test_count_events_replays_the_second_stage_on_the_peak_or_every_window(searc
     passing = set(rng.choice(len(script), len(script) // 4, replace=False).tolist())  # windows that pass
     km = Scripted(np.zeros(len(script)))  # base posteriors all "_unknown_": only the custom keyword fires
 
-    class Custom:
-        names, thresholds, asked = ["kw"], np.array([0.7], np.float32), []
-
-        def scores(self, emb):
-            return script[emb[:, 0].astype(int)][:, None].astype(np.float32)
-
-        def verifies(self, k):
-            return True
-
-        def searches(self, k):
-            return search
-
-        def verify(self, k, window):
-            run = km.runs[window.ctypes.data]
-            self.asked.append(run)
-            return run in passing, 0.0
-
-    custom = Custom()
+    custom = ScriptedKeyword(km, script, search, passing)
     det = Detector(km, custom=custom, keywords=[])
     events = detect_pcm(det, pcm)
     times, peaks = [], []
@@ -206,13 +215,36 @@ def test_count_events_replays_the_second_stage_on_the_peak_or_every_window(searc
     n = count_events(script, 0.7, ends, times=times, peaks=peaks, search=search,
                      verify=lambda r: asked.append(r) or r in passing)
     assert len(events) == n and times == [e["time_s"] for e in events] and det.rejected > 0
-    assert custom.asked == asked   # the same windows asked in the same order: the peak's first
+    assert custom.asked == asked   # the same windows asked in the same order
     if search:
         peak_only = count_events(script, 0.7, ends, verify=lambda r: r in passing)
         assert n > peak_only   # later windows of a candidate rescue some the peak window loses
         assert any(p not in passing for p in peaks)   # events whose peak window alone fails
     else:
         assert all(p in passing for p in peaks)
+
+
+@pytest.mark.parametrize("search", [False, True])
+def test_a_searching_keyword_is_reported_at_its_first_passing_window(search):
+    """One rising burst whose every window passes the second stage: a searching keyword (version 6
+    on) is reported by the push that ran its first window (the peak so far), not a peak window later
+    (what made Wyoming's detection 0.3 s late when the first stage crossed near the phrase's end);
+    a peak-only keyword when its candidate closes, at the peak."""
+    script = np.zeros(60)
+    script[30:40] = np.linspace(0.75, 0.95, 10)
+    km = Scripted(np.zeros(len(script)))
+    rng = np.random.default_rng(0)
+    pcm = (rng.standard_normal((48 + 4 * 59) * 320 + 480) * 3000).astype(np.int16)
+    runs_at_event = []
+    det = Detector(km, custom=ScriptedKeyword(km, script, search), keywords=[],
+                   on_event=lambda ev, w: runs_at_event.append(km.i))
+    events = detect_pcm(det, pcm)
+    assert len(events) == 1 and det.verified == 1
+    # smoothed over two runs, run 31 is the first over 0.7 and opens the candidate (0.76)
+    if search:   # reported as run 31 ran (``km.i`` counts the runs so far), at its score
+        assert runs_at_event == [32] and events[0]["score"] == round(float(np.float32((script[30] + script[31]) / 2)), 4)
+    else:        # the candidate follows its peak for peak_hops (5) more runs: closes at run 36
+        assert runs_at_event == [37] and events[0]["score"] == round(float(np.float32((script[35] + script[36]) / 2)), 4)
 
 
 @pytest.mark.parametrize("threshold", [0.7, 0.3, {"yes": 0.2, "no": 0.9, "go": 0.45}])

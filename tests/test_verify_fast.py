@@ -2,9 +2,8 @@
 decisions as the straightforward one it replaced, which this file keeps as the reference.
 
 The fast path: templates turned into unit vectors once per keyword (``Verifier.prepare``), every
-template aligned in one ``sdtw_batch``, a candidate's windows aligned together
-(``CustomKeywords.passes_any``) and the noise-range percentile skipped when the distance is clear of
-every threshold the keyword's levels can give (``CustomKeywords._passes``)."""
+template aligned in one ``sdtw_batch``, and the noise-range percentile skipped when the distance is
+clear of every threshold the keyword's levels can give (``CustomKeywords._passes``)."""
 
 from __future__ import annotations
 
@@ -51,14 +50,12 @@ def ref_verify(custom: CustomKeywords, k: int, feats: np.ndarray) -> tuple[bool,
 
 
 class Straightforward:
-    """A CustomKeywords whose second stage is the reference, window by window (no ``passes_any``)."""
+    """A CustomKeywords whose second stage is the reference."""
 
     def __init__(self, custom):
         self._custom = custom
 
     def __getattr__(self, name):
-        if name == "passes_any":
-            raise AttributeError(name)
         return getattr(self._custom, name)
 
     def verify(self, k, feats):
@@ -66,19 +63,17 @@ class Straightforward:
 
 
 class Checked:
-    """The fast CustomKeywords, every candidate's windows also decided by the reference (recorded)."""
+    """The fast CustomKeywords, every window it checks also decided by the reference (recorded)."""
 
     def __init__(self, custom):
-        self._custom, self.candidates = custom, []
+        self._custom, self.checked = custom, []
 
     def __getattr__(self, name):
         return getattr(self._custom, name)
 
-    def passes_any(self, k, windows):
-        got = self._custom.passes_any(k, windows)
-        fast = [self._custom.verify(k, w) for w in windows]
-        want = [ref_verify(self._custom, k, np.asarray(w)) for w in windows]
-        self.candidates.append((got, fast, want))
+    def verify(self, k, feats):
+        got = self._custom.verify(k, feats)
+        self.checked.append((got, ref_verify(self._custom, k, np.asarray(feats))))
         return got
 
 
@@ -168,7 +163,7 @@ def windows_of(km, pcm, hop=4):
 def test_distances_and_decisions_equal_the_reference_for_every_version(km, entry, stream):
     """Every window of the stream, keywords of verifier versions 1 (free speed-up), 3 (one threshold),
     4 (levels, no phones), 8 (noise range from the median frame) and 7 (from the 10th percentile):
-    the same distance to the bit, the same decision, alone and in a candidate's batch."""
+    the same distance to the bit, the same decision."""
     entries = [at_version(entry, v, f"v{v}") for v in (1, 3, 4, 8)] + [entry]
     custom = CustomKeywords(entries, km.bundle)
     assert custom.verify_versions == [1, 3, 4, 8, 7]
@@ -180,13 +175,6 @@ def test_distances_and_decisions_equal_the_reference_for_every_version(km, entry
         for w, want in zip(wins, ref):
             assert custom.verify(k, w) == want
             passed[k] += want[0]
-        # candidates of 1-5 windows, and ones whose only passing window is not the first
-        groups = [list(range(i, i + 1 + i % 5)) for i in range(len(wins) - 5)]
-        fail = [i for i, (ok, _) in enumerate(ref) if not ok]
-        groups += [fail[:3] + [i] for i, (ok, _) in enumerate(ref) if ok]
-        for g in groups:
-            assert custom.passes_any(k, [wins[i] for i in g]) == any(ref[i][0] for i in g), (k, g)
-        assert not custom.passes_any(k, [])
     assert all(0 < n < len(wins) for n in passed.values()), passed   # both decisions were exercised
 
 
@@ -198,11 +186,9 @@ def test_detector_events_equal_the_straightforward_second_stage(km, entry, strea
     got, want = detect_pcm(a, stream), detect_pcm(b, stream)
     assert got == want and a.rejected == b.rejected          # keyword, time_s and score of every event
     assert got and a.rejected >= 1                           # candidates both passed and rejected
-    # the fast detector checks every window of a search, the reference stops at the first that passes
-    assert b.verified <= a.verified and a.verified >= sum(len(fast) for _, fast, _ in checked.candidates)
-    assert any(len(fast) > 1 for _, fast, _ in checked.candidates)  # searches of several windows ran
-    for decision, fast, ref in checked.candidates:
-        assert fast == ref and decision == any(ok for ok, _ in ref)
+    assert a.verified == b.verified == len(checked.checked)
+    assert a.verified > len(got) + a.rejected                # searches of several windows ran
+    assert all(fast == ref for fast, ref in checked.checked)
 
 
 def test_the_threshold_shortcut_decides_as_the_interpolated_threshold(km, entry, stream):

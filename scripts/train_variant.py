@@ -198,6 +198,9 @@ def main(argv=None) -> int:
     p.add_argument("--pico", type=numbers(2, int), default=(0, 0),
                    help="K,F: renders of each word (K) and filler (F) by SVOX Pico's en-US and en-GB "
                         "in training (needs Debian's non-free libttspico-utils)")
+    p.add_argument("--festival-extra", type=numbers(2, int), default=(0, 0),
+                   help="K,F: renders of each word (K) and filler (F) by Festival's British diphone voices "
+                        "rab and don in training (Debian's festvox-rablpc16k festvox-don)")
     p.add_argument("--seed", type=int, default=0,
                    help="training's seed (initial weights, batches, augmentation); the renders keep the "
                         "corpus's, so two seeds of one recipe train on the same utterances")
@@ -214,7 +217,7 @@ def main(argv=None) -> int:
         p.error(f"{out} has no model.keras and frontend.json to evaluate; train one first "
                 "(leave out --evaluate) or name the build directory of one")
     if a.evaluate and (any(a.extra) or a.piper == "train" or a.convert or a.real_negatives or a.near_miss
-                       or a.everyday or any(a.rhvoice) or any(a.pico)):
+                       or a.everyday or any(a.rhvoice) or any(a.pico) or any(a.festival_extra)):
         p.error("--evaluate reports a model already trained: --extra and --piper train only "
                 "change training (use --piper eval)")
 
@@ -231,7 +234,8 @@ def main(argv=None) -> int:
     jobs = supplement_jobs(corpus, cfg.words, extra, cfg.rate, cfg.pitch, a.festival_pitch, cfg.seed)
     if a.near_miss:
         jobs += near_miss_jobs(corpus, a.near_miss, cfg.rate, cfg.pitch, cfg.seed)
-    sup = Supplement(engines=tuple((e, n) for e, n in (("rhvoice", a.rhvoice), ("pico", a.pico)) if any(n)),
+    sup = Supplement(engines=tuple((e, n) for e, n in (("rhvoice", a.rhvoice), ("pico", a.pico),
+                                                       ("festival", a.festival_extra)) if any(n)),
                      real_negatives=tuple(a.real_negatives.split(",")) if a.real_negatives else (),
                      everyday=a.everyday)
     try:

@@ -86,6 +86,34 @@ def test_an_empty_supplement_is_the_corpus(stub_engines):
     assert out is c and synths == ("espeak", "festival") and stub_engines == []
 
 
+def test_festivals_other_voices_join_as_festival_voices(stub_engines, monkeypatch):
+    """Festival's rab and don (``--festival-extra``): rendered by Festival under their own voice ids,
+    after the non-free engines' and drawn from a stream of their own (the engines' draws unchanged);
+    Festival is not named twice among the synthesizers trained on."""
+    monkeypatch.setattr(synth, "check_festival_voices", lambda names: None)
+    c = tiny_corpus()
+    base = supplement.Supplement(real_negatives=(), everyday=0)
+    plus = supplement.Supplement(engines=base.engines + (("festival", (2, 1)),), real_negatives=(), everyday=0)
+    out, synths = supplement.supplemented(c, plus)
+    assert synths == ("espeak", "festival", "rhvoice", "pico")
+    jobs = stub_engines[0]
+    fest = [j for j in jobs if j[0].synth == "festival"]
+    assert [j[0].id for j in fest] == [f"festival:{v}" for v in synth.FESTIVAL_EXTRA_VOICES for _ in range(2 * 2 + 1)]
+    supplement.supplemented(c, base)
+    assert jobs[:len(jobs) - len(fest)] == stub_engines[1]   # the engines' own draws unchanged
+    assert set(out.voice[len(c.text):]) >= {f"festival:{v}" for v in synth.FESTIVAL_EXTRA_VOICES}
+
+
+def test_a_missing_festival_voice_names_its_package(monkeypatch, tmp_path):
+    (tmp_path / "english" / "kal_diphone").mkdir(parents=True)
+    monkeypatch.setattr(synth, "FESTIVAL_VOICE_DIRS", (str(tmp_path), str(tmp_path / "absent")))
+    monkeypatch.setattr(synth, "check_installed", lambda names: None)
+    synth.check_festival_voices(["kal_diphone"])
+    with pytest.raises(EdgelearnError, match=r"Festival voice\(s\) not installed: rab_diphone, don_diphone"
+                                             r".*apt-get install festvox-rablpc16k festvox-don"):
+        supplement.check(supplement.Supplement(engines=(("festival", (12, 3)),), real_negatives=()))
+
+
 def test_a_missing_engine_or_language_is_one_sentence(monkeypatch):
     monkeypatch.setattr(synth.shutil, "which", lambda b: None)
     with pytest.raises(EdgelearnError, match=r"not installed: pico, rhvoice.*apt-get install .*non-free"):

@@ -21,13 +21,15 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-ENGINE_VOICES = {"rhvoice": "RHVOICE_VOICES", "pico": "PICO_VOICES"}  # engine -> synth's list of its usable voices
+# engine -> synth's list of its usable voices; "festival": its voices beyond the corpus's (rab, don)
+ENGINE_VOICES = {"rhvoice": "RHVOICE_VOICES", "pico": "PICO_VOICES", "festival": "FESTIVAL_EXTRA_VOICES"}
 
 
 @dataclass(frozen=True)
 class Supplement:
     """What is added to the corpus's training split. ``engines``: {engine: (renders per keyword, per
-    filler)} by each of the engine's usable voices (``ENGINE_VOICES``; Debian non-free);
+    filler)} by each of the engine's usable voices (``ENGINE_VOICES``: RHVoice's and Pico's from Debian
+    non-free; "festival": Festival's voices the corpus does not have);
     ``real_negatives``: languages of Debian's Asterisk prompts (``host.data.realneg.SPEAKERS``) cut
     into 1 s windows as ``_unknown_``; ``everyday``: phrases of everyday words per espeak-ng training
     voice (``everyday_windows``). The defaults are the shipped model's recipe."""
@@ -41,8 +43,8 @@ class Supplement:
 
 
 def engine_jobs(engine, words, fillers, renders, rate, pitch, seed=0):
-    """Render jobs ``(voice, text, rate, pitch, key)`` for a non-free engine's usable voices
-    (``ENGINE_VOICES``: RHVoice's bdl and clb, SVOX Pico's en-US and en-GB): ``renders`` = (per
+    """Render jobs ``(voice, text, rate, pitch, key)`` for an engine's usable voices (``ENGINE_VOICES``:
+    RHVoice's bdl and clb, SVOX Pico's en-US and en-GB, Festival's rab and don): ``renders`` = (per
     keyword, per filler), drawn as the corpus draws its voices, each voice from its own stream."""
     from host.data import synth
 
@@ -127,7 +129,10 @@ def check(sup: Supplement) -> None:
     from edge.errors import EdgelearnError
     from host.data import realneg, synth
 
-    synth.check_installed([e for e, n in sup.engines if any(n)])
+    used = [e for e, n in sup.engines if any(n)]
+    synth.check_installed(used)
+    if "festival" in used:
+        synth.check_festival_voices(synth.FESTIVAL_EXTRA_VOICES)
     realneg.check_languages(sup.real_negatives, "real negatives")
     why = realneg.missing(sup.real_negatives)
     if why:
@@ -148,7 +153,7 @@ def supplemented(corpus, sup: Supplement = Supplement()):
     # by the corpus's own training voices (drawn before the engines' voices join it), added last
     everyday = everyday_windows(corpus, sup.everyday, seed=seed) if sup.everyday else {}
     jobs = [j for e, n in sup.engines if any(n) for j in engine_jobs(e, words, fillers, n, rate, pitch, seed)]
-    synths = ("espeak", "festival") + tuple(e for e, n in sup.engines if any(n))
+    synths = ("espeak", "festival") + tuple(e for e, n in sup.engines if any(n) and e != "festival")
     if jobs:
         corpus = with_supplement(corpus, synth.render_jobs(jobs, "extra renders"))
     if sup.real_negatives:

@@ -48,6 +48,12 @@ RHVOICE_VOICES = ["bdl", "clb"]
 # come without their sources): the Android synthesizer's two English voices, a US and a British woman.
 # Not in the shipped corpus either; scripts/train_variant.py --pico adds them.
 PICO_VOICES = ["en-US", "en-GB"]
+# Festival's two British English diphone voices of other speakers (Debian main, under Festival's own
+# free licence like kal's): CSTR's rab (`festvox-rablpc16k`) and don (`festvox-don`, a minimal
+# diphone set). Not in the shipped corpus; scripts/train_variant.py --festival-extra adds them.
+FESTIVAL_EXTRA_VOICES = ["rab_diphone", "don_diphone"]
+FESTIVAL_EXTRA_PACKAGES = {"rab_diphone": "festvox-rablpc16k", "don_diphone": "festvox-don"}
+FESTIVAL_VOICE_DIRS = ("/usr/share/festival/voices", "/usr/lib/festival/voices")
 NON_FREE = ("rhvoice", "pico")
 
 PACKAGES = {"espeak": "espeak-ng", "festival": "festival festvox-kallpc16k festvox-kdlpc16k "
@@ -89,6 +95,19 @@ def check_installed(synths) -> None:
                  if set(missing) & set(NON_FREE) else " (or run scripts/bootstrap.sh)")
         raise EdgelearnError(f"speech synthesizer(s) not installed: {', '.join(missing)}",
                              fix=f"`sudo apt-get install {pkgs}`{where}")
+
+
+def check_festival_voices(names) -> None:
+    """One EdgelearnError naming the packages of Festival voices in ``names`` that are not installed
+    (a Festival voice is a directory of that name under one of ``FESTIVAL_VOICE_DIRS``' languages)."""
+    check_installed(["festival"])
+    have = {d.name for root in FESTIVAL_VOICE_DIRS if Path(root).is_dir()
+            for lang in Path(root).iterdir() if lang.is_dir() for d in lang.iterdir()}
+    missing = [n for n in names if n not in have]
+    if missing:
+        pkgs = " ".join(FESTIVAL_EXTRA_PACKAGES.get(n, f"<the package of {n}>") for n in missing)
+        raise EdgelearnError(f"Festival voice(s) not installed: {', '.join(missing)}",
+                             fix=f"`sudo apt-get install {pkgs}`")
 
 
 def parse_wav_bytes(data: bytes) -> tuple[np.ndarray, int]:

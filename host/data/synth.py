@@ -50,7 +50,8 @@ RHVOICE_VOICES = ["bdl", "clb"]
 PICO_VOICES = ["en-US", "en-GB"]
 # Festival's two British English diphone voices of other speakers (Debian main, under Festival's own
 # free licence like kal's): CSTR's rab (`festvox-rablpc16k`) and don (`festvox-don`, a minimal
-# diphone set). Not in the shipped corpus; scripts/train_variant.py --festival-extra adds them.
+# diphone set). Not in the shipped corpus (measured and not adopted: docs/frontend-and-model.md,
+# "Festival's other two English voices"); scripts/train_variant.py --festival-extra adds them.
 FESTIVAL_EXTRA_VOICES = ["rab_diphone", "don_diphone"]
 FESTIVAL_EXTRA_PACKAGES = {"rab_diphone": "festvox-rablpc16k", "don_diphone": "festvox-don"}
 FESTIVAL_VOICE_DIRS = ("/usr/share/festival/voices", "/usr/lib/festival/voices")

@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 05567ea7709459c9 24fRY16pHATbok11utXH6ioKClcwxBSLbXgggIjDfHWNiSjtLN3iYWhz9bMdot9v4+qncv2IAfQ3iA4UUQyNAA==
+edgelearn-ed25519-signature 05567ea7709459c9 Xjr4Khmbq0dkDEiACaY4ougnOvQHJs2I+esZFVZhiSkLku2PoCBpt71J4dDWnpp+J4cCqcmJNzIQaIIweFIIAw==

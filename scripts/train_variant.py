@@ -154,6 +154,8 @@ def numbers(n: int, kind=float):
             vals = ()
         if len(vals) != n:
             raise argparse.ArgumentTypeError(f"want {n} comma-separated numbers, got {text!r}")
+        if kind is int and min(vals) < 0:  # whole numbers here are counts of renders
+            raise argparse.ArgumentTypeError(f"want {n} counts of renders, 0 or more, got {text!r}")
         return vals
     return parse
 

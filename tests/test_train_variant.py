@@ -87,6 +87,9 @@ def test_bad_numbers_are_one_clear_argparse_error(capsys):
     assert e.value.code == 2
     assert "want 4 comma-separated numbers, got '5,18,x'" in capsys.readouterr().err
     assert tv.numbers(2)("1.15,1.5") == (1.15, 1.5)
+    with pytest.raises(SystemExit):   # a negative count of renders would silently render none
+        tv.main(["out", "--festival-extra=-1,3"])
+    assert "want 2 counts of renders, 0 or more, got '-1,3'" in capsys.readouterr().err
 
 
 def test_piper_rows_make_a_test_corpus_of_their_own():

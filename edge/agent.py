@@ -56,8 +56,8 @@ from pathlib import Path
 # the audio sources, the versions, the federated rounds and the adaptation run have modules of their
 # own; every name stays importable from here
 from edge.agent_adapt import READAPT_RETRY_S, Adaptation  # noqa: F401
-from edge.agent_audio import SAMPLE_RATE, _chunks_of
-from edge.agent_federation import FL_AUGMENT, HOLD_ENV, Federation, _HeldTransport  # noqa: F401
+from edge.agent_audio import SAMPLE_RATE, _chunks_of, _until_stopped
+from edge.agent_federation import FL_AUGMENT, HOLD_ENV, Federation, _HeldTransport, check_federation  # noqa: F401
 from edge.agent_versions import FL_DIR, HEALTH_TOLERANCE, Versions, health_check  # noqa: F401
 from edge.atomic import atomic_write
 from edge.device import CHUNK, Device  # noqa: F401
@@ -90,6 +90,7 @@ class AgentConfig:
     """What ``edgelearn device run`` was asked to do (one field per option)."""
     source: object = "mic"         # "mic", "stdin", "none" (no local audio: --wyoming alone), a WAV path,
                                    # or (Python) an iterable of int16 chunks
+    mic_device: str | None = None  # the ALSA capture device of "mic" (None: ALSA's default)
     on_detect: str | None = None   # a shell command run for every detection
     keywords: object = None        # base keywords to report (None: the bundle's commands; "all")
     threshold: object = None
@@ -128,7 +129,7 @@ def read_status(state_dir) -> dict | None:
 
 def service_unit(state_dir, cfg: AgentConfig, exe: str | None = None) -> str:
     """A systemd unit that runs the agent from the microphone and restarts it on failure."""
-    extra = ""
+    extra = f" --mic-device {shlex.quote(cfg.mic_device)}" if cfg.mic_device else ""
     if cfg.data:
         extra += f" --data {Path(cfg.data).resolve()}"
     if cfg.aggregator:
@@ -199,10 +200,15 @@ class Agent(Versions, Federation, Adaptation):
         self._stage_base = dict(self.status["second_stage"])
         self._check_config()
         self._clips = None
-        self.device, unchecked = self._open_device()
-        if unchecked is not None:  # installed, never checked (a kill -9 came between): checked before use
-            self._switch_version(unchecked)
-        self._model_status()
+        try:  # an agent that cannot start says so in agent.json (never "running" from a run before)
+            self.device, unchecked = self._open_device()
+            if unchecked is not None:  # installed, never checked (a kill -9 came between): checked before use
+                self._switch_version(unchecked)
+            self._model_status()
+        except BaseException as e:
+            self._ended_by(e)
+            self._write_status()
+            raise
         self._next_adapt = self.clock()  # a re-adaptation a kill -9 interrupted is asked for at once
         self._next_checkin = self.clock()
         self._next_status = self.clock()
@@ -210,9 +216,7 @@ class Agent(Versions, Federation, Adaptation):
     # -- setup -----------------------------------------------------------------------------------
     def _check_config(self) -> None:
         c = self.cfg
-        if c.aggregator and not (c.device_id and c.device_key):
-            raise EdgelearnError("--aggregator needs --device-id and --device-key",
-                                 fix="pass the id and the key file `edgelearn aggregator provision` wrote")
+        check_federation(c)  # the URL and the key file, before anything starts
         if c.data is not None and not Path(c.data).is_dir():
             raise EdgelearnError(f"--data {c.data} is not a directory", fix="pass DIR with DIR/<label>/*.wav")
         if c.on_detect is not None and not c.on_detect.strip():
@@ -253,16 +257,19 @@ class Agent(Versions, Federation, Adaptation):
                                     replay=self.child is None, asr=self.cfg.asr)
 
     def run(self) -> dict:
-        source = _chunks_of(self.cfg.source)
-        samples = 0
-        self.status["state"] = "running"
-        self._write_status()
-        det, replay = self._detector()
-        self._det = det
+        """Detect until the audio ends or ``stop()``; whatever ends the run, ``agent.json`` says
+        ``stopped`` (or ``failed`` with the ``error``: a microphone that fails, a model that does not
+        load), and the error is raised on (``edgelearn device run`` exits non-zero)."""
+        source = _chunks_of(self.cfg.source, self.cfg.mic_device)
+        samples, replay = 0, None
         try:
+            self.status["state"] = "running"
+            self._write_status()
+            det, replay = self._detector()
+            self._det = det
             if self.cfg.wyoming:  # inside: a server that cannot start (port taken, mDNS) ends the run cleanly
                 self._serve_wyoming()
-            for chunk in source:
+            for chunk in _until_stopped(source, self._stop):
                 for ev in det.push(chunk):
                     self._emit(ev)
                 samples += len(chunk)
@@ -281,14 +288,27 @@ class Agent(Versions, Federation, Adaptation):
                     det = self._det = new
             for ev in det.flush():
                 self._emit(ev)
+        except BaseException as e:
+            self._ended_by(e)
+            raise
         finally:
-            if replay is not None:
-                replay.flush()
-            source.close()
-            if self.wyoming is not None:
-                self.wyoming.stop()
-            self._finish()
+            try:
+                if replay is not None:
+                    replay.flush()
+                source.close()
+                if self.wyoming is not None:
+                    self.wyoming.stop()
+            finally:
+                self._finish()
         return self.status
+
+    def _ended_by(self, e: BaseException) -> None:
+        """What ended the agent, for agent.json: Ctrl-C is a stop; anything else a failure (``error``)."""
+        if isinstance(e, KeyboardInterrupt):
+            self.status["state"] = "stopped"
+            return
+        self.status["state"] = "failed"
+        self.status["error"] = str(e) if isinstance(e, EdgelearnError) else f"{e.__class__.__name__}: {e}"
 
     def _serve_wyoming(self) -> None:
         """The Wyoming wake-word server (edge/wyoming.py) in this process, on the agent's device: the
@@ -349,21 +369,28 @@ class Agent(Versions, Federation, Adaptation):
         atomic_write(self.state_dir / AGENT_FILE, json.dumps(st, indent=1).encode())
 
     def _finish(self) -> None:
-        if self.child is not None:  # an interrupted run resumes (or is undone) on the next start
-            self.child.terminate()
-            try:
-                self.child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.child.kill()
+        """The way out: the adaptation run stopped, the federated round in flight waited for and
+        counted (on record before the version it installed is checked), the hooks waited for; then,
+        whatever happened on the way (a second Ctrl-C included), agent.json's final state."""
+        try:
+            if self.child is not None:  # an interrupted run resumes (or is undone) on the next start
+                self.child.terminate()
+                try:
+                    self.child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.child.kill()
+            if self._fl_thread is not None:
+                self._fl_thread.join(timeout=30)
+                while not self._fl_results.empty():
+                    self._after_round(*self._fl_results.get_nowait())
+            for p in self._hooks:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
             self.child = None
-        if self._fl_thread is not None:
-            self._fl_thread.join(timeout=30)
-            while not self._fl_results.empty():
-                self._after_round(*self._fl_results.get_nowait())
-        for p in self._hooks:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.status["state"] = "stopped"
-        self._write_status()
+            if self.status["state"] != "failed":
+                self.status["state"] = "stopped"
+            self._write_status()
+

@@ -23,6 +23,14 @@ from pathlib import Path
 READAPT_RETRY_S = 300.0
 
 
+def _nice_child() -> None:
+    """In the adaptation child before it starts: nice 10, and SIGINT ignored (Python keeps it so)."""
+    import signal
+
+    os.nice(10)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Adaptation:
     """Mixin: needs ``state_dir``, ``cfg``, ``backend``, ``sysfs_root``, ``trusted_keys``, ``status``,
     ``device``, ``child``, ``_next_adapt``, ``_restart``, ``_model_status`` and ``_write_status`` from
@@ -64,8 +72,9 @@ class Adaptation:
             return
         self._next_adapt = now + self.cfg.adapt_every_s
         self._restart = True  # detection stops writing the replay buffer while the run owns it
+        # Ctrl-C reaches the whole foreground group: the run ignores it, and the agent ends it on the way out
         self.child = subprocess.Popen(self._adapt_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      preexec_fn=lambda: os.nice(10))
+                                      preexec_fn=_nice_child)
         self.status["state"] = "adapting"
         self._write_status()  # an event of note: agent.json says a run is in progress
 

@@ -11,19 +11,17 @@ Split from agent.py to keep each file about one thing; ``edge.agent`` imports it
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
 from edge.device import CHUNK
-from edge.errors import EdgelearnError
 
 SAMPLE_RATE = 16000
 
 
-def _chunks_of(source):
-    """int16 chunks of CHUNK samples from ``"mic"``, ``"stdin"``, a WAV path, or (from Python) any
-    iterable of int16 chunks; closed at the end."""
+def _chunks_of(source, mic_device: str | None = None):
+    """int16 chunks of CHUNK samples from ``"mic"`` (ALSA's ``mic_device``, None: the default),
+    ``"stdin"``, a WAV path, or (from Python) any iterable of int16 chunks; closed at the end."""
     import numpy as np
 
     if not isinstance(source, (str, os.PathLike)):
@@ -47,21 +45,24 @@ def _chunks_of(source):
             if n:
                 yield np.frombuffer(b[:n], "<i2")
         return
-    if source == "mic":
-        import shutil
+    if source == "mic":  # a recorder that fails is a MicError: the agent ends non-zero (systemd restarts it)
+        from edge.audio import mic_chunks
 
-        if shutil.which("arecord") is None:
-            raise EdgelearnError("--mic needs `arecord` (ALSA utils), which is not installed",
-                                 fix="apt install alsa-utils, or pass --wav FILE or --stdin")
-        proc = subprocess.Popen(["arecord", "-q", "-f", "S16_LE", "-r", str(SAMPLE_RATE), "-c", "1", "-t", "raw"],
-                                stdout=subprocess.PIPE)
-        try:
-            while b := proc.stdout.read(2 * CHUNK):
-                yield np.frombuffer(b[: len(b) // 2 * 2], "<i2")
-        finally:
-            proc.terminate()
+        yield from mic_chunks(CHUNK, mic_device, other="--wav FILE or --stdin")
         return
     from edge.audio import open_wav
 
     with open_wav(source, min_samples=1) as wav:
         yield from wav.chunks(CHUNK)
+
+
+def _until_stopped(source, stop):
+    """``source``'s chunks; a microphone that ends with an error while the agent is stopping (``stop``
+    is set: systemd and Ctrl-C stop the recorder with the agent) is the end of the audio, not a failure."""
+    from edge.audio import MicError
+
+    try:
+        yield from source
+    except MicError:
+        if not stop.is_set():
+            raise

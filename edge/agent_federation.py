@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +30,41 @@ from edge.errors import EdgelearnError
 # version had them, so a broken version is never repaired there (tests/test_agent_fleet.py's v5)
 FL_AUGMENT = 8
 HOLD_ENV = "EDGELEARN_AGENT_HOLD"  # test-only: stop the federated thread at a named point (_HeldTransport)
+
+
+def check_federation(cfg) -> None:
+    """What ``--aggregator``, ``--device-id`` and ``--device-key`` name, checked before the agent
+    starts: an http URL with a host, and a readable device key file (one sentence each). An
+    aggregator that is merely unreachable is a condition of the run: logged and retried."""
+    from urllib.parse import urlsplit
+
+    from edge.keys import load_hmac_key
+
+    if not cfg.aggregator:
+        return
+    if not (cfg.device_id and cfg.device_key):
+        raise EdgelearnError("--aggregator needs --device-id and --device-key",
+                             fix="pass the id and the key file `edgelearn aggregator provision` wrote")
+    try:
+        url = urlsplit(str(cfg.aggregator))
+        port_ok = url.port is None or url.port > 0
+    except ValueError:
+        url, port_ok = None, False
+    if url is None or url.scheme != "http" or not url.hostname or not port_ok:
+        raise EdgelearnError(f"--aggregator {cfg.aggregator} is not an aggregator URL (http://HOST:PORT)",
+                             fix="pass the address `edgelearn aggregator serve` prints, e.g. "
+                                 "http://192.168.1.10:8470 (put TLS in a reverse proxy)")
+    key, fix = Path(cfg.device_key), "pass the key file `edgelearn aggregator provision` wrote for this device"
+    if not key.is_file():
+        raise EdgelearnError(f"--device-key {key}: {'not a file' if key.exists() else 'no such file'}", fix=fix)
+    try:
+        if key.stat().st_size > 4096:  # a key file is one short line (a WAV, say, is not read whole)
+            raise EdgelearnError(f"{key}: not a device key (larger than 4096 bytes)")
+        load_hmac_key(key)
+    except (EdgelearnError, OSError) as e:
+        why = getattr(e, "problem", None) or e.strerror or str(e)
+        why = why if why.startswith(str(key)) else f"{key}: {why}"
+        raise EdgelearnError(f"--device-key {why}", fix=fix) from None
 
 
 class Federation:
@@ -116,10 +152,18 @@ class Federation:
             self._fl_results.put(("error", {"error": why, "version": version}))
 
     def _after_round(self, kind: str, res: dict) -> None:
+        """What a round did, counted and written at once (a check cut short keeps it); then the
+        version it installed is checked."""
         now = time.time()
         if kind == "error":
             self.status["last_checkin"] = {"time": now, "error": res["error"]}
+            if not getattr(self, "_checkin_failing", False):  # once, until a check-in works again
+                self._checkin_failing = True
+                print(json.dumps({"warning": f"check-in with {self.cfg.aggregator} failed ({res['error']}); "
+                                             f"retrying every {self.cfg.checkin_every_s:g} s"}),
+                      file=sys.stderr, flush=True)
         else:
+            self._checkin_failing = False
             ans = res["answer"]
             action = ans.get("action")
             self.status["last_checkin"] = {"time": now, "action": action, "round_id": ans.get("round_id"),
@@ -135,6 +179,7 @@ class Federation:
                 # the aggregator has this round's update, but a kill -9 came before it was counted here
                 self.status["rounds_joined"] += 1
                 self.status["last_round"] = ans["contributed"]
+        self._write_status()  # the round is on record before a version check that may be cut short
         # whatever the round's outcome, what it installed is checked (or dropped) now: the store keeps
         # only its current and previous versions, so the running one must stay one of them
         installed = res.get("version")
@@ -142,9 +187,10 @@ class Federation:
         if installed is not None and installed != running:
             if installed in self.status["rejected"]:  # re-installed to train a round on it: not used again
                 self._drop_rejected(installed)
+                self._write_status()
             else:
                 self._switch_version(installed)
-        self._write_status()
+                self._write_status()
 
 
 class _HeldTransport:

@@ -103,7 +103,13 @@ class Versions:
                         pass
             if bundle is self.base_bundle:
                 ran = None
+                if bundle is None:  # decided here: the shipped model, not Device's pick of the installed ones
+                    from edge.device_models import open_bundle
+
+                    bundle = open_bundle(None, self.trusted_keys)
             self.status["fl_version"] = ran
+        # without an aggregator, no bundle given: Device opens the version an agent installed and ran
+        # here before (edge.device_models.installed_version), which the state's keywords are bound to
         dev = Device(self.state_dir, bundle, backend=self.backend, trusted_keys=self.trusted_keys,
                      sysfs_root=self.sysfs_root)
         self.status["version"] = f"{dev.bundle.model_id} v{dev.bundle.version}"

@@ -15,6 +15,12 @@ two files).
 ``replace(src, dst)`` and ``remove(path)`` are the other durable steps of a commit (a rename of
 a staged file into place, a deletion), with the directory fsynced.
 
+``locked(directory, name)`` is the one writer lock: an exclusive ``flock`` on ``directory/name``
+(0600, created empty), dropped by the kernel however the holder dies, re-entrant within a process
+(a holder may take it again; threads of one process take turns). A read-modify-write of shared
+state holds it around the re-read and the write only, never around a long computation
+(``edge.keywords.state_lock``, the adapt store's commits).
+
 The same writer in the other shapes a caller needs (each one temp file, 0600 while it is written,
 fsynced, renamed, the directory fsynced; the temp removed if the writer raises):
 
@@ -40,10 +46,12 @@ design (audio, bundles, caches, benchmark results), while its temp file is still
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -117,6 +125,52 @@ def _renamed_over(tmp, path: Path):
         raise
     fsync_dir(path.parent)
     _fault("done", path)
+
+
+_LOCKS: dict = {}  # lock file -> [RLock of this process's threads, depth, fd while held]
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def locked(directory, name: str = ".lock"):
+    """Hold the exclusive ``flock`` on ``directory/name`` (created 0600, the directory too) while the
+    block runs; other processes wait for it. Re-entrant in one process (flock on a second open file
+    of the same lock would wait on itself)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / name
+    key = os.path.realpath(path)
+    with _LOCKS_GUARD:
+        entry = _LOCKS.setdefault(key, [threading.RLock(), 0, -1])
+    with entry[0]:
+        if entry[1] == 0:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, MODE)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(fd)
+                raise
+            entry[2] = fd
+        entry[1] += 1
+        try:
+            yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                fd, entry[2] = entry[2], -1
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+
+STATE_LOCK = ".lock"
+
+
+def state_lock(state_dir):
+    """The device state directory's writer lock, ``ST/.lock`` (``locked``): every read-modify-write
+    of ``keywords.json``, ``operating.json`` and the replay buffers holds it while it re-reads the
+    file and writes the merge (``edge.keywords.DeviceState.save``, ``edge.replay.ReplayStore.flush``,
+    ``edge.operating.save_points``)."""
+    return locked(state_dir, STATE_LOCK)
 
 
 def atomic_write(path, data: bytes, mode: int | None = MODE) -> None:

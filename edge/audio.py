@@ -263,3 +263,66 @@ def write_wav(path, samples, rate: int = SAMPLE_RATE) -> Path:
         w.setframerate(rate)
         w.writeframes(pcm.astype("<i2").tobytes())
     return path
+
+
+# -- the microphone (``device detect --mic``, ``device run --mic``) -------------------------------------
+
+class MicError(AudioError):
+    """The microphone could not be opened, or stopped delivering audio (``arecord`` failed)."""
+
+
+def mic_command(device: str | None = None) -> list[str]:
+    """The ``arecord`` command that records 16 kHz mono s16le from ``device`` (None: ALSA's default)."""
+    return ["arecord", "-q", *(["-D", device] if device else []), "-f", "S16_LE", "-r", str(SAMPLE_RATE),
+            "-c", "1", "-t", "raw"]
+
+
+def mic_chunks(n: int, device: str | None = None, other: str = "--wav FILE"):
+    """int16 chunks of ``n`` samples from the microphone until it stops. A recorder that fails (no such
+    card, the card busy or unplugged) is one ``MicError`` naming the command and its last stderr line,
+    once the audio it did deliver is yielded; its stderr is passed on to ours as it comes. ``other``:
+    the other audio sources of the command, for the fix."""
+    import collections
+    import shutil
+    import subprocess
+    import sys
+    import threading
+
+    if shutil.which("arecord") is None:
+        raise MicError("--mic needs `arecord` (ALSA utils), which is not installed",
+                       fix=f"apt install alsa-utils, or pass {other}")
+    cmd = mic_command(device)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    tail: collections.deque = collections.deque(maxlen=8)
+
+    def drain():  # arecord's messages, kept (the last names the failure) and passed on
+        for raw in proc.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            if line.strip():
+                tail.append(line.strip())
+            try:
+                print(line, file=sys.stderr, flush=True)
+            except (OSError, ValueError):
+                pass
+
+    reader = threading.Thread(target=drain, name="edgelearn-arecord-stderr", daemon=True)
+    reader.start()
+    heard = False
+    try:
+        while b := proc.stdout.read(2 * n):
+            heard = True
+            yield np.frombuffer(b[: len(b) // 2 * 2], "<i2")
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:  # closed early (the caller stopped): not a failure
+            proc.terminate()
+            proc.wait()
+        reader.join(timeout=5)
+    if rc != 0:
+        how = f"exited with status {rc}" if rc > 0 else f"was killed by signal {-rc}"
+        said = f": {tail[-1]}" if tail else " without a message"
+        what = "stopped" if heard else "could not be opened"
+        raise MicError(f"the microphone {what}: `{' '.join(cmd)}` {how}{said}",
+                       fix="check that `arecord -l` lists the capture card (plugged in, not in use by another "
+                           "program) and pick it with --mic-device hw:CARD,DEV (or set ALSA's default device), "
+                           f"or pass {other}")

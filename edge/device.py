@@ -44,9 +44,10 @@ DEFAULT_CONTEXT = "default"
 
 
 def check_distill(distill: float) -> float:
-    if not 0.0 <= distill <= 1.0:
-        raise EdgelearnError(f"--distill {distill} is outside 0..1", fix="pass a weight between 0 and 1")
-    return distill
+    """``distill`` if it is a weight in 0..1 (``edge.options``, the rule the CLI parses with)."""
+    from edge.options import check
+
+    return check("distill", distill)
 
 
 class Device(Detection, Enrolment):
@@ -54,7 +55,8 @@ class Device(Detection, Enrolment):
     buffers, scheduler state, operating points) used with one bundle.
 
     ``bundle``: a loaded ``edge.bundle.Bundle``, or the path of a bundle directory or .zip (verified
-    with ``trusted_keys``; None: the device's default keys); None: the shipped model.
+    with ``trusted_keys``; None: the device's default keys); None: the federated version the agent
+    installed and runs in ``state_dir`` (``edge.device_models.installed_version``), else the shipped model.
     ``backend``: ``litert | onnxruntime | auto``. ``sysfs_root``: where the scheduler reads the
     battery and temperature (``edge.scheduler``); ``idle_s``: a function giving seconds since the
     user was last active (None: treated as idle, as ``edgelearn device adapt`` does).
@@ -77,9 +79,10 @@ class Device(Detection, Enrolment):
     # -- what the operations share ---------------------------------------------------------------
     @property
     def bundle(self):
-        """The verified bundle (loaded and checked on first use)."""
+        """The verified bundle (loaded and checked on first use). None given: the federated version
+        the agent installed and runs in the state directory, else the shipped model (``open_bundle``)."""
         if self._bundle is None:
-            self._bundle = open_bundle(self._bundle_src, self._trusted_keys)
+            self._bundle = open_bundle(self._bundle_src, self._trusted_keys, state_dir=self.state_dir)
         return self._bundle
 
     def scheduler(self):
@@ -137,7 +140,11 @@ class Device(Detection, Enrolment):
         (N, 16000) int16 windows) of everyday audio of the place that says none of the commands,
         trained on as ``_unknown_`` (``edge.adapt.ambient``). Unless ``force``, the scheduler decides
         first (a run it defers returns ``{"status": "deferred", "reason": ...}``) and may pause the
-        run (``"status": "paused"``: the next call resumes it). ``dw4``: train the tail's depthwise
+        run (``"status": "paused"``: the next call resumes it); when it allows fewer steps than asked, the
+        result says so (``steps_asked``, ``scheduler``: how many of how many, and its reason). A run whose
+        loss diverges commits nothing (``"status": "diverged"``, ``edge.adapt.run.diverged``). Numeric
+        options out of range (``lr`` <= 0, ``steps`` or ``rank`` < 1, ...: ``edge.options``) are
+        one EdgelearnError before anything is read. ``dw4``: train the tail's depthwise
         layer too (``auto``: frozen for bias-only). ``distill``: weight of the bundle's own outputs
         in the replay examples' targets. Returns the run's result (status, steps, version, losses)
         with the recipe, strategy, trained tensors, bytes one step holds, examples (``n``) and the
@@ -148,11 +155,15 @@ class Device(Detection, Enrolment):
         from edge.adapt.convtrain import choose_sparse
         from edge.adapt.delta import trained_on
         from edge.adapt.fcache import cached_features
+        from edge.options import check_adapt
         from edge.adapt.recipe import resolve, train_options, training_windows
         from edge.adapt.run import train
         from edge.replay import TAIL_REPLAY, ReplayStore
 
-        check_distill(distill)
+        # every numeric option in its range before anything is read or written (edge.options)
+        check_adapt(steps=steps, rank=rank, memory_budget=memory_budget, replay_bytes=replay_bytes, distill=distill,
+                    augment=augment, negative_share=negative_share, negative_distill=negative_distill, lr=lr,
+                    seed=seed)
         r = resolve(recipe, strategy=strategy, optimizer=optimizer, steps=steps, augment=augment, balance=balance,
                     negative_share=negative_share, negative_distill=negative_distill, verify=verify,
                     noisy_ambient=noisy_ambient)
@@ -162,12 +173,14 @@ class Device(Detection, Enrolment):
         km = self.keyword_model()
         windows, y = load_labelled(km, data)
         amb = ambient_of(ambient)
-        steps = r["steps"]
+        steps = asked = r["steps"]
+        cut = None  # the scheduler's reason, when it allows fewer steps than asked
         if not force:
             d = sched.decide()
             if d.action != "train":
                 return {"status": "deferred", "reason": d.reason}
             steps = min(steps, d.steps)
+            cut = d.reason if steps < asked else None
         # the plain recipe trains on the clips as given, in their order (as before the recipe existed)
         x_in, yy = (training_windows(windows, y, km.labels, ambient=amb, augment=r["augment"], seed=seed,
                                      noisy_ambient=r["noisy_ambient"])
@@ -210,7 +223,13 @@ class Device(Detection, Enrolment):
                     charge_seq=sched.charged + 1, stage=stage, record=record, **options)
         if res["status"] == "done":
             replay.mark_saved()
+        spent = res.pop("charge", None)  # a diverged run commits nothing: its energy is charged here
+        if spent:
+            sched.charge(spent["seq"], spent["steps"])
         store.recover(sched.charge)  # the run's energy, charged once (its record sits beside the result)
+        if cut is not None:
+            res["steps_asked"] = asked
+            res["scheduler"] = f"the scheduler allowed {steps} of the {asked} steps asked: {cut}"
         return {**res, "recipe": r["recipe"], "strategy": r["strategy"], "tensors": tr.names,
                 "step_bytes": tr.step_bytes(), "n": int(len(x)), "verified": sorted(entries or {})}
 
@@ -228,19 +247,16 @@ class Device(Detection, Enrolment):
     def calibrate(self, wavs, targets=None) -> dict:
         """Per-keyword base thresholds for at most each of ``targets`` false accepts per hour (None:
         ``edge.operating.TARGETS``), measured on ``wavs``: WAVs of everyday audio of the place that
-        say none of the base keywords (an hour or more). Saved as the state's operating points for
+        say none of the base keywords (an hour or more; under ``edge.operating.MIN_SECONDS``, or targets
+        that are not finite rates above 0, an EdgelearnError and nothing written). Saved under the state
+        lock as the state's operating points for
         the active model and context (``detect(sensitivity=R)`` uses them); returns the table
         ({"for", "hours", "files", "points": [{"target_fa_h", "thresholds", ...}]})."""
         from edge.audio import open_wav
         from edge.detect import Detector
-        from edge.operating import TARGETS, calibrate, save_points, stream_scores
+        from edge.operating import TARGETS, calibrate, check_length, check_targets, save_points, stream_scores
 
-        try:
-            targets = sorted({float(t) for t in (TARGETS if targets is None else targets)})
-        except (TypeError, ValueError):
-            raise EdgelearnError(f"targets {targets!r} are not numbers", fix="pass e.g. [0.5, 1, 2]") from None
-        if not targets or min(targets) <= 0:
-            raise EdgelearnError("--targets needs rates above 0 false accepts per hour", fix="pass e.g. 0.5,1,2")
+        targets = check_targets(TARGETS if targets is None else targets)  # finite, above 0
         wavs = [wavs] if is_path(wavs) else list(wavs)
         bundle = self.bundle
         km, head = self.models()
@@ -251,6 +267,7 @@ class Device(Detection, Enrolment):
                 sc, ends, h = stream_scores(det, w.chunks(16000 * 60))
             streams.append((sc, ends, None))
             hours += h
+        check_length(hours)  # far too little audio: refused, the earlier calibration kept
         points = [calibrate(streams, hours, t, det.names) for t in targets]
         table = {"for": calibrated_for(bundle, self.state_dir), "hours": hours,
                  "files": [str(p) for p in wavs], "points": points}
@@ -290,8 +307,11 @@ class Device(Detection, Enrolment):
         for k in state.keywords:
             k["fa_per_hour"] = counts[k["name"]]
             k["fa_calibrated_hours"] = round(hours, 4)
-        state.save()
-        return counts
+        # merged under the state lock with what other commands saved meanwhile: a keyword enrolled
+        # again since is kept as enrolled (these rates were measured on its old entry)
+        state.save(prefer="theirs")
+        return {k["name"]: counts[k["name"]] for k in state.keywords if k["name"] in counts
+                and k.get("fa_per_hour") == counts[k["name"]]}
 
     # -- status ----------------------------------------------------------------------------------
     def status(self) -> dict:

@@ -30,7 +30,8 @@ class Detection:
 
         ``source``: a WAV path or binary file object (16 kHz mono 16-bit, any length, read in
         0.1 s chunks), an int16 array of samples, or an iterable of int16 chunks; ``mic=True``:
-        the default ALSA device (``arecord``) until it stops. ``keywords``: base keywords to report
+        the default ALSA device (``arecord``) until it stops (``mic="hw:1,0"``: that ALSA device; a
+        recorder that fails is an ``edge.audio.MicError``). ``keywords``: base keywords to report
         (None: the bundle's commands; ``"all"``: every word label). ``threshold``: one for every
         base keyword or {keyword: threshold} (None: the version's own operating point when it was
         published with one, ``version_thresholds``, else
@@ -41,7 +42,10 @@ class Detection:
         ``edge.confirm.FIRST_STAGE`` unless a threshold or sensitivity is given (``edge.confirm``;
         ``pip install 'edgelearn[asr]'``). The models are loaded when this is called; the audio is
         read while the iterator runs."""
-        if mic == (source is not None):
+        from edge.options import check_detect
+
+        check_detect(threshold=threshold, sensitivity=sensitivity, stride=stride, confirm=confirm)  # ranges
+        if bool(mic) == (source is not None):
             raise EdgelearnError("detect needs one audio source", fix="pass a WAV file, samples or chunks, or mic=True")
         det, store = self.detector(keywords=keywords, threshold=threshold, sensitivity=sensitivity, stride=stride,
                                    confirm=confirm, replay=replay, asr=asr)
@@ -56,6 +60,9 @@ class Detection:
         ``enrolled``: names of the enrolled keywords to detect (None: every one; the Wyoming
         server's ``detect`` names, edge/wyoming.py). ``levels``: {enrolled keyword: sensitivity} to
         detect at instead of their own (``calibrate`` measures each level)."""
+        from edge.options import check_detect
+
+        check_detect(threshold=threshold, sensitivity=sensitivity, stride=stride, confirm=confirm)  # ranges
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
                                  fix="pass threshold=T, or sensitivity=FA_PER_HOUR after `calibrate`")
@@ -139,7 +146,7 @@ def _events(det, source, mic, replay):
 
     try:
         if mic:
-            yield from _mic_events(det)
+            yield from _mic_events(det, None if mic is True else mic)
             return
         if is_path(source) or hasattr(source, "read"):
             from edge.audio import open_wav
@@ -160,19 +167,10 @@ def _events(det, source, mic, replay):
             replay.flush()  # batched writes
 
 
-def _mic_events(det):
-    import shutil
-    import subprocess
+def _mic_events(det, device: str | None = None):
+    """The detector's events over the microphone (``edge.audio.mic_chunks``: a recorder that fails is
+    one ``MicError``, so ``device detect --mic`` ends non-zero)."""
+    from edge.audio import mic_chunks
 
-    import numpy as np
-
-    if shutil.which("arecord") is None:
-        raise EdgelearnError("--mic needs `arecord` (ALSA utils), which is not installed",
-                             fix="apt install alsa-utils, or pass --wav FILE")
-    proc = subprocess.Popen(["arecord", "-q", "-f", "S16_LE", "-r", "16000", "-c", "1", "-t", "raw"],
-                            stdout=subprocess.PIPE)
-    try:
-        while chunk := proc.stdout.read(3200):
-            yield from det.push(np.frombuffer(chunk[: len(chunk) // 2 * 2], "<i2"))
-    finally:
-        proc.terminate()
+    for chunk in mic_chunks(CHUNK, device):
+        yield from det.push(chunk)

@@ -106,12 +106,18 @@ class Enrolment:
         rep = enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace or add,
                      sensitivity=sensitivity or "medium", speakers=speakers, save=False)
         # kept on the device (never uploaded) so that a version with a new encoder can enrol it again;
-        # written before the keyword (a kill between leaves clips the keyword is re-derived from)
+        # written before the keyword (a kill between leaves clips the keyword is re-derived from), under
+        # the state lock once the merge with what another command saved meanwhile is known to succeed
         path = self.state_dir / ENROLMENT_DIR / f"{_slug(rep['keyword'])}.npz"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, npz_bytes({**{f"clip_{i}": np.asarray(c, np.int16) for i, c in enumerate(pcm)},
-                                      "speakers": np.asarray(speakers, np.int64)}))
-        state.save()
+
+        def keep_clips():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, npz_bytes({**{f"clip_{i}": np.asarray(c, np.int16) for i, c in enumerate(pcm)},
+                                          "speakers": np.asarray(speakers, np.int64)}))
+
+        # --replace: this enrolment wins over one another command saved meanwhile; without it (and with
+        # --add, whose kept clips another command may have changed) such a keyword is refused
+        state.save(prefer="ours" if replace and not add else "raise", before_write=keep_clips)
         return rep
 
     def sensitivity(self, name: str, level: str | None = None, max_fa_h: float | None = None) -> dict:
@@ -165,7 +171,6 @@ class Enrolment:
         import json
 
         from edge.adapt.store import AdaptStore
-        from edge.enroll import DeviceState
 
         old = self.bundle
         if new.model_id != old.model_id:
@@ -203,8 +208,8 @@ class Enrolment:
         if HOLD_CARRY_ENV in os.environ:  # test-only: tests/test_device_carry.py kills the process here
             Path(os.environ[HOLD_CARRY_ENV]).write_text("held")
             time.sleep(3600)
-        if keywords:
-            DeviceState(self.state_dir, new.model_id, new.version, keywords, new).save()
+        if keywords:  # refused if another command changed the keywords since they were read
+            state.rebound(new, keywords).save()
         self._bundle = new
         return {"keywords": len(keywords), "contexts": len(store.meta["contexts"]), "rederived": rederived}
 

@@ -15,19 +15,150 @@ state directory that only read; ``edge.device.Device`` calls them, and they stay
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from edge.errors import EdgelearnError
 
 
-def open_bundle(bundle=None, trusted_keys=None):
+def open_bundle(bundle=None, trusted_keys=None, state_dir=None):
     """A verified bundle: ``bundle`` itself when it is one already, else the directory or .zip at
-    that path (None: the shipped model), checked against ``trusted_keys`` (None: the device's
-    default keys, ``edge.kws.default_trusted_keys``)."""
+    that path (a store's ``current`` file or its directory: the version it names), checked against
+    ``trusted_keys`` (None: the device's default keys, ``edge.kws.default_trusted_keys``). None: with
+    ``state_dir``, the federated version the agent installed and runs there (``installed_version``),
+    else the shipped model. With ``state_dir``, a path naming another version of the model the state's
+    keywords are bound to, with the same encoder, is refused in a sentence naming the installed one."""
     if bundle is not None and hasattr(bundle, "manifest"):
         return bundle
     from edge.bundle import load_bundle
     from edge.kws import DEFAULT_BUNDLE, default_trusted_keys
 
-    return load_bundle(bundle or DEFAULT_BUNDLE, trusted_keys=trusted_keys or default_trusted_keys())
+    keys = trusted_keys or default_trusted_keys()
+    if bundle is None:
+        installed = None if state_dir is None else installed_version(state_dir, keys)
+        return installed if installed is not None else load_bundle(DEFAULT_BUNDLE, trusted_keys=keys)
+    path = _store_bundle(Path(bundle))
+    b = _verified(path, keys) if path != Path(bundle) else load_bundle(path, trusted_keys=keys)
+    if state_dir is not None:
+        _check_bound(b, Path(bundle), state_dir)
+    return b
+
+
+# -- the federated version a state runs (the agent's store: edge.agent_versions.FL_DIR) ------------------
+
+def fl_store_dir(state_dir) -> Path:
+    """Where the agent's federated client installs versions (``edge.store.BundleStore``)."""
+    return Path(state_dir) / "fl" / "store"
+
+
+def _version_of(dirname):
+    """The version in a store directory name ``<model_id>-v<version>`` (None: not one)."""
+    import re
+
+    m = re.fullmatch(r".+-v(\d{1,9})", dirname or "")
+    return int(m.group(1)) if m else None
+
+
+def _bound_to(state_dir):
+    """(model_id, version) the state's enrolled keywords are bound to (``keywords.json``), or None."""
+    import json
+
+    try:
+        with open(Path(state_dir) / "keywords.json", "rb") as f:
+            data = json.loads(f.read(64 << 20))
+        mid, ver = data.get("model_id"), data.get("model_version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    ok = isinstance(mid, str) and isinstance(ver, int) and not isinstance(ver, bool)
+    return (mid, ver) if ok else None
+
+
+def installed_name(state_dir):
+    """The store directory (under ``fl/store/bundles``) of the federated version detection runs in
+    ``state_dir``, or None (none installed: the shipped model). What the agent opens on
+    (``Agent._open_device``): the store's current version when the agent ran it (``fl_version`` in
+    ``agent.json``) or the enrolled keywords are bound to it, else the previous one when the agent
+    ran that; never one the health check rejected (one installed but not yet checked is not used)."""
+    from edge.agent import read_status
+    from edge.store import read_pointer
+
+    store = fl_store_dir(state_dir)
+    if not (store / "current").is_file():
+        return None
+    ptr = read_pointer(store / "current")
+    rec = read_status(state_dir) or {}
+    ran = rec.get("fl_version")
+    ran = ran if isinstance(ran, int) and not isinstance(ran, bool) else None
+    rejected = rec.get("rejected") if isinstance(rec.get("rejected"), list) else []
+    bound = _bound_to(state_dir)
+    cur, prev = ptr["current"], ptr["previous"]
+    v = _version_of(cur)
+    if v is not None and v not in rejected and (v == ran or (bound is not None and cur == f"{bound[0]}-v{bound[1]}")):
+        return cur
+    v = _version_of(prev)
+    if v is not None and v not in rejected and v == ran:
+        return prev
+    return None
+
+
+def installed_version(state_dir, trusted_keys):
+    """The verified federated version detection runs in ``state_dir`` (``installed_name``), or None."""
+    name = installed_name(state_dir)
+    return None if name is None else _verified(fl_store_dir(state_dir) / "bundles" / name, trusted_keys)
+
+
+def _verified(path: Path, keys):
+    """A bundle of the agent's store, verified as the agent verified it: one that does not verify with
+    ``keys`` is an error naming it (the agent may run with keys these commands were not given)."""
+    from edge.bundle import load_bundle
+
+    try:
+        return load_bundle(path, trusted_keys=keys)
+    except EdgelearnError as e:
+        raise EdgelearnError(f"the federated version installed at {path} does not verify with the trusted keys "
+                             f"{keys} ({e.problem})",
+                             fix="pass --pubkey with the keys the agent runs with (the release key and the "
+                                 "federation's signing key, e.g. /etc/edgelearn/keys), or pass --bundle to use another "
+                                 "bundle") from None
+
+
+def _store_bundle(path: Path) -> Path:
+    """A store's ``current`` file (or the store directory holding it) as the bundle directory it names;
+    any other path as it is."""
+    from edge.store import read_pointer
+
+    ptr_file = path / "current" if path.is_dir() and not (path / "manifest.json").exists() else path
+    if ptr_file.name != "current" or not ptr_file.is_file() or not (ptr_file.parent / "bundles").is_dir():
+        return path
+    name = read_pointer(ptr_file)["current"]
+    if name is None:
+        raise EdgelearnError(f"the bundle store {ptr_file.parent} has no current version",
+                             fix="leave out --bundle (the shipped model), or pass a bundle directory or .zip")
+    return ptr_file.parent / "bundles" / name
+
+
+def _check_bound(bundle, given: Path, state_dir) -> None:
+    """Refuse ``--bundle`` naming another version of the model whose installed federated version the
+    state's keywords are bound to, when that version has the same encoder (the keywords would score;
+    the head differs): one sentence naming the installed version's path."""
+    import json
+    from types import SimpleNamespace
+
+    from edge.device_enrolment import ENROLMENT_FILES, _basis
+
+    bound = _bound_to(state_dir)
+    if bound is None or bound[0] != bundle.model_id or bound[1] == bundle.version:
+        return
+    inst = fl_store_dir(state_dir) / "bundles" / f"{bound[0]}-v{bound[1]}"
+    try:
+        manifest = json.loads((inst / "manifest.json").read_bytes()[: 1 << 20])
+        same = _basis(SimpleNamespace(manifest=manifest), ENROLMENT_FILES) == _basis(bundle, ENROLMENT_FILES)
+    except (OSError, ValueError, AttributeError):
+        return  # not installed here (or unreadable): the keywords' own check says what is wrong
+    if same:
+        raise EdgelearnError(f"state directory {state_dir} runs {bound[0]} v{bound[1]}, the federated version "
+                             f"installed at {inst} (the same encoder as --bundle {given}, {bundle.model_id} "
+                             f"v{bundle.version}, with another head)",
+                             fix=f"leave out --bundle (the installed version is the default), or pass --bundle {inst}")
 
 
 def detection_models(bundle, state_dir, backend: str = "auto", adapted_from=None):

@@ -207,7 +207,7 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
     pos_pass = np.concatenate([h["pos"] >= t for h, t in zip(heads, ts)])
     entry = {"name": norm, "prototype": [round(v, 6) for v in P.prototype([embs[i] for i in keep])],
              "w": [round(float(v), 6) for v in heads[0]["w"]], "b": round(heads[0]["b"], 6),
-             "threshold": round(threshold, 6),
+             "threshold": round(threshold, 6), "bank_false_accept_rate": round(bank_far(ts), 5),
              "clips": len(keep), "outliers": [clip_names[i] for i in outliers], "speakers": len(groups),
              "sensitivity": sensitivity,
              "sensitivities": {}}
@@ -264,12 +264,13 @@ def check_level(level) -> str:
 
 def sensitivity_table(e: dict) -> dict:
     """{level: {"threshold", "bank_false_accept_rate"[, "fa_per_hour"]}} of entry ``e`` (medium: its
-    own fields; ``fa_per_hour``: measured by `device calibrate` on the place's own audio)."""
+    own fields, the rate None for a keyword enrolled before 2026-12-06; ``fa_per_hour``: measured
+    by `device calibrate` on the place's own audio)."""
     out = {}
     measured = e.get("fa_per_hour") or {}
     for level in SENSITIVITIES:
         if level == DEFAULT_SENSITIVITY:
-            out[level] = {"threshold": e["threshold"]}
+            out[level] = {"threshold": e["threshold"], "bank_false_accept_rate": e.get("bank_false_accept_rate")}
         elif level in e.get("sensitivities", {}):
             lv = e["sensitivities"][level]
             out[level] = {"threshold": lv["threshold"], "bank_false_accept_rate": lv.get("bank_false_accept_rate")}

@@ -12,6 +12,10 @@ State under ``--state DIR`` (one JSON file, written with ``atomic_write``)::
                     "keywords": [{"name", "prototype", "w", "b", "threshold", "clips", ...,
                                   "verify": {"version", "threshold", "levels", "steps", "templates", ...}}]}
 
+Saving is a merge under the state lock (``edge.atomic.state_lock``): the file is read again and
+only the keywords this process changed since it read it are written over it, so two commands on one
+state (two enrolments, an enrolment and a calibration) both keep their work (``DeviceState.save``).
+
 Format 1 (before the verifier) is still read; its keywords run the first stage only
 until they are enrolled again. Saving writes format 2.
 
@@ -31,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.errors import EdgelearnError
-from edge.atomic import atomic_write
+from edge.atomic import atomic_write, state_lock
 
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
@@ -268,6 +272,9 @@ class DeviceState:
         self.root, self.model_id, self.version, self.keywords = Path(root), model_id, version, keywords
         self.bundle = bundle
         self.path = self.root / "keywords.json"
+        # what the file held when this process read it ({name: entry as JSON}, and its model); None:
+        # a state made in memory (a scratch state, a detector's selection), saved whole
+        self._base, self._base_model = None, None
 
     @classmethod
     def open(cls, root, bundle) -> "DeviceState":
@@ -275,33 +282,66 @@ class DeviceState:
         path = root / "keywords.json"
         if root.exists() and not root.is_dir():
             raise StateError(f"state path {root} is a file, not a directory", fix="pass a directory to --state")
-        if not path.exists():
-            return cls(root, bundle.model_id, bundle.version, [], bundle)
-        try:
-            data = json.loads(path.read_bytes())
-            if not isinstance(data, dict):
-                raise ValueError(f"it holds {type(data).__name__}, not an object")
-            if data.get("format") not in READABLE_FORMATS:
-                raise ValueError(f"format {data.get('format')!r}, this runtime reads {READABLE_FORMATS}")
-            mid, ver = data.get("model_id"), data.get("model_version")
-            if not isinstance(mid, str) or isinstance(ver, bool) or not isinstance(ver, int):
-                raise ValueError(f"model {mid!r} v{ver!r} is not a model id and version")
-            kws = check_keywords(data.get("keywords"))
-        except (ValueError, OSError) as e:  # JSON and UTF-8 errors are ValueErrors
-            raise StateError(f"{path} is unreadable ({getattr(e, 'strerror', None) or e})",
-                             fix="restore it from a backup or delete it and enrol again") from None
+        mid, ver, kws = _read(path, bundle)
         if (mid, ver) != (bundle.model_id, bundle.version):
             raise StateError(f"state directory {root} belongs to bundle {mid} v{ver} (says {path}), not "
                              f"{bundle.model_id} v{bundle.version}; its keywords were learned with "
                              "another encoder", fix="use the matching bundle, another --state "
                              "directory, or re-enrol the keywords for this bundle")
-        return cls(root, mid, ver, kws, bundle)
+        state = cls(root, mid, ver, kws, bundle)
+        state._base, state._base_model = _snapshot(kws), (mid, ver)
+        return state
 
-    def save(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        data = {"format": FORMAT, "model_id": self.model_id, "model_version": self.version,
-                "keywords": self.keywords}
-        atomic_write(self.root / "keywords.json", json.dumps(data, indent=1).encode())
+    def rebound(self, bundle, keywords: list[dict]) -> "DeviceState":
+        """``keywords`` bound to ``bundle`` (carrying the state to a new version): its ``save`` writes
+        only over the file this state was read from (``StateError`` if a command changed it since)."""
+        new = DeviceState(self.root, bundle.model_id, bundle.version, keywords, bundle)
+        new._base, new._base_model = self._base, self._base_model
+        return new
+
+    def save(self, prefer: str = "raise", before_write=None) -> None:
+        """Write the keywords (atomically), merged under the state lock with what the file holds now:
+        keywords this process did not change are the file's (another command may have enrolled,
+        replaced, removed or calibrated them meanwhile), those it changed are its own. A keyword both
+        changed (e.g. enrolled by two commands at once) is ``prefer``'s: ``"ours"`` (an enrolment with
+        --replace), ``"theirs"`` (a calibration's measurements of an entry enrolled again meanwhile),
+        ``"raise"``: an EdgelearnError, nothing written. ``before_write()`` runs under the lock after
+        the merge and before the file is written (the enrolment's kept clips)."""
+        with state_lock(self.root):
+            if self._base is not None:
+                self.keywords = self._merged(prefer)
+            if before_write is not None:
+                before_write()
+            data = {"format": FORMAT, "model_id": self.model_id, "model_version": self.version,
+                    "keywords": self.keywords}
+            atomic_write(self.path, json.dumps(data, indent=1).encode())
+            self._base, self._base_model = _snapshot(self.keywords), (self.model_id, self.version)
+
+    def _merged(self, prefer: str) -> list[dict]:
+        mid, ver, kws = _read(self.path, self.bundle, self._base_model)
+        base = self._base
+        rebound = (self.model_id, self.version) != self._base_model
+        if (mid, ver) != self._base_model or (rebound and _snapshot(kws) != base):
+            raise StateError(f"{self.path} was changed by another command while this one ran (it is bound "
+                             f"to {mid} v{ver})", fix="run the command again")
+        if rebound:  # carried to another version: written whole over the file it was read from
+            return self.keywords
+        ours, theirs = {k["name"]: k for k in self.keywords}, {k["name"]: k for k in kws}
+        out = []
+        for name in list(ours) + [n for n in theirs if n not in ours]:
+            o, t, b = ours.get(name), theirs.get(name), base.get(name)
+            oj, tj = _canon(o), _canon(t)
+            if None not in (o, t, b) and len({oj, tj, b}) == 3 and _same_head(o, t, json.loads(b)):
+                bd = json.loads(b)  # both changed one enrolment (a sensitivity, a calibration): field by field
+                pick = {}
+                for k in list(o) + [k for k in t if k not in o]:
+                    src = _choose(*(_canon(d[k]) if k in d else None for d in (o, t, bd)), prefer, name, False)
+                    pick.update({k: (o, t)[src][k]} if k in (o, t)[src] else {})
+            else:
+                pick = (o, t)[_choose(oj, tj, b, prefer, name, b is None)]
+            if pick is not None:
+                out.append(pick)
+        return out
 
     def names(self) -> list[str]:
         return [k["name"] for k in self.keywords]
@@ -319,3 +359,52 @@ class DeviceState:
             return CustomKeywords(self.keywords, self.bundle, verify)
         except EdgelearnError as e:  # a verifier entry this bundle cannot read
             raise StateError(f"{self.path}: {e.problem}", fix=e.fix) from None
+
+
+def _read(path: Path, bundle, model=None) -> tuple:
+    """(model_id, version, checked keywords) of keywords.json (a missing file: ``model`` or the
+    bundle's, none), or StateError naming the file."""
+    if not path.exists():
+        return (*(model or (bundle.model_id, bundle.version)), [])
+    try:
+        data = json.loads(path.read_bytes())
+        if not isinstance(data, dict):
+            raise ValueError(f"it holds {type(data).__name__}, not an object")
+        if data.get("format") not in READABLE_FORMATS:
+            raise ValueError(f"format {data.get('format')!r}, this runtime reads {READABLE_FORMATS}")
+        mid, ver = data.get("model_id"), data.get("model_version")
+        if not isinstance(mid, str) or isinstance(ver, bool) or not isinstance(ver, int):
+            raise ValueError(f"model {mid!r} v{ver!r} is not a model id and version")
+        return mid, ver, check_keywords(data.get("keywords"))
+    except (ValueError, OSError) as e:  # JSON and UTF-8 errors are ValueErrors
+        raise StateError(f"{path} is unreadable ({getattr(e, 'strerror', None) or e})",
+                         fix="restore it from a backup or delete it and enrol again") from None
+
+
+def _canon(entry) -> str | None:
+    return None if entry is None else json.dumps(entry, sort_keys=True)
+
+
+def _snapshot(keywords) -> dict:
+    return {k["name"]: _canon(k) for k in keywords}
+
+
+def _same_head(*entries) -> bool:
+    """Do these versions of one entry hold the same enrolment (neither side enrolled it again)?"""
+    return len({_canon({k: e.get(k) for k in ("w", "b", "prototype", "verify")}) for e in entries}) == 1
+
+
+def _choose(o, t, b, prefer: str, name: str, enrolled: bool) -> int:
+    """Three-way merge of one keyword (or one of its fields) as JSON, None where absent: 0 for this
+    process's version (``o``), 1 for the file's (``t``); ``b``: what this process read."""
+    if o == b or o == t:
+        return 1  # left as it was read (or made what the file holds): the file's
+    if t == b or prefer == "ours":
+        return 0  # only this process changed it
+    if prefer == "theirs":
+        return 1
+    if enrolled:
+        raise StateError(f"keyword {name!r} was enrolled by another command while this one ran",
+                         fix="enrol it again with --replace to replace it, or pick another name")
+    raise StateError(f"keyword {name!r} was changed by another command while this one ran",
+                     fix="run the command again")

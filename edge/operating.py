@@ -30,6 +30,33 @@ from edge.errors import EdgelearnError
 
 GRID = tuple(round(0.2 + 0.01 * i, 2) for i in range(80))  # 0.20 .. 0.99
 TARGETS = (0.1, 0.5, 1.0, 2.0, 5.0)   # false accepts per hour a sensitivity can ask for
+# The least audio `device calibrate` takes: under half a minute one false accept already counts over
+# 120 per hour, 24 times the most a sensitivity asks for (TARGETS), so every keyword's threshold would
+# land where chance puts it (1.5 s of silence gave every keyword the grid's floor). Under an hour the
+# command warns instead (docs/edge-runtime.md, "Operating points").
+MIN_SECONDS = 30.0
+
+
+def check_targets(targets) -> list[float]:
+    """Target rates (false accepts per hour), sorted and distinct: finite numbers above 0, or one
+    EdgelearnError (a NaN or inf target used to be written and then asked for)."""
+    try:
+        out = sorted({float(t) for t in targets})
+    except (TypeError, ValueError):
+        raise EdgelearnError(f"targets {targets!r} are not numbers", fix="pass e.g. 0.5,1,2") from None
+    if not out or not all(np.isfinite(t) and t > 0 for t in out):
+        raise EdgelearnError(f"--targets {','.join(f'{t:g}' for t in out) or '(none)'} is not a list of finite "
+                             "rates above 0 false accepts per hour", fix="pass e.g. 0.5,1,2")
+    return out
+
+
+def check_length(hours: float) -> None:
+    """Refuse audio far too short to estimate a false-accept rate on (``MIN_SECONDS``)."""
+    if not hours * 3600 >= MIN_SECONDS:
+        raise EdgelearnError(f"{hours * 3600:.1f} s of audio is far too little to measure false accepts per hour "
+                             f"on (at least {MIN_SECONDS:.0f} s; an hour pins a rate), so the calibration was "
+                             "not changed", fix="give minutes (ideally an hour or more) of the place's everyday "
+                                                "speech that never says the keywords")
 
 
 def stream_scores(det, audio, batch: int = 256, embeddings: bool = False):
@@ -111,6 +138,10 @@ class OperatingPoints:
         pts = table.get("points") if isinstance(table, dict) else None
         if not isinstance(pts, list) or not pts:
             raise EdgelearnError("operating-point table has no points", fix="recalibrate")
+        if not all(isinstance(p, dict) and isinstance(p.get("target_fa_h"), (int, float))
+                   and not isinstance(p["target_fa_h"], bool) and np.isfinite(p["target_fa_h"])
+                   and p["target_fa_h"] > 0 for p in pts):
+            raise EdgelearnError("operating-point table has a target that is not a rate above 0", fix="recalibrate")
         self.points = sorted(pts, key=lambda p: p["target_fa_h"])
 
     def thresholds(self, fa_h: float) -> dict:
@@ -126,15 +157,17 @@ MAX_POINTS_BYTES = 1 << 20  # a table for a few dozen keywords is a few KB
 
 
 def save_points(state_dir, table: dict) -> None:
-    """The device's calibration (``edgelearn device calibrate``), written atomically, 0600."""
+    """The device's calibration (``edgelearn device calibrate``), written atomically, 0600, under the
+    state lock (one calibration replaces another whole)."""
     import json
     from pathlib import Path
 
-    from edge.atomic import atomic_write
+    from edge.atomic import atomic_write, state_lock
 
     OperatingPoints(table)  # refuse to write a table that could not be read back
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    atomic_write(Path(state_dir) / POINTS_FILE, json.dumps(table, indent=1).encode())
+    data = json.dumps(table, indent=1, allow_nan=False).encode()
+    with state_lock(state_dir):
+        atomic_write(Path(state_dir) / POINTS_FILE, data)
 
 
 def load_points(state_dir, calibrated_for: dict) -> OperatingPoints:

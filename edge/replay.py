@@ -8,6 +8,13 @@ the same file); ``add`` and ``sample_arrays`` do the per-value work in numpy,
 because tail inputs are 8000 values and the portable loops are written for 64-d
 vectors on a microcontroller. ``add`` gives byte-identical slots.
 
+Several processes may feed one file (two ``device detect``, the agent, ``device adapt``): each
+keeps what it added since it last loaded or wrote the file (``_pending``) and writes by a merge under
+the state lock (``edge.atomic.state_lock``): the file is read again, this process's adds (and label
+removals) are made on it in their order, as the portable ``add`` makes them (eviction included), and
+the result is written and becomes this process's buffer. So no process's examples are lost to
+another's write (the file used to be whichever wrote last).
+
 Two buffers live side by side: ``replay.bin`` (64-d embeddings, the enrolment
 head's inputs) and ``replay_tail.bin`` (the conv tail's inputs: backbone outputs).
 
@@ -24,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.atomic import atomic_write
+from edge.atomic import atomic_write, state_lock
 from edge.errors import EdgelearnError
 from edge.portable.replay import _SLOT_FMT, HEADER_BYTES, HEADER_FMT, MAGIC, SLOT_OVERHEAD, ReplayBuffer, ReplayError
 
@@ -87,6 +94,10 @@ class ReplayStore:
                  name: str = EMBEDDING_REPLAY):
         self.path = Path(state_dir) / name
         self.flush_every = flush_every
+        # this process's changes since it loaded or wrote the file, in order: (label, scale, int8 bytes)
+        # for an add, (label,) for a removal; a write makes them on the file as it is then
+        self._pending: list[tuple] = []
+        self._staged = None  # the merged buffer ``staged`` gave, until ``mark_saved``
         loaded = load_replay(self.path, dim)
         if loaded is not None:
             self.buffer = loaded
@@ -123,17 +134,17 @@ class ReplayStore:
         scale = peak / 127.0 if peak > 0 else 1.0
         q = v * (1.0 / scale)
         q = np.where(q >= 0, np.floor(q + 0.5), -np.floor(-q + 0.5))  # the portable rounding
-        q = np.clip(q, -127, 127).astype(np.int8)
-        slot = b._victim(int(label))
-        if b.label_at(slot) < 0:
-            b.count += 1
-        struct.pack_into(_SLOT_FMT, b.body, slot * b.slot_bytes, int(label), b.next_seq, scale)
-        self._body()[slot, SLOT_OVERHEAD:] = q.view(np.uint8)
-        b.next_seq = (b.next_seq + 1) & 0xFFFFFFFF
-        b.changes += 1
+        q = np.clip(q, -127, 127).astype(np.int8).tobytes()
+        slot = _put(b, int(label), scale, q)
+        self._pending.append((int(label), scale, q))
         if b.changes >= self.flush_every:
             self.flush()
         return slot
+
+    def remove_label(self, label: int) -> int:
+        """Empty every slot of ``label`` (e.g. a keyword deleted); written with the next flush."""
+        self._pending.append((int(label),))
+        return self.buffer.remove_label(int(label))
 
     def add_many(self, x: np.ndarray, y: np.ndarray) -> None:
         for v, lab in zip(x, y):
@@ -151,16 +162,56 @@ class ReplayStore:
         return self.arrays(list(self.buffer.sample(n)))
 
     def flush(self) -> None:
+        """Write this process's adds since the last write into the file as it is now (under the
+        state lock, atomically); the merge becomes this buffer."""
         if self.buffer.changes == 0 and self.path.exists():
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, self.buffer.to_bytes())
-        self.buffer.mark_saved()
+        with state_lock(self.path.parent):
+            merged = self._merged()
+            atomic_write(self.path, merged.to_bytes())
+            self._adopt(merged)
+
+    def _merged(self) -> ReplayBuffer:
+        """The file as it is now (an empty buffer of this one's size if there is none) with this
+        process's pending changes made on it. Call under the state lock."""
+        b = self.buffer
+        out = load_replay(self.path, b.dim) or ReplayBuffer(b.dim, b.nbytes)
+        for op in self._pending:
+            if len(op) == 1:
+                out.remove_label(op[0])
+            else:
+                _put(out, *op)
+        return out
+
+    def _adopt(self, merged: ReplayBuffer) -> None:
+        merged._rng = self.buffer._rng  # the sampler's stream goes on as it was
+        merged.mark_saved()
+        self.buffer, self._pending, self._staged = merged, [], None
 
     def staged(self) -> bytes:
-        """The buffer's file image, for a caller that commits it together with other files
-        (``AdaptStore.save(stage=...)``); call ``mark_saved()`` once it is in place."""
-        return self.buffer.to_bytes()
+        """The file image for a caller that commits it together with other files
+        (``AdaptStore.save(stage=...)``): the file as it is now with this process's adds made on it
+        (read under the state lock); call ``mark_saved()`` once it is in place."""
+        with state_lock(self.path.parent):
+            self._staged = self._merged()
+        return self._staged.to_bytes()
 
     def mark_saved(self) -> None:
-        self.buffer.mark_saved()
+        if self._staged is not None:
+            self._adopt(self._staged)
+        else:
+            self.buffer.mark_saved()
+            self._pending = []
+
+
+def _put(b: ReplayBuffer, label: int, scale: float, q: bytes) -> int:
+    """Store one quantised vector in ``b`` (the portable ``add``'s slot choice and bytes)."""
+    slot = b._victim(label)
+    if b.label_at(slot) < 0:
+        b.count += 1
+    off = slot * b.slot_bytes
+    struct.pack_into(_SLOT_FMT, b.body, off, label, b.next_seq, scale)
+    b.body[off + SLOT_OVERHEAD:off + b.slot_bytes] = q
+    b.next_seq = (b.next_seq + 1) & 0xFFFFFFFF
+    b.changes += 1
+    return slot

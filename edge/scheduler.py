@@ -3,9 +3,9 @@
 Readings come from an injectable sysfs root (``/`` on a device, a fake tree or
 a recorded trace in tests): ``sys/class/power_supply/*/{type,capacity,status,online}``
 and ``sys/class/thermal/thermal_zone*/temp`` (millidegrees; the hottest zone
-counts). A missing or unreadable file is *unknown*, logged once per read with
-its path, and the policy (``edge.portable.schedule``, shared with the ESP32)
-treats unknowns conservatively. Every decision is logged with its reason to
+counts). A missing or unreadable file is *unknown*, recorded with its path in every
+decision and warned about once per ``Scheduler`` (a training run asks before every step), and
+the policy (``edge.portable.schedule``, shared with the ESP32) treats unknowns conservatively. Every decision is logged with its reason to
 ``<state>/scheduler.log`` (one JSON line each; 0600, fdatasync'd, rotated to
 ``scheduler.log.1`` at ``LOG_MAX_BYTES`` so it never grows past two files; a line torn by a
 crash is skipped by ``last_record``) and the policy's budget and hysteresis are persisted
@@ -167,6 +167,7 @@ class Scheduler:
                 self.charged = 0
                 log.warning("scheduler state %s unreadable (%s); starting a fresh day budget", sp, e)
         self.last = None
+        self._warned: set[str] = set()  # sysfs problems already warned about (once per scheduler)
 
     def decide(self):
         r, problems = read_sysfs(self.root, self.clock(), self.idle_s())
@@ -174,8 +175,10 @@ class Scheduler:
         rec = {"t": round(r.now_s, 3), "action": d.action, "steps": d.steps, "reason": d.reason,
                "battery_pct": r.battery_pct, "charging": r.charging, "on_mains": r.on_mains,
                "temp_c": r.temp_c, "idle_s": r.idle_s, "unknown": problems}
-        for p in problems:
-            log.warning("sysfs: %s", p)
+        for p in problems:  # every decision's record lists them; the warning is said once per run
+            if p not in self._warned:
+                self._warned.add(p)
+                log.warning("sysfs: %s", p)
         log.info("schedule: %s %d steps (%s)", d.action, d.steps, d.reason)
         self.state.mkdir(parents=True, exist_ok=True)
         append_line(self.log_path, json.dumps(rec), LOG_MAX_BYTES)

@@ -42,13 +42,13 @@ def smoke_check_models(bundle, backend: str = "auto", placements=("cpu",)) -> No
     """
     import numpy as np
 
-    from edge.backends import load
+    from edge.backends import backend_for, load
 
     ran = 0
     for part in bundle.partitions:
         if part["placement"] not in placements or part["format"] not in ("tflite", "onnx"):
             continue
-        model = load(bundle.path(part["file"]), backend=backend if part["format"] == "tflite" else "auto")
+        model = load(bundle.path(part["file"]), backend=backend_for(backend, part["format"]))
         zeros = [np.zeros([d if d > 0 else 1 for d in t.shape], t.dtype) for t in model.inputs]
         for out in model.run(*zeros):
             if not np.all(np.isfinite(out)):
@@ -65,6 +65,32 @@ def _is_bundle_dirname(name) -> bool:
     """None, or a plain directory name under bundles/ (what install writes: <model_id>-v<version>)."""
     return name is None or (isinstance(name, str) and 0 < len(name) <= 255 and "/" not in name
                             and "\\" not in name and "\x00" not in name and not name.startswith("."))
+
+
+def read_pointer(pointer_path) -> dict:
+    """A store's ``current`` file, read without opening the store (nothing created, nothing swept):
+    {"current": dirname|None, "previous": dirname|None}; a damaged file is a BundleError."""
+    from edge.bundle import parse_manifest
+
+    pointer_path = Path(pointer_path)
+    if not pointer_path.exists():
+        return {"current": None, "previous": None}
+    try:
+        with open(pointer_path, "rb") as f:
+            raw = f.read(_MAX_POINTER_BYTES + 1)
+        if len(raw) > _MAX_POINTER_BYTES:
+            raise ValueError(f"larger than {_MAX_POINTER_BYTES} bytes")
+        ptr = parse_manifest(raw, where=pointer_path.name)
+        if not isinstance(ptr, dict) or "current" not in ptr:
+            raise ValueError("no 'current' field")
+        for key in ("current", "previous"):
+            if not _is_bundle_dirname(ptr.get(key)):
+                raise ValueError(f"{key} is {ptr.get(key)!r}, not a bundle directory name")
+    except (ValueError, OSError, BundleError) as e:
+        why = e.problem if isinstance(e, BundleError) else e
+        raise BundleError(f"{pointer_path}: unreadable ({why})",
+                          fix="delete it and install a bundle again") from None
+    return {"current": ptr.get("current"), "previous": ptr.get("previous")}
 
 
 class BundleStore:
@@ -95,26 +121,7 @@ class BundleStore:
 
     def pointer(self) -> dict:
         """{"current": dirname|None, "previous": dirname|None}."""
-        from edge.bundle import parse_manifest
-
-        if not self.pointer_path.exists():
-            return {"current": None, "previous": None}
-        try:
-            with open(self.pointer_path, "rb") as f:
-                raw = f.read(_MAX_POINTER_BYTES + 1)
-            if len(raw) > _MAX_POINTER_BYTES:
-                raise ValueError(f"larger than {_MAX_POINTER_BYTES} bytes")
-            ptr = parse_manifest(raw, where=self.pointer_path.name)
-            if not isinstance(ptr, dict) or "current" not in ptr:
-                raise ValueError("no 'current' field")
-            for key in ("current", "previous"):
-                if not _is_bundle_dirname(ptr.get(key)):
-                    raise ValueError(f"{key} is {ptr.get(key)!r}, not a bundle directory name")
-        except (ValueError, OSError, BundleError) as e:
-            why = e.problem if isinstance(e, BundleError) else e
-            raise BundleError(f"{self.pointer_path}: unreadable ({why})",
-                              fix="delete it and install a bundle again") from None
-        return {"current": ptr.get("current"), "previous": ptr.get("previous")}
+        return read_pointer(self.pointer_path)
 
     def _load(self, dirname: str, trusted_keys=None, allow_unsigned: bool = False):
         from edge.bundle import load_bundle

@@ -135,10 +135,11 @@ class PhoneModel:
     over the phones without the CTC blank."""
 
     def __init__(self, bundle, part: dict, backend: str = "auto", num_threads: int = 1):
-        from edge.backends import dequantize, load, quantize
+        from edge.backends import backend_for, dequantize, load, quantize
 
         self._q, self._dq = quantize, dequantize
-        self.backend = load(bundle.path(part["file"]), backend=backend, num_threads=num_threads)
+        self.backend = load(bundle.path(part["file"]), backend=backend_for(backend, part.get("format")),
+                            num_threads=num_threads)
         self.n = int(self.backend.outputs[0].shape[-1])
 
     def __call__(self, feats: np.ndarray) -> np.ndarray:

@@ -263,11 +263,14 @@ class WakeServer:
         self._loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
         kind, host, port = self.scheme_addr
-        if kind == "unix":
-            Path(host).unlink(missing_ok=True)
-            self._server = await asyncio.start_unix_server(self._accept, path=host, limit=LINE_LIMIT)
-        else:
-            self._server = await asyncio.start_server(self._accept, host=host, port=port, limit=LINE_LIMIT)
+        try:
+            if kind == "unix":
+                Path(host).unlink(missing_ok=True)
+                self._server = await asyncio.start_unix_server(self._accept, path=host, limit=LINE_LIMIT)
+            else:
+                self._server = await asyncio.start_server(self._accept, host=host, port=port, limit=LINE_LIMIT)
+        except OSError as e:
+            raise _listen_error(self.uri, e) from None
         try:
             if self.zeroconf is not None:
                 await self.zeroconf.register(self._server.sockets[0].getsockname()[1])
@@ -351,3 +354,25 @@ class WakeServer:
             except (ConnectionError, OSError):
                 pass
 
+
+
+def _listen_error(uri: str, e: OSError) -> EdgelearnError:
+    """One sentence for a server that cannot listen at ``uri`` (port taken, no such host or address,
+    a unix socket's directory missing or not writable)."""
+    import errno
+    import socket
+
+    if isinstance(e, socket.gaierror):
+        return EdgelearnError(f"cannot listen at {uri}: its host name does not resolve ({e.strerror or e})",
+                              fix="give this machine's address or name, or tcp://0.0.0.0:PORT for every interface")
+    if e.errno == errno.EADDRINUSE:
+        return EdgelearnError(f"cannot listen at {uri}: the address is already in use",
+                              fix="stop the other server on it (another `edgelearn wyoming`?) or pick another port")
+    if e.errno == errno.EADDRNOTAVAIL:
+        return EdgelearnError(f"cannot listen at {uri}: the address is not one of this machine's",
+                              fix="give one of its addresses (`ip addr`), or tcp://0.0.0.0:PORT for every interface")
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return EdgelearnError(f"cannot listen at {uri}: permission denied",
+                              fix="use a port above 1023, or a unix socket path in a directory you can write")
+    return EdgelearnError(f"cannot listen at {uri}: {e.strerror or e}",
+                          fix="check the address, or that the unix socket's directory exists and is writable")

@@ -26,6 +26,22 @@ from host import keys as hk
 _DEFAULTS = {"frontend": {}, "target": None, "partitions": [], "trainable": {}, "quantization": {}, "extra": {}}
 
 
+def bundle_arg(value=None) -> Path:
+    """The bundle a user named: the shipped bundle when ``value`` is None; ``value`` when it exists; else the
+    shipped bundle of that name, so ``kws-dscnn-s`` and the docs' ``models/kws-dscnn-s`` work outside a checkout
+    (the shipped bundles travel with the package, ``edge.kws.MODELS``)."""
+    from edge.kws import DEFAULT_BUNDLE, MODELS
+
+    if value is None:
+        return DEFAULT_BUNDLE
+    path = Path(value)
+    shipped = MODELS / path.name
+    if (not path.exists() and path.name and str(path.parent) in (".", "models")
+            and (shipped / "manifest.json").is_file()):
+        return shipped
+    return path
+
+
 def manifest_bytes(manifest: dict) -> bytes:
     """The canonical serialisation: sorted keys, 2-space indent, UTF-8, trailing newline."""
     try:

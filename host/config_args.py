@@ -60,3 +60,26 @@ def config_from_args(cls, args, names, *, units=None, **extra):
             v = v / _SCALE[units[name]]
         values[name] = v
     return cls(**values, **extra)
+
+
+def as_options(text: str, names, *, units=None) -> str:
+    """``text`` with each field name in ``names`` written as its command-line option (``clients_per_round``
+    -> ``--clients-per-round``), for a config's complaint about values the user gave as options."""
+    import re
+
+    units = units or {}
+    for name in sorted(names, key=len, reverse=True):
+        text = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", _flag(name, units.get(name)), text)
+    return text
+
+
+def options_config(cls, args, names, *, units=None, **extra):
+    """``config_from_args``, with a config's own check (an EdgelearnError that says to fix its file) said
+    in terms of the options: ``--clients-per-round must be >= 1; change that option``."""
+    from edge.errors import EdgelearnError
+
+    try:
+        return config_from_args(cls, args, names, units=units, **extra)
+    except EdgelearnError as e:
+        problem = as_options(e.problem, names, units=units).split(": ", 1)[-1]
+        raise EdgelearnError(problem, fix="change that option (see --help)") from None

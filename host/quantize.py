@@ -214,16 +214,44 @@ def onnx_predictor(path: Path):
     return predict
 
 
+def check_inputs(model_dir, out_dir, max_drop: float = 1.0) -> None:
+    """One EdgelearnError, before TensorFlow loads, for a --model that is not a training output directory,
+    an --out that is a file, or a --max-drop that is not a number of points >= 0."""
+    from edge.errors import EdgelearnError
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    made_by = "pass the directory `edgelearn train --out DIR` wrote (it holds model.keras and frontend.json)"
+    if not model_dir.exists():
+        raise EdgelearnError(f"--model {model_dir} does not exist", fix=made_by)
+    if not model_dir.is_dir():
+        raise EdgelearnError(f"--model {model_dir} is a file, not a training output directory", fix=made_by)
+    missing = [n for n in ("model.keras", "frontend.json") if not (model_dir / n).is_file()]
+    if missing:
+        raise EdgelearnError(f"--model {model_dir} has no {' or '.join(missing)}, so it is not a training "
+                             "output directory", fix=made_by)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise EdgelearnError(f"--out {out_dir} is a file", fix="pass a directory for the quantised models")
+    if not 0 <= max_drop < float("inf"):
+        raise EdgelearnError(f"--max-drop {max_drop} is not a number of accuracy points of 0 or more",
+                             fix="pass e.g. --max-drop 1.0")
+
+
 def quantize(model_dir, out_dir, max_drop: float = 1.0, corpus=None) -> dict:
+    check_inputs(model_dir, out_dir, max_drop)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tensorflow import keras
 
+    from edge.errors import EdgelearnError
     from host.data.corpus import build_corpus
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    try:
+        model = keras.models.load_model(model_dir / "model.keras")
+        scale = json.loads((model_dir / "frontend.json").read_text())["scale"]
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise EdgelearnError(f"--model {model_dir}: model.keras or frontend.json cannot be read ({e})",
+                             fix="train it again with `edgelearn train`") from None
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = keras.models.load_model(model_dir / "model.keras")
-    scale = json.loads((model_dir / "frontend.json").read_text())["scale"]
     corpus = corpus or build_corpus()
     calib = calibration_features(corpus, scale)
     scorer = Scorer(corpus, scale)

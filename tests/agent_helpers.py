@@ -83,3 +83,66 @@ def signed_version(tmp: Path, version: int, broken: bool, agg_state: Path) -> Pa
     (b / "manifest.json").write_text(json.dumps(m))
     sign_bundle(b, next((Path(agg_state) / "keys").glob("*.key")))
     return b
+
+
+def federate(state, pcm, data, agg):
+    """One real round with the aggregator ``agg`` (its fixture: url, key, trusted): an agent on
+    ``state`` without local adaptation streams ``pcm`` until it joined a round and runs the version
+    the federation published. Returns (the agent, the bundle version it ran at each chunk)."""
+    import time
+
+    from edge.agent import Agent, AgentConfig
+    from edge.device import CHUNK
+
+    # no local adaptation: an adapted conv tail, when its run happened to finish first, is what
+    # detection runs instead of the federated head (it raced before)
+    cfg = AgentConfig(source=None, data=data, aggregator=agg["url"], device_id="pi-0", device_key=agg["key"],
+                      checkin_every_s=0.05, status_every_s=0, adapt=False)
+    versions = []
+
+    def audio():
+        t0, i = time.monotonic(), 0
+        while time.monotonic() - t0 < 300:
+            yield pcm[i % len(pcm): i % len(pcm) + CHUNK]
+            i += CHUNK
+            versions.append(agent.device.bundle.version)
+            if agent.status["rounds_joined"] >= 1 and versions[-1] > versions[0]:
+                return
+            time.sleep(0.005)
+
+    cfg.source = audio()
+    agent = Agent(state, cfg, trusted_keys=agg["trusted"])
+    agent._emit = lambda ev: None
+    agent.run()
+    return agent, versions
+
+
+def adapting_agent(state, pcm, data, sysfs, stderr=None):
+    """`edgelearn device run --stdin` on ``state`` (its own session, so a signal can reach the agent
+    and its training child together), fed ``pcm`` until its adaptation child runs; the caller stops it."""
+    import os
+    import subprocess
+    import time
+
+    from edge.agent import read_status
+    from edge.device import CHUNK
+
+    p = subprocess.Popen(CLI + ["device", "run", "--state", str(state), "--stdin", "--data", str(data),
+                                "--adapt-every", "0", "--sysfs-root", str(sysfs)],
+                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL if stderr is None else stderr, cwd=ROOT, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 300:
+            p.stdin.write(pcm[:CHUNK].tobytes())
+            p.stdin.flush()
+            st = read_status(state)
+            if st and st.get("adapting"):
+                break
+            time.sleep(0.01)
+        assert read_status(state)["adapting"]
+    except BaseException:
+        os.killpg(p.pid, 9)
+        p.wait()
+        raise
+    return p

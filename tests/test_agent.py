@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import pytest
-from agent_helpers import CLI, ROOT, free_port, signed_version, stream, trusted_keys
+from agent_helpers import CLI, ROOT, adapting_agent, federate, free_port, signed_version, stream, trusted_keys
 from devstate_helpers import make_data, make_keyword_clips, make_sysfs
 
 from edge.agent import Agent, AgentConfig, health_check, read_status
@@ -124,20 +124,8 @@ def test_print_unit_and_bad_options_are_one_sentence(tmp_path):
 def test_kill_9_while_adapting_leaves_a_usable_state(enrolled, tmp_path):
     state, pcm = enrolled
     data, sysfs = make_data(tmp_path / "data"), make_sysfs(tmp_path / "sys")
-    p = subprocess.Popen(CLI + ["device", "run", "--state", str(state), "--stdin", "--data", str(data),
-                                "--adapt-every", "0", "--sysfs-root", str(sysfs)],
-                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                         start_new_session=True)
+    p = adapting_agent(state, pcm, data, sysfs)
     try:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 300:  # feed audio until the adaptation child is running
-            p.stdin.write(pcm[:CHUNK].tobytes())
-            p.stdin.flush()
-            st = read_status(state)
-            if st and st.get("adapting"):
-                break
-            time.sleep(0.01)
-        assert read_status(state)["adapting"]
         time.sleep(0.5)
     finally:
         os.killpg(p.pid, signal.SIGKILL)  # the agent and its training child, at once
@@ -176,26 +164,7 @@ def test_joins_a_round_then_pulls_checks_and_uses_the_new_version(enrolled, tmp_
     state, pcm = enrolled
     data = make_data(tmp_path / "data")
     trusted = aggregator["trusted"]
-    # no local adaptation: an adapted conv tail, when its run happened to finish first, is what
-    # detection runs instead of the federated head this test checks (it raced before)
-    cfg = AgentConfig(source=None, data=data, aggregator=aggregator["url"], device_id="pi-0",
-                      device_key=aggregator["key"], checkin_every_s=0.05, status_every_s=0, adapt=False)
-    versions = []
-
-    def audio():
-        t0, i = time.monotonic(), 0
-        while time.monotonic() - t0 < 300:
-            yield pcm[i % len(pcm): i % len(pcm) + CHUNK]
-            i += CHUNK
-            versions.append(agent.device.bundle.version)
-            if agent.status["rounds_joined"] >= 1 and versions[-1] > versions[0]:
-                return
-            time.sleep(0.005)
-
-    cfg.source = audio()
-    agent = Agent(state, cfg, trusted_keys=trusted)
-    agent._emit = lambda ev: None
-    agent.run()
+    agent, versions = federate(state, pcm, data, aggregator)
     st = read_status(state)
     assert st["rounds_joined"] >= 1 and st["bytes_uploaded"] > 0, st
     assert versions[-1] > versions[0]  # the federation published a new version and detection runs it

@@ -3,10 +3,13 @@
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from edge.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args, **kw):
@@ -80,7 +83,7 @@ def test_a_package_missing_while_a_command_runs_is_one_line():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2, res.stdout + res.stderr
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert "'mpremote'" in res.stderr and "edgelearn[dev]" in res.stderr, res.stderr
+    assert "'mpremote'" in res.stderr and "edgelearn[flash]" in res.stderr, res.stderr
 
 
 def test_bench_without_a_checkout_says_so_in_one_sentence(tmp_path):
@@ -143,3 +146,21 @@ def test_init_with_operating_negatives_keeps_them_beside_the_heldout_set(tmp_pat
                         "--operating-negatives", "12"], capture_output=True, text=True)
     assert r.returncode == 2 and "--operating-negatives needs a held-out set" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "t").exists()
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    """`edgelearn ... | head -1`: the reader closes the pipe while the command still prints; the
+    command stops with SIGPIPE's status and no BrokenPipeError traceback."""
+    (tmp_path / "chatty.py").write_text(
+        "def add_arguments(p):\n    pass\n\n"
+        "def run(args):\n    for i in range(200000):\n        print('line', i)\n    return 0\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from edge import cli\n"
+            "cli.COMMANDS['chatty'] = ('chatty', 'prints many lines')\n"
+            "sys.exit(cli.main(['chatty']))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout.readline() == b"line 0\n"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == 141 and err == "", err

@@ -111,6 +111,9 @@ def test_confirmed_detections_feed_the_replay_buffer(audio, tmp_path):
     got = {labels[k]: n for k, n in rb.class_counts().items()}
     want = {w: confirmed.count(w) for w in set(confirmed)}
     assert got == want
-    # a stricter confirmation adds nothing more than the confident events
-    cli("detect", "--state", st, "--wav", wav, "--confirm", "1.01")
-    assert ReplayBuffer.from_bytes((st / "replay_tail.bin").read_bytes()).count == rb.count
+    # the strictest confirmation (scores are probabilities: --confirm is in [0, 1]) adds only certain events
+    strict = [json.loads(ln) for ln in cli("detect", "--state", st, "--wav", wav, "--json",
+                                           "--confirm", "1").stdout.splitlines()]
+    added = sum(e["score"] >= 1.0 for e in strict if e["keyword"] in labels)
+    assert ReplayBuffer.from_bytes((st / "replay_tail.bin").read_bytes()).count == rb.count + added
+    assert cli("detect", "--state", st, "--wav", wav, "--confirm", "1.01", check=False).returncode == 2

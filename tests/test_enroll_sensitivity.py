@@ -51,6 +51,10 @@ def test_every_level_is_calibrated_and_ordered(state):
     assert high["bank_false_accept_rate"] <= SENSITIVITIES["high"][0] + one
     if high["threshold"] > 0.5:  # not held up by the floor: the quantile itself
         assert high["bank_false_accept_rate"] >= SENSITIVITIES["high"][0] - one
+    # what `device sensitivity` shows: every level's bank rate, the default's too, in order
+    shown = rep["sensitivities"]
+    assert shown["medium"]["bank_false_accept_rate"] == e["bank_false_accept_rate"]
+    assert shown["low"]["bank_false_accept_rate"] <= e["bank_false_accept_rate"] <= shown["high"]["bank_false_accept_rate"]
     # second stage: the same noise ranges, distances ordered the same way at every level
     quiet = {r: t for r, t in e["verify"]["levels"]}
     for lo, hi in zip(low["verify_levels"], high["verify_levels"]):

@@ -204,9 +204,10 @@ def test_split_prefers_device_on_fast_link_and_cloud_on_slow_cpu(zoo, tmp_path):
     assert s.cut < len(g.layers) and s.tx_bytes > 0
 
 
-def test_energy_objective_offloads_where_latency_keeps_local(zoo, capsys):
+def test_energy_objective_offloads_where_latency_keeps_local(zoo, capsys, tmp_path, monkeypatch):
     # rpi4: 0.5 ms of local compute beats a 20 ms round trip, but 2 mJ of compute
     # costs more than sending the 490-byte input (25 uJ)
+    monkeypatch.chdir(tmp_path)  # the chart goes to the current directory
     path = str(zoo[(64, 4)])
     assert cli(["report", path, "--target", "rpi4", "--json", "--objective", "latency"]) == 0
     lat = json.loads(capsys.readouterr().out)["split"]

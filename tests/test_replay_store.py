@@ -70,7 +70,7 @@ def test_writes_are_batched_and_atomic(tmp_path):
     rs.flush()
     again = ReplayStore(tmp_path, dim=16)
     assert again.count == 9 and again.buffer.to_bytes() == rs.buffer.to_bytes()
-    assert [p.name for p in tmp_path.iterdir()] == ["replay.bin"]  # no temp files left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "replay.bin"]  # no temp files left behind (.lock: the state lock)
 
 
 def test_bad_input_is_refused_and_changes_nothing(tmp_path):

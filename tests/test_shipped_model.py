@@ -130,3 +130,30 @@ def test_demo_runs_end_to_end(clips):
     assert "cloud fallback:" in res.stdout and "answered" in res.stdout
     assert res.stdout.count("LiteRT int8") == 1 and len([l for l in res.stdout.splitlines()
                                                          if l.endswith(("ok", "miss"))]) == 8
+
+
+def test_a_device_on_onnxruntime_enrols_detects_and_adapts(tmp_path):
+    """`--backend onnxruntime` picks the encoder's ONNX partition; the models the bundle ships only
+    as .tflite (backbone, phone model) run on the TFLite interpreter beside it, so every device
+    command works (detection and adaptation failed with 'onnxruntime cannot load
+    backbone_int8.tflite'), and hears what LiteRT hears."""
+    pytest.importorskip("onnxruntime")
+    sys.path.insert(0, str(DEFAULT_BUNDLE.parents[2] / "tests"))
+    from devstate_helpers import make_data, make_keyword_clips
+
+    from edge.audio import read_wav
+    from edge.device import Device
+
+    clips = make_keyword_clips(tmp_path / "kw")
+    kw = read_wav(clips[0])
+    quiet = np.zeros(16000, np.int16)
+    pcm = np.concatenate([quiet, kw, quiet, quiet, kw, quiet])
+    heard = {}
+    for backend in ("litert", "onnxruntime"):
+        dev = Device(tmp_path / backend, backend=backend)
+        dev.enroll("buzz word", clips)
+        heard[backend] = [e["keyword"] for e in dev.detect(pcm, replay=False)]
+    assert heard["onnxruntime"] == heard["litert"] == ["buzz word"] * 2
+    res = Device(tmp_path / "onnxruntime", backend="onnxruntime").adapt(make_data(tmp_path / "data"), steps=2,
+                                                                        force=True)
+    assert res["status"] == "done", res

@@ -356,3 +356,30 @@ def test_the_agent_serves_wyoming_in_its_own_process(enrolled, tmp_path, capsys)
         socket.create_connection(("127.0.0.1", port_of(uri)), timeout=2).close()
     assert main(["device", "run", "--state", str(st)]) == 2
     assert "--wyoming URI" in capsys.readouterr().err
+
+
+def test_an_address_it_cannot_listen_at_is_one_sentence(enrolled, tmp_path, capsys):
+    """A port another server holds, a unix socket in a directory that does not exist, an address
+    that is not this machine's: `edgelearn wyoming` and `device run --wyoming` each say so in one
+    sentence (exit 2), and the server already on the port keeps serving."""
+    import shutil
+
+    from edge.cli import main
+
+    state = tmp_path / "st"
+    shutil.copytree(enrolled[0], state)
+    held = WakeServer(Device(state), "tcp://127.0.0.1:0").start()
+    try:
+        busy = held.uri
+        for uri, says in ((busy, "already in use"), (f"unix://{tmp_path}/no/such/dir/sock", "cannot listen at"),
+                          ("tcp://192.0.2.1:10400", "not one of this machine's")):
+            assert main(["wyoming", "--uri", uri, "--state", str(state)]) == 2, uri
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and says in err and uri in err, err
+        assert main(["device", "run", "--state", str(state), "--wyoming", busy]) == 2
+        err = capsys.readouterr().err
+        assert "already in use" in err and "Traceback" not in err, err
+        events = run(one_stream(port_of(busy), enrolled[1]))
+        assert [n for n, _ in detections(events)] == [KW] * 3
+    finally:
+        held.stop()

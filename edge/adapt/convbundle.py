@@ -83,11 +83,12 @@ class Backbone:
     ``part``: another frozen int8 front of the same shape (the ``tail-prefix``)."""
 
     def __init__(self, bundle, backend: str = "auto", num_threads: int = 1, part: dict | None = None):
-        from edge.backends import load, quantize
+        from edge.backends import backend_for, load, quantize
 
         self._quantize = quantize
         part = part or backbone_partition(bundle)
-        self.backend = load(bundle.path(part["file"]), backend=backend, num_threads=num_threads)
+        self.backend = load(bundle.path(part["file"]), backend=backend_for(backend, part.get("format")),
+                            num_threads=num_threads)
         out = self.backend.outputs[0]
         self.qparams = (float(out.scale), int(out.zero_point))
 

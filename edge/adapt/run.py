@@ -5,7 +5,9 @@ says no, the trainer's full state (delta, optimiser moments, step count, data
 cursor) is checkpointed atomically and the loop returns ``"paused"``. Calling
 again with the same context resumes from the checkpoint. On completion the
 adapted delta (LoRA merged) becomes the context's new version and the
-checkpoint is removed, in one commit (``AdaptStore.save``).
+checkpoint is removed, in one commit (``AdaptStore.save``). A run whose loss diverges (``diverged``:
+not finite, or far above where it started) commits nothing and returns ``"diverged"``: the version
+before it stays active, and no checkpoint of it is kept.
 
 A checkpoint is resumed only by the same run: the same context, strategy, optimiser,
 tensors, step count, the same data (a digest) and the same starting version (``base``), so
@@ -38,6 +40,32 @@ def data_digest(x, y) -> str:
     h = hashlib.sha256(np.ascontiguousarray(x).tobytes())
     h.update(str(np.shape(x)).encode() + np.asarray(y, np.int64).tobytes())
     return h.hexdigest()[:16]
+
+
+# A run has diverged, and is not committed, when a loss or a trained tensor is not finite, or when
+# its last losses (the mean of up to ``DIVERGE_LAST`` steps, so one hard batch does not count) are
+# above ``DIVERGE_FACTOR`` times its first loss and above chance (ln of the classes). Batch noise and
+# replayed examples move the loss by a small factor; a learning rate too large (or of the wrong sign)
+# moves it by orders of magnitude (0.28 -> 4.9e29 at --lr 1e30, 0.27 -> 749 at --lr -1). The chance
+# floor keeps a run that starts near 0 loss (data already fit) from being refused for batch noise.
+DIVERGE_FACTOR, DIVERGE_LAST = 10.0, 10
+
+
+def _finite(arrays) -> bool:
+    return all(np.all(np.isfinite(v)) for v in arrays if np.asarray(v).dtype.kind == "f")
+
+
+def diverged(losses, first, n_classes: int) -> str | None:
+    """Why a run's losses say it diverged (see ``DIVERGE_FACTOR``), or None."""
+    if not losses or first is None:
+        return None
+    last = float(np.mean(losses[-DIVERGE_LAST:]))
+    if not (np.isfinite(last) and np.isfinite(first)):
+        return f"the loss became {last:g}"
+    limit = max(DIVERGE_FACTOR * first, float(np.log(max(n_classes, 2))))
+    if last > limit:
+        return f"the loss rose from {first:.3g} to {last:.3g} (over {limit:.3g})"
+    return None
 
 
 def _fits(state: dict, ck: dict) -> bool:
@@ -108,8 +136,22 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
     if conv:  # the conv tail: its frozen prefix and the teacher's posteriors are computed once per run
         pool = trainer.replay_pool(replay, np.shape(x)[1:], teacher if distill > 0 else None)
         x = trainer.prepare(x)
+    n_classes = trainer.tail.n_classes
+
+    def give_up(why: str) -> dict:
+        """A diverged run: nothing committed, its checkpoint (if any) removed, its energy returned to
+        charge (``charge``: the caller's scheduler books it; nothing else records it)."""
+        store.clear_checkpoint()
+        return {"status": "diverged", "steps_done": done, "loss_first": first,
+                "loss": losses[-1] if losses else None,
+                "reason": f"training diverged: {why}; nothing was committed, the model in use is unchanged; "
+                          "lower --lr",
+                "charge": {"seq": charge_seq, "steps": done - charged} if charge_seq is not None else None}
+
     while done < steps:
         if not should_continue():
+            if not _finite(trainer.state().values()):
+                return give_up("a trained tensor is not finite")
             charge = {"seq": charge_seq, "steps": done - charged} if charge_seq is not None else None
             store.save_checkpoint(trainer.state(), {**info, "done": done, "charged": done if charge else charged,
                                                     "charge": charge, "loss_first": first})
@@ -134,13 +176,24 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
             rows = np.nonzero(is_neg[idx])[0]
             w = negative_distill
             targets[rows] = (1.0 - w) * targets[rows] + w * local_soft[idx[rows]]
-        losses.append(trainer.step(bx, by, targets=targets))
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run is reported below, not warned
+            losses.append(trainer.step(bx, by, targets=targets))
         first = losses[-1] if first is None else first
         done += 1
+        if not np.isfinite(losses[-1]):  # no step can bring it back
+            return give_up(f"the loss became {losses[-1]:g} at step {done}")
         if done % checkpoint_every == 0 and done < steps:
+            if not _finite(trainer.state().values()):  # never a checkpoint a later run would warn about
+                return give_up(f"a trained tensor is not finite at step {done}")
             store.save_checkpoint(trainer.state(), {**info, "done": done, "charged": charged, "loss_first": first})
+    why = diverged(losses, first, n_classes)
+    merged = trainer.tail.merged()
+    if why is None and not _finite(merged.values()):
+        why = "a trained tensor is not finite"
+    if why is not None:
+        return give_up(why)
     charge = {"seq": charge_seq, "steps": done - charged} if charge_seq is not None else None
-    version = store.save(context, trainer.tail.merged(), {**info, "final_loss": losses[-1] if losses else None},
+    version = store.save(context, merged, {**info, "final_loss": losses[-1] if losses else None},
                          stage=stage() if stage is not None else None, charge=charge)
     return {"status": "done", "steps_done": done, "version": version,
             "loss_first": first, "loss": losses[-1] if losses else None}

@@ -22,8 +22,8 @@ before the run or the state after it, never a mix: no orphan version, no stale c
 of a saved version, energy charged exactly once.
 
 What a version may hold, and its bytes, is ``edge.adapt.delta``. Every file is read by a validated loader: a damaged pointer or version is one ``EdgelearnError``
-naming the file (nothing is deleted); a damaged checkpoint is a cache of computation and is
-ignored (the run starts over).
+naming the file (nothing is deleted); a damaged checkpoint is a cache of computation: it is
+reported once and removed (the run starts over).
 
     >>> st = AdaptStore("state", bundle)
     >>> st.save("kitchen", trainer.tail.merged(), {"strategy": "lora"})
@@ -33,12 +33,9 @@ ignored (the run starts over).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import re
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -144,16 +141,9 @@ class AdaptStore:
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write(self.meta_path, json.dumps(self.meta, indent=1).encode())
 
-    @contextmanager
     def _locked(self):
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        """The adapt store's writer lock, ``adapt/.lock`` (``edge.atomic.locked``)."""
+        return atomic.locked(self.root)
 
     @staticmethod
     def check_context(context: str) -> str:
@@ -351,7 +341,12 @@ class AdaptStore:
                 if v.dtype.kind not in "fiu" or (v.dtype.kind == "f" and not np.all(np.isfinite(v))):
                     raise ValueError(f"{k} is not finite numbers")
         except READ_ERRORS as e:
-            log.warning("ignoring %s (%s): the paused run starts over", path, e)
+            # reported once: a damaged checkpoint is only a cache, so it goes (no later run warns again)
+            try:
+                atomic.remove(path)
+                log.warning("removed %s (%s): the paused run starts over", path, e)
+            except OSError as oe:  # a read-only state: ignored, as before
+                log.warning("ignoring %s (%s; cannot remove it: %s): the paused run starts over", path, e, oe)
             return None, None
         return arrays, info
 

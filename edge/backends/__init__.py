@@ -30,6 +30,15 @@ from edge.errors import EdgelearnError
 
 BACKENDS = ("litert", "tflite_runtime", "onnxruntime", "tflite_micro")
 AUTO = {".tflite": ("litert", "tflite_runtime"), ".onnx": ("onnxruntime",)}
+READS = {"litert": "tflite", "tflite_runtime": "tflite", "tflite_micro": "tflite", "onnxruntime": "onnx"}
+
+
+def backend_for(backend: str, fmt: str) -> str:
+    """The backend to open a model of format ``fmt`` ("tflite" | "onnx") with when the user chose
+    ``backend`` for the bundle: that one if it reads the format, else ``auto``. A device's
+    ``--backend onnxruntime`` picks the encoder's ONNX partition; the models a bundle ships only as
+    .tflite (backbone, phone model) still run, on the TFLite interpreter."""
+    return backend if backend == "auto" or READS.get(backend) == fmt else "auto"
 
 
 class BackendUnavailable(EdgelearnError):

@@ -18,7 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from edge.device import Device, check_distill
+from edge.device import Device
+from edge.options import MAX_STRIDE, arg_type
 
 
 def add_arguments(p) -> None:
@@ -41,17 +42,21 @@ def add_arguments(p) -> None:
             src = s.add_mutually_exclusive_group(required=True)
             src.add_argument("--wav", type=Path, help="16 kHz mono 16-bit WAV of any length")
             src.add_argument("--mic", action="store_true", help="read the default ALSA device (arecord)")
+            s.add_argument("--mic-device", default=None, metavar="ALSA_DEVICE",
+                           help="with --mic: the capture device, e.g. hw:1,0 (`arecord -l` lists them; "
+                                "default: ALSA's default)")
             s.add_argument("--json", action="store_true", help="one JSON object per detection")
             level = s.add_mutually_exclusive_group()
-            level.add_argument("--threshold", type=float, default=None,
+            level.add_argument("--threshold", type=arg_type("threshold"), default=None,
                                help="base keyword threshold (default: the version's own operating point, "
                                     "else 0.7)")
-            level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
+            level.add_argument("--sensitivity", type=arg_type("sensitivity"), default=None, metavar="FA_PER_HOUR",
                                help="per-keyword thresholds from `device calibrate` for at most this "
                                     "many false accepts per hour")
             s.add_argument("--keywords", default=None, help="comma-separated base keywords, or 'all'")
-            s.add_argument("--stride", type=int, default=4, help="hops (20 ms) between encoder runs")
-            s.add_argument("--confirm", type=float, default=0.9,
+            s.add_argument("--stride", type=arg_type("stride"), default=4,
+                           help=f"hops (20 ms) between encoder runs, 1..{MAX_STRIDE}")
+            s.add_argument("--confirm", type=arg_type("confirm"), default=0.9,
                            help="base-keyword detections at or above this score feed the replay buffer")
             s.add_argument("--asr", action="store_true",
                            help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword "
@@ -101,18 +106,24 @@ def add_arguments(p) -> None:
                            help="train the tail's depthwise layer too (auto: frozen for bias-only, whose "
                                 "forward then starts after pw4, computed once per clip; see docs/edge-runtime.md)")
             s.add_argument("--optimizer", default=None, help="sgd | adam (default: the recipe's)")
-            s.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
-            s.add_argument("--augment", type=int, default=None, metavar="N",
+            s.add_argument("--steps", type=arg_type("steps"), default=None,
+                           help="training steps, at least 1 (default: the recipe's; the scheduler may run fewer "
+                                "and says so)")
+            s.add_argument("--augment", type=arg_type("augment"), default=None, metavar="N",
                            help="train on N shifted, re-timed, noisy copies of each command clip")
-            s.add_argument("--negative-share", type=float, default=None, metavar="F",
+            s.add_argument("--negative-share", type=arg_type("negative_share"), default=None, metavar="F",
                            help="share of every batch drawn from _unknown_/_silence_ examples")
             s.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
                            help="build a second stage for each command from its clips")
-            s.add_argument("--lr", type=float, default=None, help="learning rate (default: the optimizer's)")
-            s.add_argument("--rank", type=int, default=4)
-            s.add_argument("--memory-budget", type=int, default=256 * 1024, help="bytes, for sparse")
-            s.add_argument("--replay-bytes", type=int, default=1 << 20, help="replay buffer size (tail inputs)")
-            s.add_argument("--distill", type=float, default=0.5,
+            s.add_argument("--lr", type=arg_type("lr"), default=None,
+                           help="learning rate, above 0 (default: the optimizer's); a run whose loss diverges is "
+                                "not committed")
+            s.add_argument("--rank", type=arg_type("rank"), default=4, help="LoRA / adapter rank")
+            s.add_argument("--memory-budget", type=arg_type("memory_budget"), default=256 * 1024,
+                           help="bytes, for sparse")
+            s.add_argument("--replay-bytes", type=arg_type("replay_bytes"), default=1 << 20,
+                           help="replay buffer size (tail inputs)")
+            s.add_argument("--distill", type=arg_type("distill"), default=0.5,
                            help="weight of the bundle's own outputs in the replay examples' targets "
                                 "(0: labels only; see bench/forgetting)")
             s.add_argument("--context", default="default", help="name of this adapted context")
@@ -123,17 +134,20 @@ def add_arguments(p) -> None:
         elif name == "run":
             src = s.add_mutually_exclusive_group()
             src.add_argument("--mic", action="store_true", help="the default ALSA device (arecord)")
+            s.add_argument("--mic-device", default=None, metavar="ALSA_DEVICE",
+                           help="with --mic: the capture device, e.g. hw:1,0 (`arecord -l` lists them; "
+                                "default: ALSA's default)")
             src.add_argument("--wav", type=Path, help="a 16 kHz mono 16-bit WAV, streamed")
             src.add_argument("--stdin", action="store_true", help="raw 16 kHz mono s16le PCM on stdin")
             src.add_argument("--print-unit", action="store_true",
                              help="print a systemd unit that runs the agent on the microphone, and exit")
             level = s.add_mutually_exclusive_group()
-            level.add_argument("--threshold", type=float, default=None,
+            level.add_argument("--threshold", type=arg_type("threshold"), default=None,
                                help="base keyword threshold (default: the version's own operating point, else 0.7)")
-            level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
+            level.add_argument("--sensitivity", type=arg_type("sensitivity"), default=None, metavar="FA_PER_HOUR",
                                help="per-keyword thresholds from `device calibrate`")
             s.add_argument("--keywords", default=None, help="comma-separated base keywords, or 'all'")
-            s.add_argument("--confirm", type=float, default=0.9,
+            s.add_argument("--confirm", type=arg_type("confirm"), default=0.9,
                            help="base-keyword detections at or above this score feed the replay buffer")
             s.add_argument("--asr", action="store_true",
                            help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword "
@@ -202,20 +216,37 @@ def _run(args) -> int:
                       strategy=args.strategy,
                       adapt_every_s=args.adapt_every, adapt=not args.no_adapt, aggregator=args.aggregator,
                       device_id=args.device_id, device_key=args.device_key, checkin_every_s=args.checkin_every,
-                      network=args.network, wyoming=args.wyoming, zeroconf=args.zeroconf)
+                      network=args.network, wyoming=args.wyoming, zeroconf=args.zeroconf,
+                      mic_device=args.mic_device)
+    if args.mic_device and source != "mic":
+        raise EdgelearnError("--mic-device picks the microphone, and this run reads none",
+                             fix="pass --mic with --mic-device")
     if args.print_unit:
         print(service_unit(args.state, cfg), end="")
         return 0
     agent = Agent(args.state, cfg, args.bundle, trusted_keys=args.pubkey, backend=args.backend,
                   sysfs_root=args.sysfs_root)
     signal.signal(signal.SIGTERM, agent.stop)
+    interrupted = []
+
+    def on_sigint(*_):  # Ctrl-C: a clean stop (agent.json final); a second one ends it at once
+        if interrupted:
+            raise KeyboardInterrupt
+        interrupted.append(True)
+        agent.stop()
+
+    signal.signal(signal.SIGINT, on_sigint)
     agent.run()
+    if interrupted:
+        print("edgelearn device: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
 def _detect(args) -> int:
     kws = _keywords(args.keywords)
-    events = _device(args).detect(None if args.mic else args.wav, mic=args.mic, keywords=kws,
+    events = _device(args).detect(None if args.mic else args.wav, mic=(args.mic_device or True) if args.mic else False,
+                                  keywords=kws,
                                   threshold=args.threshold if args.sensitivity is None else None,
                                   sensitivity=args.sensitivity, stride=args.stride, confirm=args.confirm,
                                   replay=not args.no_replay, asr=args.asr)
@@ -255,8 +286,7 @@ def _enroll(args) -> int:
 
 def _adapt(args) -> int:
     dev = _device(args)
-    if args.rollback or args.use:
-        check_distill(args.distill)  # refused with --rollback/--use too, as it always was
+    if args.rollback or args.use:  # a bad option is refused at parsing, with these too (arg_type)
         if args.rollback:
             print(json.dumps({"context": args.context, "version": dev.rollback(args.context)}))
         else:

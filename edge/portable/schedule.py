@@ -40,7 +40,7 @@ API (stable; the ESP32 firmware uses it):
     >>> pol = SchedulePolicy(daily_budget_j=20.0, joules_per_step=0.05)
     >>> d = pol.decide(Readings(battery_pct=80, charging=True, has_battery=True, temp_c=41.0, idle_s=600, now_s=t))
     >>> d.action, d.steps, d.reason
-    ('train', 200, 'ok: battery 80% charging, 41.0 C, idle 600 s, budget 20.00 J left')
+    ('train', 200, 'ok: battery 80% charging, 41.0 C, idle 600 s, budget 20.00 J left; 200 steps (at most 200 a run)')
 """
 
 import struct
@@ -115,7 +115,8 @@ class SchedulePolicy:
     def _thermal(self, t):
         """(blocked reason or None, share of steps, description)."""
         if t is None:
-            return None, self.unknown_temp_share, "temperature unknown (throttled)"
+            return None, self.unknown_temp_share, ("temperature unknown (throttled to %d%% of the steps)"
+                                                   % int(self.unknown_temp_share * 100 + 0.5))
         if self.hot and t < self.temp_resume_c:
             self.hot = False
         elif not self.hot and t >= self.temp_pause_c:
@@ -124,7 +125,7 @@ class SchedulePolicy:
             return ("too hot: %.1f C (pause at %.1f C, resume below %.1f C)"
                     % (t, self.temp_pause_c, self.temp_resume_c)), 0.0, ""
         if t >= self.temp_throttle_c:
-            return None, 0.5, "%.1f C (warm, throttled)" % t
+            return None, 0.5, "%.1f C (warm, throttled to 50%% of the steps)" % t
         return None, 1.0, "%.1f C" % t
 
     def _power(self, r):
@@ -160,11 +161,14 @@ class SchedulePolicy:
         if affordable < 1:
             return Decision(WAIT, 0, "daily energy budget spent (%.2f J)" % self.daily_budget_j)
         steps = min(self.max_steps, affordable)
+        # what bounds the steps, so a run cut short can say why (``Device.adapt`` reports it)
+        bound = ("at most %d a run" % self.max_steps if steps == self.max_steps
+                 else "%d affordable" % affordable)
         steps = int(steps * share)
         if steps < 1:
             return Decision(WAIT, 0, "throttled to 0 steps: %s, budget %.2f J left" % (tdesc, left))
-        return Decision(TRAIN, steps, "ok: %s, %s, idle %d s, budget %.2f J left"
-                        % (pdesc, tdesc, r.idle_s, left))
+        return Decision(TRAIN, steps, "ok: %s, %s, idle %d s, budget %.2f J left; %d steps (%s)"
+                        % (pdesc, tdesc, r.idle_s, left, steps, bound))
 
     def state_bytes(self):
         return struct.pack(_STATE_FMT, b"ESP1", 1 if self.hot else 0, self.day, self.spent_mj)

@@ -107,8 +107,9 @@ class AggregatorConfig:
         if not isinstance(shrink, (list, tuple)) or not all(
                 isinstance(a, (int, float)) and not isinstance(a, bool) and 0 < a < 1 for a in shrink):
             problems.append(f"eval_shrink={self.eval_shrink!r} (a list of fractions between 0 and 1, e.g. [0.5, 0.25])")
-        if self.clients_per_round < 1 or self.buffer_size < 1:
-            problems.append("clients_per_round and buffer_size must be >= 1")
+        for name in ("clients_per_round", "buffer_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.overselect < 1 or self.max_overselect < self.overselect:
             problems.append(f"overselect={self.overselect}, max_overselect={self.max_overselect}: "
                             "need 1 <= overselect <= max_overselect")

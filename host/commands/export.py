@@ -1,6 +1,6 @@
 """``edgelearn export``: a custom keyword for another wake-word runtime.
 
-    $ edgelearn export esphome --keyword "hey jarvis" --wav a.wav --wav b.wav ... --out esphome/
+    $ edgelearn export esphome --keyword "hey jarvis" --wav a.wav b.wav c.wav d.wav e.wav --out esphome/
 
 writes ``esphome/hey_jarvis.tflite`` and ``esphome/hey_jarvis.json`` (micro_wake_word's v2
 manifest): copy both next to the device's YAML and name the JSON under ``micro_wake_word: models:``.
@@ -16,18 +16,38 @@ def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="target", required=True)
     e = sub.add_parser("esphome", help="a streaming int8 model + v2 manifest for ESPHome's micro_wake_word")
     e.add_argument("--keyword", required=True, help='the wake phrase, e.g. "hey jarvis"')
-    e.add_argument("--wav", action="append", default=[], type=Path, metavar="WAV",
-                   help="a 16 kHz mono 16-bit clip of you saying the phrase (5 or more; repeat --wav)")
+    e.add_argument("--wav", action="extend", nargs="+", default=[], type=Path, metavar="WAV",
+                   help="16 kHz mono 16-bit clips of you saying the phrase (5 or more: --wav a.wav b.wav ..., "
+                        "or repeat --wav)")
     e.add_argument("--out", required=True, type=Path, help="folder for <keyword>.tflite and <keyword>.json")
     e.add_argument("--author", default="edgelearn", help="the manifest's author")
     e.add_argument("--website", help="the manifest's website (optional)")
     e.add_argument("--languages", default="en", help="comma list for trained_languages (default: en)")
-    e.add_argument("--epochs", type=int, default=30)
+    e.add_argument("--epochs", type=int, default=30, help="training epochs, 1 or more (default 30)")
     e.add_argument("--seed", type=int, default=0)
+
+
+def check_options(args) -> None:
+    """One EdgelearnError naming the first bad option, before the corpus is rendered or anything trains."""
+    from edge.errors import EdgelearnError
+    from host.export.esphome_config import MIN_CLIPS
+
+    if args.epochs < 1:
+        raise EdgelearnError(f"--epochs {args.epochs} is below 1", fix="give a number of epochs, e.g. 30")
+    if args.out.exists() and not args.out.is_dir():
+        raise EdgelearnError(f"--out {args.out} is a file, not a folder",
+                             fix="give a folder for <keyword>.tflite and <keyword>.json")
+    if len(args.wav) < MIN_CLIPS:
+        raise EdgelearnError(f"{len(args.wav)} clip(s) of the phrase given, {MIN_CLIPS} or more are needed",
+                             fix="record more and pass them all: --wav a.wav b.wav c.wav d.wav e.wav")
+    if not [x for x in args.languages.split(",") if x.strip()]:
+        raise EdgelearnError("--languages is empty", fix="give a comma list of language codes, e.g. en")
 
 
 def run(args) -> int:
     from host.export.esphome import ExportConfig, export_esphome
+
+    check_options(args)
 
     cfg = ExportConfig(seed=args.seed, epochs=args.epochs, author=args.author, website=args.website,
                        languages=tuple(x.strip() for x in args.languages.split(",") if x.strip()))

@@ -73,11 +73,14 @@ def run(args) -> int:
     from host.fleet.simulate import simulate
 
     out = Path(args.out)
+    cfg = config_from_args(SimConfig, args, SIM_FIELDS, fresh_head=not args.shipped_head)
+    check_options(cfg, args)  # every option before the embeddings are computed or anything is deleted
+    if out.exists() and not out.is_dir():
+        raise EdgelearnError(f"--out {out} is a file", fix="choose a new or empty directory for --out")
     if out.exists() and any(out.iterdir()):
         if not (out / "fleet.json").exists():
             raise EdgelearnError(f"{out}: exists and is not a fleet output", fix="choose an empty --out")
         shutil.rmtree(out)
-    cfg = config_from_args(SimConfig, args, SIM_FIELDS, fresh_head=not args.shipped_head)
     data = None
     if args.embeddings:
         from host.aggregator.inprocess import small_params
@@ -98,3 +101,38 @@ def run(args) -> int:
         print(f"fleet: {sum(nodes.values()):,} device cycles in {res['ray']['tasks']} Ray tasks on {len(nodes)} "
               f"node(s); {len(res['participation']):,} of {cfg.devices:,} devices joined a round")
     return 0
+
+
+def check_options(cfg: SimConfig, args) -> None:
+    """One EdgelearnError naming the first option out of range, before any work starts."""
+    import math
+
+    from edge.errors import EdgelearnError
+    from host.config_args import as_options
+    from host.fleet.simulate import aggregator_config
+
+    ranges = (("devices", 1, None, "a number of devices, e.g. 30"),
+              ("rounds", 1, None, "a number of rounds, e.g. 10"),
+              ("clients_per_round", 1, None, "devices per round, e.g. 10"),
+              ("drop_rate", 0, 1, "a fraction between 0 and 1"), ("slow_fraction", 0, 1, "a fraction between 0 and 1"),
+              ("time_scale", 0, None, "wall seconds per simulated second above 0, e.g. 0.02"),
+              ("eval_tolerance", 0, None, "a fraction of accuracy of 0 or more, e.g. 0.01"),
+              ("learning_rate", 0, None, "a step size of 0 (the task's) or more"),
+              ("mcu_devices", 0, None, "a number of boards of 0 or more"),
+              ("round_gap", 0, None, "simulated seconds of 0 or more, e.g. 3600"))
+    for name, low, high, what in ranges:
+        v = getattr(cfg, name)
+        if not (math.isfinite(v) and v >= low and (high is None or v <= high)) or (name == "time_scale" and v <= 0):
+            raise EdgelearnError(f"{as_options(name, [name])} {v} is out of range", fix=f"give {what}")
+    if args.ray:
+        for name in RAY_FIELDS:
+            v = getattr(args, name)
+            low = 1 if name == "ray_batch" else 0
+            if not (math.isfinite(v) and v >= low) or (name == "ray_task_cpus" and v <= 0):
+                raise EdgelearnError(f"{as_options(name, [name])} {v} is out of range",
+                                     fix="give a number above 0" if low or name == "ray_task_cpus" else "give 0 or more")
+    try:
+        aggregator_config(cfg)  # the aggregator's own checks (strategy, codec, ...), said as options
+    except EdgelearnError as e:
+        raise EdgelearnError(as_options(e.problem, SIM_FIELDS).split(": ", 1)[-1],
+                             fix="change that option (see --help)") from None

@@ -13,13 +13,27 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return n
+
+
 def add_arguments(p) -> None:
-    p.add_argument("model", type=Path, help="int8 .tflite (or .onnx) model, or a bundle")
+    p.add_argument("model", type=Path, help="int8 .tflite (or .onnx) model, or a bundle (or a shipped bundle's name)")
     p.add_argument("--target", required=True, help="profile name or path to your own profile .toml")
     p.add_argument("--out", required=True, type=Path, help="bundle directory to write")
     p.add_argument("--key", required=True, type=Path, help="Ed25519 private key (edgelearn bundle keygen)")
-    p.add_argument("--model-id", default="kws-dscnn-s")
-    p.add_argument("--version", type=int, default=1)
+    p.add_argument("--model-id", default=None,
+                   help="model id (default: the input bundle's, else kws-dscnn-s)")
+    p.add_argument("--version", type=positive_int, default=None,
+                   help="bundle version (default: the input bundle's, else 1)")
     p.add_argument("--labels", default="", help="comma-separated labels (default: from the input bundle)")
     p.add_argument("--objective", choices=("latency", "energy"), default="latency")
     p.add_argument("--cut", type=int, help="force a device/cloud cut before this layer (ONNX models)")
@@ -27,7 +41,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from host.bundle import bundle_arg
     from host.partition.build import build_target_bundle
+
+    args.model = bundle_arg(args.model)  # a shipped bundle's name works too
 
     out, plan = build_target_bundle(args.model, args.target, args.out, args.key, model_id=args.model_id,
                                     version=args.version, labels=[x for x in args.labels.split(",") if x],

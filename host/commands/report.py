@@ -21,7 +21,8 @@ def add_arguments(p) -> None:
     p.add_argument("model", type=Path, help=".tflite / .onnx model or a bundle (directory or .zip)")
     p.add_argument("--target", default="esp32", help="profile name or path to your own profile .toml")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--chart", type=Path, help="where to write the PNG chart (default: next to the model)")
+    p.add_argument("--chart", type=Path,
+                   help="where to write the PNG chart (default: MODEL.TARGET.memory.png in the current directory)")
     p.add_argument("--strategy", help="training strategy to budget for (default: the target's tier)")
     p.add_argument("--objective", choices=("latency", "energy"), default="latency",
                    help="what the device/cloud split minimises (Linux and phone targets)")
@@ -32,11 +33,15 @@ def run(args) -> int:
     from host.partition.plan import plan_partition
     from host.partition.profiles import load_profile
 
+    from host.bundle import bundle_arg
+
+    args.model = bundle_arg(args.model)  # a shipped bundle's name works too
     profile = load_profile(args.target)
     with tempfile.TemporaryDirectory() as tmp:
         model = resolve_model(args.model, Path(tmp))
         plan = plan_partition(load_graph(model), profile, objective=args.objective, strategy=args.strategy)
-    chart = args.chart or args.model.with_name(f"{args.model.stem}.{profile.name}.memory.png")
+    # by default in the current directory: never inside a bundle or an installed package
+    chart = args.chart or Path(f"{args.model.resolve().stem}.{profile.name}.memory.png")
     try:
         draw_chart(plan, chart)
     except OSError as e:

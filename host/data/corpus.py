@@ -19,7 +19,6 @@ import os
 import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -95,6 +94,8 @@ class Progress:
         self._shown = 0.0
 
     def step(self, n: int = 1) -> None:
+        if synth.stopping():  # interrupted: no progress line after the command's last word
+            return
         self.done += n
         now = time.time()
         if now - self._shown < 0.5 and self.done < self.total:
@@ -233,10 +234,9 @@ def render_all(cfg: CorpusConfig, workers: int = 2, progress: bool = True):
 
     # Longest tasks (Festival) first so the pool finishes together.
     order = sorted(voices, key=lambda v: -len(plan[v]) * (5 if v.synth == "festival" else 1))
-    with ThreadPoolExecutor(max_workers=workers) as ex:
-        futs = {ex.submit(work, v): v for v in order}
-        for f in as_completed(futs):
-            results[futs[f]] = f.result()
+    # Ctrl-C (or a failed render) cancels the queued voices and kills the running synthesizers.
+    for v, res in synth.pool_map(work, order, workers=workers):
+        results[v] = res
     audio, offsets, meta = [], [0], {"text": [], "kind": [], "voice": [], "split": []}
     for v in voices:
         for (text, _r, _p, kind), pcm in zip(plan[v], results[v]):

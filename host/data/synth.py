@@ -16,6 +16,7 @@ import io
 import shutil
 import subprocess
 import tempfile
+import threading
 import wave
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,11 +179,80 @@ def finish(pcm: np.ndarray, rate: int) -> np.ndarray:
     return np.round(x).astype(np.int16)
 
 
-def _run(cmd: list[str], timeout: float = 60.0) -> bytes:
-    res = subprocess.run(cmd, capture_output=True, timeout=timeout)
-    if res.returncode != 0:
-        raise RuntimeError(f"{cmd[0]} failed: {res.stderr.decode(errors='replace')[:200]}")
-    return res.stdout
+class RenderCancelled(Exception):
+    """Rendering stopped because the pool it ran in was interrupted (:func:`pool_map`)."""
+
+
+# A pool's worker threads carry its stop event and its running synthesizer processes; a render
+# outside any pool (the main thread, a test) carries none and is never cancelled.
+_POOL = threading.local()
+
+
+def stopping() -> bool:
+    """True in a pool's worker once the pool was interrupted (no more progress to show)."""
+    stop = getattr(_POOL, "stop", None)
+    return stop is not None and stop.is_set()
+
+
+def pool_map(fn, items, workers: int = 2):
+    """Yield ``(item, fn(item))`` as they complete, ``workers`` at a time on threads. On any exception
+    (a failed render, or Ctrl-C in the caller) queued items are cancelled, the workers' later renders
+    raise RenderCancelled and their running synthesizers are killed, so the caller returns at once
+    instead of waiting for every queued render (``with ThreadPoolExecutor`` waited for all of them)."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    stop, live, lock = threading.Event(), set(), threading.Lock()
+
+    def one(item):
+        _POOL.stop, _POOL.live, _POOL.lock = stop, live, lock
+        try:
+            return fn(item)
+        finally:
+            _POOL.stop = _POOL.live = _POOL.lock = None
+
+    ex = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        futs = {ex.submit(one, it): it for it in items}
+        for f in as_completed(futs):
+            yield futs[f], f.result()
+    except BaseException:
+        stop.set()
+        with lock:
+            procs = list(live)
+        for proc in procs:
+            try:
+                proc.kill()
+            except OSError:
+                pass
+        ex.shutdown(wait=False, cancel_futures=True)
+        raise
+    ex.shutdown()
+
+
+def _run(cmd: list[str], timeout: float = 60.0, input: bytes | None = None) -> bytes:
+    stop, live, lock = (getattr(_POOL, k, None) for k in ("stop", "live", "lock"))
+    if stop is not None and stop.is_set():
+        raise RenderCancelled(cmd[0])
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if live is not None:
+        with lock:
+            live.add(proc)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        if live is not None:
+            with lock:
+                live.discard(proc)
+    if stop is not None and stop.is_set():
+        raise RenderCancelled(cmd[0])
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed: {err.decode(errors='replace')[:200]}")
+    return out
 
 
 def _espeak(voice: Voice, text: str, rate: float, pitch: float) -> np.ndarray:
@@ -203,10 +273,10 @@ def _flite(voice: Voice, text: str, rate: float, pitch: float) -> np.ndarray:
 def _rhvoice(voice: Voice, text: str, rate: float, pitch: float) -> np.ndarray:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "out.wav"
-        res = subprocess.run(["RHVoice-test", "-p", voice.name, "-r", str(int(round(100 * rate))),
-                              "-o", str(path)], input=text.encode(), capture_output=True, timeout=60)
-        if res.returncode != 0 or not path.exists():
-            raise RuntimeError(f"RHVoice-test failed: {res.stderr.decode(errors='replace')[:200]}")
+        _run(["RHVoice-test", "-p", voice.name, "-r", str(int(round(100 * rate))), "-o", str(path)],
+             input=text.encode())
+        if not path.exists():
+            raise RuntimeError("RHVoice-test failed: it wrote no WAV")
         pcm, sr = parse_wav_bytes(path.read_bytes())
         # pitch as Festival's HTS voice gets it: relabel the sample rate (a different vocal tract)
         return finish(pcm, int(sr * pitch))
@@ -255,8 +325,6 @@ def render(voice: Voice, jobs: list[tuple[str, float, float]]) -> list[np.ndarra
 
 def render_jobs(jobs, label: str) -> dict:
     """jobs: [(voice, text, rate, pitch, key)] -> {key: int16}; two workers (subprocess synths)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from host.data.corpus import Progress
 
     by_voice: dict = {}
@@ -275,9 +343,9 @@ def render_jobs(jobs, label: str) -> dict:
             prog.step(len(part))
         return res
 
-    with ThreadPoolExecutor(2) as ex:
-        for res in ex.map(work, by_voice.values()):
-            out.update(res)
+    done = {item[0].id: res for item, res in pool_map(work, list(by_voice.values()), workers=2)}
+    for vid in by_voice:  # in the voices' order, as before
+        out.update(done[vid])
     return out
 
 

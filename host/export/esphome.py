@@ -93,7 +93,7 @@ def read_clips(paths) -> list[np.ndarray]:
     paths = [Path(p) for p in paths]
     if len(paths) < MIN_CLIPS:
         raise EdgelearnError(f"{len(paths)} clip(s) of the phrase given, {MIN_CLIPS} or more are needed",
-                             fix=f"record the phrase {MIN_CLIPS} times or more and pass each with --wav")
+                             fix=f"record the phrase {MIN_CLIPS} times or more and pass them all: --wav a.wav b.wav ...")
     out = []
     for p in paths:
         pcm = read_wav(p, min_samples=FE.SAMPLE_RATE // 5, max_samples=4 * FE.SAMPLE_RATE)

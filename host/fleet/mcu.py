@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -64,6 +65,10 @@ def _need_unix_port():
     return Path(exe)
 
 
+# Set (fleet simulate, on Ctrl-C) to stop the boards not yet started; each cohort clears it when it starts.
+CANCEL = threading.Event()
+
+
 def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, pause: float = 0.2,
                    buffer_size: int | None = None, seed: int = 0, progress: bool = False) -> dict:
     """Run ``devices`` boards against their own aggregator; returns reports per device and totals."""
@@ -72,6 +77,7 @@ def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, 
     import numpy as np
 
     _need_unix_port()
+    CANCEL.clear()
     from host.board.fs import DEFAULT_BUNDLE, board_files, install_local, phrase_clips
     from host.board.unixport import AUDIO_BUFFER, DRIVER, HEAP_KB, romfs_image, run_board
     from host.aggregator.app import build_app, status_of
@@ -112,6 +118,8 @@ def run_mcu_cohort(out_dir, devices: int = 3, reports: int = 2, shots: int = 5, 
 
     def board(dev):
         root, phrase = fs[dev]
+        if CANCEL.is_set():  # the run was interrupted: boards not yet started never start
+            return {"phrase": phrase, "returncode": None, "reports": [], "error": "cancelled"}
         word = "w" + "".join(ch for ch in phrase.lower() if ch.isalnum())[:10]
         code = AUDIO_BUFFER + DRIVER + SCRIPT % {"word": word.encode(), "shots": shots, "reports": reports,
                                                   "tries": 40 * reports, "url": f"http://127.0.0.1:{port}",

@@ -375,6 +375,9 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
                       f"t_sim {(time.monotonic() - t0) / s:,.0f}s", end="", file=sys.stderr, flush=True)
     finally:
         stop.set()
+        if mcu is not None and sys.exc_info()[0] is not None:  # interrupted: no more boards start
+            from host.fleet.mcu import CANCEL
+            CANCEL.set()
         for f in futs:
             f.result()
         pool.shutdown()

@@ -19,7 +19,7 @@ from pathlib import Path
 from edge.errors import EdgelearnError
 
 
-def build_target_bundle(model, profile, out, key, *, model_id: str = "kws-dscnn-s", version: int = 1,
+def build_target_bundle(model, profile, out, key, *, model_id: str | None = None, version: int | None = None,
                         labels=None, objective: str = "latency", cut: int | None = None,
                         force: bool = False):
     """Plan ``model`` (an int8 .tflite or .onnx, or a bundle) for ``profile`` (a
@@ -28,7 +28,12 @@ def build_target_bundle(model, profile, out, key, *, model_id: str = "kws-dscnn-
 
     ``labels``: the model's labels in output order (None: from the input bundle). A plan that does
     not fit is an ``EdgelearnError`` with its advice unless ``force``; ``cut``: the device/cloud cut
-    before this layer (ONNX models), instead of the plan's."""
+    before this layer (ONNX models), instead of the plan's.
+
+    From a bundle, the new bundle keeps its model id and version (unless ``model_id``/``version`` are
+    given), its front end, and every file, partition and manifest section the target's partitions do not
+    replace (``carry_bundle``), so what ran the input bundle runs the partitioned one; from a bare model,
+    ``model_id`` defaults to ``kws-dscnn-s`` and ``version`` to 1."""
     from host.bundle import build_bundle
     from host.partition.blob import write_blob
     from host.partition.graph import load_graph
@@ -41,7 +46,14 @@ def build_target_bundle(model, profile, out, key, *, model_id: str = "kws-dscnn-
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = resolve_model(model_arg, tmp / "in")
-        labels = list(labels or ()) or labels_from_bundle(model_arg)
+        source = None  # the input bundle's directory and manifest, when the input is a bundle
+        if model_arg.suffix.lower() not in (".tflite", ".onnx") and (model.parent / "manifest.json").is_file():
+            source = (model.parent, read_manifest(model.parent))
+        labels = list(labels or ()) or (list(source[1].get("labels", [])) if source else labels_from_bundle(model_arg))
+        if model_id is None:
+            model_id = str(source[1].get("model_id", "kws-dscnn-s")) if source else "kws-dscnn-s"
+        if version is None:
+            version = int(source[1].get("version", 1)) if source else 1
         g = load_graph(model)
         plan = plan_partition(g, profile, objective=objective)
         if not plan.fits and not force:
@@ -73,8 +85,47 @@ def build_target_bundle(model, profile, out, key, *, model_id: str = "kws-dscnn-
             parts.append({"name": "encoder-weights", "file": "weights.elb", "format": "mpy-blob",
                           "placement": "mcu", "precision": "int8", "layers": [0, len(g.layers)]})
         manifest = target_manifest(g, plan, profile, parts, model_id=model_id, version=version, labels=labels)
+        if source is not None:
+            files, manifest = carry_bundle(*source, model.name, files, manifest)
         out = build_bundle(out, files, manifest, key)
     return out, plan
+
+
+def read_manifest(bundle_dir: Path) -> dict:
+    try:
+        m = json.loads((bundle_dir / "manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        raise EdgelearnError(f"{bundle_dir}/manifest.json cannot be read ({e})", fix="rebuild the bundle") from None
+    if not isinstance(m, dict):
+        raise EdgelearnError(f"{bundle_dir}/manifest.json is not a JSON object", fix="rebuild the bundle")
+    return m
+
+
+def carry_bundle(src: Path, src_manifest: dict, replaced: str, files: dict, manifest: dict) -> tuple[dict, dict]:
+    """The target bundle's files and manifest with what the input bundle ``src`` has and the target's
+    partitions do not replace: its other files and partitions (the input's partition of file ``replaced``
+    gives way to the new ones, which keep its role and tensor declarations when the model is not cut),
+    its front end, and its ``extra``, ``trainable`` and ``quantization`` entries besides the new ones
+    (the input's ``trainable`` wins: the device runtime adapts with it; the plan's own is in extra.plan)."""
+    files = dict(files)
+    new_names = {p["name"] for p in manifest["partitions"]}
+    parts = []
+    for part in manifest["partitions"]:
+        old = next((p for p in src_manifest.get("partitions", []) if p.get("file") == replaced), None)
+        if old is not None and part["file"] == replaced:  # the same model, placed for the target
+            part = {**{k: v for k, v in old.items() if k not in ("placement", "layers")}, **part}
+        parts.append(part)
+    for part in src_manifest.get("partitions", []):
+        if part.get("file") != replaced and part.get("name") not in new_names and part.get("file") not in files:
+            parts.append(part)
+    for name in src_manifest.get("files", {}):
+        if name != replaced and name not in files:
+            files[name] = src / name
+    m = dict(manifest, partitions=parts, frontend=src_manifest.get("frontend") or {})
+    for key in ("extra", "quantization"):
+        m[key] = {**(src_manifest.get(key) or {}), **manifest[key]}
+    m["trainable"] = {**manifest["trainable"], **(src_manifest.get("trainable") or {})}
+    return files, m
 
 
 def target_manifest(g, plan, profile, parts: list, *, model_id: str, version: int, labels: list) -> dict:

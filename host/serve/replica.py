@@ -23,6 +23,7 @@ import asyncio
 import multiprocessing as mp
 import pickle
 import queue
+import signal
 import threading
 import time
 from typing import Callable
@@ -35,6 +36,10 @@ class ReplicaError(Exception):
 
 
 def _worker(conn, model_path: str, intra_threads: int) -> None:  # runs in the child process
+    # Ctrl-C in a terminal reaches the whole process group: the server stops its replicas itself
+    # (stop/kill), so a replica ignores SIGINT instead of dying with a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -111,7 +116,13 @@ class Replica:
         parent, child = ctx.Pipe(duplex=True)
         self._proc = ctx.Process(target=_worker, args=(child, self.model_path, self.intra_threads),
                                  daemon=True, name=f"edgelearn-replica-{self.index}")
-        self._proc.start()
+        # SIGINT blocked while the child starts (it inherits the mask), so a Ctrl-C during its start-up
+        # waits for _worker to ignore it; the parent gets its own pending Ctrl-C once unblocked.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+        try:
+            self._proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         child.close()
         self._conn = parent
         self._loop = asyncio.get_running_loop()

@@ -17,13 +17,16 @@ stdin) through the device's detector and, between 0.1 s chunks, keeps the rest o
 - with an aggregator, it checks in on its schedule in a background thread (``edge.fl.FLClient``:
   HMAC-signed check-in; when selected it trains the federated head on its own examples, the
   embedding replay buffer plus its labelled clips, and uploads one compressed, authenticated
-  update), and installs each new signed version the aggregator announces (verified and smoke
+  update), and installs each new signed version the aggregator announces, in a task or in a wait
+  answer when not picked for a round (verified and smoke
   checked by ``edge.store.BundleStore``). Before detection moves to a new version it runs the
   deep health check (``health_check``: finite posteriors on known inputs, and on the labelled
   clips no worse than the running version); a version that fails is rolled back.
 
 Every switch hands the audio the detector holds to a detector of the new model
-(``Detector.continue_from``), so nothing is dropped and no event is reported twice. What the agent did (version, rounds joined, bytes uploaded, last
+(``Detector.continue_from``), so nothing is dropped and no event is reported twice; a keyword
+enrolled on the state while the agent runs (``device enroll``) is such a switch, seen every
+``STATE_WATCH_S`` of audio (``edge.wyoming_models.state_signature``, the Wyoming server's check). What the agent did (version, rounds joined, bytes uploaded, last
 adaptation, last check-in, detections) is ``agent.json`` in the state directory, written
 atomically; ``edgelearn device status`` shows it. A kill -9 at any moment leaves every file old or
 new (each is written by ``edge.atomic``; adaptation commits in one step, ``Device.recover``
@@ -37,7 +40,7 @@ aggregator (tests/test_agent_fleet.py).
 
 The audio sources are ``edge.agent_audio``; a new version's health check, switch and rollback
 ``edge.agent_versions``; the federated rounds ``edge.agent_federation``; the adaptation run
-``edge.agent_adapt`` (``Agent`` inherits their mixins). Every name stays importable from here.
+``edge.agent_adapt`` (``Agent`` inherits their mixins); the systemd unit ``edge.agent_unit``. Every name stays importable from here.
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shlex
 import subprocess
 import sys
 import threading
@@ -58,31 +60,17 @@ from pathlib import Path
 from edge.agent_adapt import READAPT_RETRY_S, Adaptation  # noqa: F401
 from edge.agent_audio import SAMPLE_RATE, _chunks_of, _until_stopped
 from edge.agent_federation import FL_AUGMENT, HOLD_ENV, Federation, _HeldTransport, check_federation  # noqa: F401
+from edge.agent_unit import UNIT, service_unit  # noqa: F401
 from edge.agent_versions import FL_DIR, HEALTH_TOLERANCE, Versions, health_check  # noqa: F401
 from edge.atomic import atomic_write
 from edge.device import CHUNK, Device  # noqa: F401
 from edge.errors import EdgelearnError
+from edge.wyoming_models import state_signature
 
 AGENT_FILE = "agent.json"
+STATE_WATCH_S = 2.0  # seconds of audio between looks at the state files detection was built from
 STAGE_COUNTS = ("rejected", "asr_decoded", "asr_audio_s")  # agent.json's second_stage
 
-UNIT = """[Unit]
-Description=edgelearn device agent (keyword detection, on-device adaptation, federated rounds)
-After=network-online.target sound.target
-Wants=network-online.target
-
-[Service]
-ExecStart={exe} device run --state {state} --mic{extra}
-Restart=on-failure
-RestartSec=5
-Nice=0
-# logs go to the journal: `journalctl -u edgelearn-agent`
-StandardOutput=journal
-StandardError=journal
-
-[Install]
-WantedBy=multi-user.target
-"""
 
 
 @dataclass
@@ -125,26 +113,6 @@ def read_status(state_dir) -> dict | None:
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def service_unit(state_dir, cfg: AgentConfig, exe: str | None = None) -> str:
-    """A systemd unit that runs the agent from the microphone and restarts it on failure."""
-    extra = f" --mic-device {shlex.quote(cfg.mic_device)}" if cfg.mic_device else ""
-    if cfg.data:
-        extra += f" --data {Path(cfg.data).resolve()}"
-    if cfg.aggregator:
-        extra += f" --aggregator {cfg.aggregator} --device-id {cfg.device_id} --device-key {Path(cfg.device_key).resolve()}"
-    if cfg.wyoming:
-        extra += f" --wyoming {cfg.wyoming}"
-        if cfg.zeroconf:
-            extra += " --zeroconf" + ("" if cfg.zeroconf is True else f" {shlex.quote(str(cfg.zeroconf))}")
-    if not cfg.adapt:
-        extra += " --no-adapt"
-    if exe is None:
-        import shutil
-
-        exe = shutil.which("edgelearn") or f"{sys.executable} -m edge.cli"
-    return UNIT.format(exe=exe, state=Path(state_dir).resolve(), extra=extra)
 
 
 class Agent(Versions, Federation, Adaptation):
@@ -197,6 +165,7 @@ class Agent(Versions, Federation, Adaptation):
                        # and the seconds of audio it decoded; carried over restarts like the counters above
                        "second_stage": {k: _number(stage.get(k)) for k in STAGE_COUNTS}}
         self._det = None
+        self._state_sig = None   # state_signature when the detector was built (``_watch_state``)
         self._stage_base = dict(self.status["second_stage"])
         self._check_config()
         self._clips = None
@@ -252,6 +221,9 @@ class Agent(Versions, Federation, Adaptation):
         self._stop.set()
 
     def _detector(self):
+        # the state files the detector reads (enrolled keywords, adapt pointer, operating points),
+        # taken before it reads them: a change after this is seen by ``_watch_state``
+        self._state_sig = state_signature(self.device)
         return self.device.detector(keywords=self.cfg.keywords, threshold=self.cfg.threshold,
                                     sensitivity=self.cfg.sensitivity, confirm=self.cfg.confirm,
                                     replay=self.child is None, asr=self.cfg.asr)
@@ -262,6 +234,7 @@ class Agent(Versions, Federation, Adaptation):
         load), and the error is raised on (``edgelearn device run`` exits non-zero)."""
         source = _chunks_of(self.cfg.source, self.cfg.mic_device)
         samples, replay = 0, None
+        next_watch = int(STATE_WATCH_S * SAMPLE_RATE)
         try:
             self.status["state"] = "running"
             self._write_status()
@@ -274,6 +247,9 @@ class Agent(Versions, Federation, Adaptation):
                     self._emit(ev)
                 samples += len(chunk)
                 self.status["audio_s"] = samples / SAMPLE_RATE
+                if samples >= next_watch:  # a keyword enrolled (or re-enrolled) meanwhile: heard from now
+                    next_watch = samples + int(STATE_WATCH_S * SAMPLE_RATE)
+                    self._watch_state()
                 self._tick()
                 if self._stop.is_set():
                     break
@@ -342,6 +318,13 @@ class Agent(Versions, Federation, Adaptation):
         self._hooks = [p for p in self._hooks if p.poll() is None]  # reap finished hooks
 
     # -- between chunks --------------------------------------------------------------------------
+    def _watch_state(self) -> None:
+        """Restart detection (losslessly, ``Detector.continue_from``) when the state files it was built
+        from changed: ``edgelearn device enroll`` on this state while the agent runs, a sensitivity
+        set, a calibration. The Wyoming server's check (``state_signature``): a few ``stat`` calls."""
+        if state_signature(self.device) != self._state_sig:
+            self._restart = True
+
     def _tick(self) -> None:
         now = self.clock()
         self._poll_adapt(now)

@@ -70,7 +70,7 @@ def check_federation(cfg) -> None:
 class Federation:
     """Mixin: needs ``state_dir``, ``cfg``, ``trusted_keys``, ``sysfs_root``, ``status``, ``device``,
     ``fl``, ``_fl_thread``, ``_fl_results``, ``_next_checkin``, ``labelled_clips``, ``_write_status``
-    from ``Agent`` and ``_default_keys``, ``_drop_rejected``, ``_switch_version`` from ``Versions``."""
+    from ``Agent`` and ``_store_keys``, ``_drop_rejected``, ``_switch_version`` from ``Versions``."""
 
     def _poll_federation(self, now: float) -> None:
         if not self.cfg.aggregator:
@@ -100,7 +100,7 @@ class Federation:
 
                 server = _HeldTransport(HttpTransport(server), hold)
             self.fl = FLClient(server, self.cfg.device_id, load_hmac_key(self.cfg.device_key),
-                               self.state_dir / FL_DIR, trusted_keys=self.trusted_keys or self._default_keys(),
+                               self.state_dir / FL_DIR, trusted_keys=self._store_keys(),
                                data=self._fl_examples)
         return self.fl
 
@@ -135,6 +135,7 @@ class Federation:
         try:
             c = self._fl_client()
             before = c.bytes_up
+            c.skip_versions = set(self.status["rejected"])  # a rolled-back version is not pulled again
             ans = c.run_once(self._checkin_status())
             self._fl_results.put(("ok", {"answer": ans, "bytes": c.bytes_up - before,
                                          "version": c.current_version()}))

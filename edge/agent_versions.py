@@ -67,12 +67,14 @@ class Versions:
     def _fl_store(self):
         from edge.store import BundleStore
 
-        return BundleStore(self.state_dir / FL_DIR / "store", self.trusted_keys or self._default_keys())
+        return BundleStore(self.state_dir / FL_DIR / "store", self._store_keys())
 
-    def _default_keys(self):
-        from edge.kws import default_trusted_keys
+    def _store_keys(self):
+        """What a federated version must be signed by: the keys given (else the default ones) and the
+        shipped release keys, as every device command trusts (``edge.kws.resolve_trusted_keys``)."""
+        from edge.kws import resolve_trusted_keys
 
-        return default_trusted_keys()
+        return resolve_trusted_keys(self.trusted_keys)
 
     def _open_device(self) -> tuple[Device, int | None]:
         """(the device on the federated version it ran last, else the given or shipped bundle; the

@@ -147,8 +147,11 @@ class WavReader:
 
     def _check_length(self, n: int, final: bool) -> None:
         if self.max_samples is not None and n > self.max_samples:
-            self._bad(f"{_seconds(n)} long, longer than {self.max_samples / SAMPLE_RATE:g} s" if final else
-                      f"longer than {self.max_samples / SAMPLE_RATE:g} s", fix=self.long_fix)
+            most = self.max_samples / SAMPLE_RATE
+            fix = self.long_fix if self.long_fix != _FIX_LONG else \
+                f"cut it into clips of at most {most:g} s, e.g. `sox IN.wav OUT.wav trim 0 {most:g}`"
+            self._bad(f"{_seconds(n)} long, longer than {most:g} s" if final else f"longer than {most:g} s",
+                      fix=fix)
         if final and n < self.min_samples:
             self._bad(f"only {n} samples ({n / SAMPLE_RATE:.3f} s), need at least "
                       f"{self.min_samples} ({self.min_samples / SAMPLE_RATE:.3f} s)",

@@ -207,8 +207,10 @@ def _authenticate(src, names, raw: bytes, trusted, device_key, allow_unsigned):
         raise BundleError(f"{SIGNATURE}: not `{SIG_TAG} <key id> <base64>`", fix=_REBUILD)
     kid = fields[1]
     if kid not in keys:
-        raise BundleError(f"{SIGNATURE}: signed by key {kid}, which is not among the trusted keys {sorted(keys)}",
-                          fix="pass the signer's public key, or re-sign the bundle with a trusted key")
+        raise BundleError(f"{SIGNATURE}: signed by key {kid}, which is not among the trusted keys "
+                          f"{', '.join(sorted(keys))} (read from {_key_sources(trusted)})",
+                          fix="add the signer's .pub file (--pubkey, repeatable, or $EDGELEARN_KEYS), "
+                              "or re-sign the bundle with a trusted key")
     from cryptography.exceptions import InvalidSignature
     try:
         keys[kid].verify(base64.b64decode(fields[2], validate=True), SIG_DOMAIN + kid.encode() + b"\n" + raw)
@@ -216,6 +218,19 @@ def _authenticate(src, names, raw: bytes, trusted, device_key, allow_unsigned):
         raise BundleError(f"{SIGNATURE}: signature does not match manifest.json (manifest changed after signing)",
                           fix=_REBUILD) from None
     return kid, "ed25519"
+
+
+def _key_sources(trusted) -> str:
+    """Where trusted keys came from, for an error: the files and directories given (key objects and
+    key lines passed in code: 'given key objects')."""
+    items = trusted if isinstance(trusted, (list, tuple, set)) else [trusted]
+    out = []
+    for item in items:
+        if isinstance(item, (str, Path)) and not str(item).startswith("edgelearn-"):
+            out.append(str(item))
+        elif "given key objects" not in out:
+            out.append("given key objects")
+    return ", ".join(out) or "nothing"
 
 
 def _hash_stream(f, out=None, limit=None) -> tuple:

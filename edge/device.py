@@ -268,7 +268,7 @@ class Device(Detection, Enrolment):
             streams.append((sc, ends, None))
             hours += h
         check_length(hours)  # far too little audio: refused, the earlier calibration kept
-        points = [calibrate(streams, hours, t, det.names) for t in targets]
+        points = [_held_at_default(calibrate(streams, hours, t, det.names), det) for t in targets]
         table = {"for": calibrated_for(bundle, self.state_dir), "hours": hours,
                  "files": [str(p) for p in wavs], "points": points}
         save_points(self.state_dir, table)
@@ -353,4 +353,25 @@ class Device(Detection, Enrolment):
         agent = read_status(self.state_dir)  # what `device run` did last (edge/agent.py)
         if agent is not None:
             out["agent"] = agent
+        if not self.state_dir.is_dir():  # a mistyped --state reads as a fresh device: say so
+            out["note"] = (f"{self.state_dir} does not exist: nothing is enrolled, adapted or calibrated there "
+                           "yet (check the --state path if you expected a device)")
         return out
+
+
+def _held_at_default(point: dict, det) -> dict:
+    """A calibrated point no more permissive than the detector's default thresholds (the bundle's own
+    operating point) where the audio cannot show its target: when a single false accept would already
+    exceed a keyword's share of the target rate, no event at all is all the audio can say, and the
+    lowest threshold on the grid passes that on half a minute of a quiet room (the strictest
+    sensitivity then fired the most). Those keywords keep the default (``held_at_default``)."""
+    share = point["target_fa_h"] / len(det.names)
+    if point["hours"] * share >= 1:
+        return point
+    default = {n: round(float(t), 4) for n, t in zip(det.names, det.thresholds)}
+    held = sorted(n for n, t in point["thresholds"].items() if t < default[n])
+    for n in held:
+        point["thresholds"][n] = default[n]
+    if held:
+        point["held_at_default"] = held
+    return point

@@ -85,6 +85,8 @@ class Enrolment:
         from edge.atomic import atomic_write, npz_bytes
 
         state = self.enrolled()
+        if is_path(clips) or isinstance(clips, np.ndarray) and clips.ndim == 1:
+            clips = [clips]  # one clip, not a list of them: said as "1 clip given" below, not "h: no such file"
         clips = list(clips)
         names = [str(c) if is_path(c) else f"clip {i + 1}" for i, c in enumerate(clips)]
         pcm = [read_wav(c, min_samples=1) if is_path(c) else c for c in clips]

@@ -23,16 +23,17 @@ from edge.errors import EdgelearnError
 def open_bundle(bundle=None, trusted_keys=None, state_dir=None):
     """A verified bundle: ``bundle`` itself when it is one already, else the directory or .zip at
     that path (a store's ``current`` file or its directory: the version it names), checked against
-    ``trusted_keys`` (None: the device's default keys, ``edge.kws.default_trusted_keys``). None: with
+    ``trusted_keys`` plus the shipped release keys (None: the device's default keys; both via
+    ``edge.kws.resolve_trusted_keys``, so the shipped base model always verifies). None: with
     ``state_dir``, the federated version the agent installed and runs there (``installed_version``),
     else the shipped model. With ``state_dir``, a path naming another version of the model the state's
     keywords are bound to, with the same encoder, is refused in a sentence naming the installed one."""
     if bundle is not None and hasattr(bundle, "manifest"):
         return bundle
     from edge.bundle import load_bundle
-    from edge.kws import DEFAULT_BUNDLE, default_trusted_keys
+    from edge.kws import DEFAULT_BUNDLE, resolve_trusted_keys
 
-    keys = trusted_keys or default_trusted_keys()
+    keys = resolve_trusted_keys(trusted_keys)
     if bundle is None:
         installed = None if state_dir is None else installed_version(state_dir, keys)
         return installed if installed is not None else load_bundle(DEFAULT_BUNDLE, trusted_keys=keys)
@@ -115,7 +116,7 @@ def _verified(path: Path, keys):
         return load_bundle(path, trusted_keys=keys)
     except EdgelearnError as e:
         raise EdgelearnError(f"the federated version installed at {path} does not verify with the trusted keys "
-                             f"{keys} ({e.problem})",
+                             f"{', '.join(map(str, keys)) if isinstance(keys, (list, tuple)) else keys} ({e.problem})",
                              fix="pass --pubkey with the keys the agent runs with (the release key and the "
                                  "federation's signing key, e.g. /etc/edgelearn/keys), or pass --bundle to use another "
                                  "bundle") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import os
 from pathlib import Path
 
 from edge.errors import BundleError
@@ -40,7 +41,8 @@ def _parse_key_line(text: str, tag: str, where: str) -> bytes:
 
 
 def load_public_keys(spec) -> dict:
-    """Trusted keys as {key_id: Ed25519PublicKey} from a key, a .pub file, a directory of them or a list."""
+    """Trusted keys as {key_id: Ed25519PublicKey} from a key, a .pub file, a directory of them or a list
+    (a list of paths may also be one string joined with ``os.pathsep``, like $PATH)."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     if spec is None:
@@ -57,6 +59,9 @@ def load_public_keys(spec) -> dict:
             raw = _parse_key_line(item, PUBLIC_TAG, "public key")
         else:
             p = Path(item)
+            if not p.exists() and os.pathsep in str(item):  # a PATH-style list, as str() of resolved keys gives
+                keys.update(load_public_keys([q for q in str(item).split(os.pathsep) if q]))
+                continue
             if p.is_dir():
                 keys.update(load_public_keys(sorted(p.glob("*.pub"))))
                 continue

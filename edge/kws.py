@@ -27,15 +27,82 @@ REPO_KEYS = MODELS / "keys"
 DEFAULT_BUNDLE = MODELS / "kws-dscnn-s"
 
 
-def default_trusted_keys():
-    """Keys a device trusts by default: $EDGELEARN_KEYS, /etc/edgelearn/keys, then the shipped one (``REPO_KEYS``)."""
+def named_bundle(value) -> Path:
+    """``value`` as a bundle path: the path when it exists, else the shipped bundle of that name
+    (``kws-mcu-tcnn``, or a checkout's ``models/kws-mcu-tcnn``), so the names work installed from the
+    wheel, where the shipped bundles are package data (``MODELS``)."""
+    path = Path(value)
+    shipped = MODELS / path.name
+    if (not path.exists() and path.name and str(path.parent) in (".", "models")
+            and (shipped / "manifest.json").is_file()):
+        return shipped
+    return path
+
+
+NO_SHIPPED_ENV = "EDGELEARN_NO_SHIPPED_KEYS"
+
+
+class TrustedKeys(list):
+    """The resolved key files and directories; ``str()`` joins them with ``os.pathsep`` (like $PATH), so code
+    that passes keys on as one path string (``--pubkey``, a unit file) keeps them all (``load_public_keys``)."""
+
+    def __str__(self) -> str:
+        import os
+
+        return os.pathsep.join(str(k) for k in self)
+
+
+def configured_keys(given=None) -> list:
+    """The keys a user configured: every ``given`` (``--pubkey``, repeatable: a .pub file or a directory
+    of them), else ``$EDGELEARN_KEYS``, else ``/etc/edgelearn/keys`` when it exists; [] when none."""
     import os
 
-    for cand in (os.environ.get("EDGELEARN_KEYS"), "/etc/edgelearn/keys", REPO_KEYS):
-        if cand and Path(cand).exists():
-            return Path(cand)
-    raise EdgelearnError("no trusted public keys found",
-                         fix="pass --pubkey KEYFILE or set EDGELEARN_KEYS to a key directory")
+    if given:
+        items = list(given) if isinstance(given, (list, tuple)) else [given]
+        return [k if not isinstance(k, str) or k.startswith("edgelearn-") else Path(k) for k in items]
+    env = os.environ.get("EDGELEARN_KEYS")
+    if env:
+        paths = [Path(p) for p in env.split(os.pathsep) if p]
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing or not paths:
+            raise EdgelearnError(f"EDGELEARN_KEYS={env}: no such key file or directory {', '.join(missing)}".rstrip(),
+                                 fix="point EDGELEARN_KEYS at .pub files or directories of them (several: "
+                                     f"joined with {os.pathsep!r}), or unset it")
+        return paths
+    etc = Path("/etc/edgelearn/keys")
+    return [etc] if etc.exists() else []
+
+
+def shipped_keys_trusted() -> bool:
+    """Whether the shipped release keys are trusted: yes unless ``$EDGELEARN_NO_SHIPPED_KEYS`` is 1/yes/true.
+
+    The shipped bundles (the default model every command falls back to) are signed with these keys, so
+    trusting only the keys a user adds would make ``--pubkey aggregator.pub`` refuse the device's own base
+    model. The opt-out exists for fleets that run only their own signed bundles, or that have retired a
+    release key: they can shrink the trust set to exactly the keys they configure."""
+    import os
+
+    return os.environ.get(NO_SHIPPED_ENV, "").strip().lower() not in ("1", "yes", "true", "on")
+
+
+def resolve_trusted_keys(given=None) -> TrustedKeys:
+    """Keys a device trusts: the configured ones (``configured_keys``: ``--pubkey`` values, else
+    $EDGELEARN_KEYS, else /etc/edgelearn/keys) plus, always, the shipped release keys (``REPO_KEYS``)
+    unless $EDGELEARN_NO_SHIPPED_KEYS=1. A list for ``load_bundle(trusted_keys=...)``."""
+    keys = TrustedKeys(configured_keys(given))
+    if shipped_keys_trusted() and REPO_KEYS.is_dir() and REPO_KEYS not in keys:
+        keys.append(REPO_KEYS)
+    if not keys:
+        off = f" (the shipped keys are off: ${NO_SHIPPED_ENV} is set)" if not shipped_keys_trusted() else ""
+        raise EdgelearnError(f"no trusted public keys found{off}",
+                             fix="pass --pubkey KEYFILE or set EDGELEARN_KEYS to a key directory"
+                                 + (f", or unset {NO_SHIPPED_ENV}" if off else ""))
+    return keys
+
+
+def default_trusted_keys() -> TrustedKeys:
+    """Keys a device trusts by default: $EDGELEARN_KEYS (else /etc/edgelearn/keys) plus the shipped ones."""
+    return resolve_trusted_keys(None)
 
 
 def check_frontend(frontend: dict) -> None:

@@ -113,8 +113,10 @@ def arg_type(name: str):
                 from None
         try:
             return check(name, value)
-        except EdgelearnError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+        except EdgelearnError as e:  # argparse names the option itself ("argument --lr: -1 is ...")
+            flag = RULES[name][0] + " "
+            msg = str(e)
+            raise argparse.ArgumentTypeError(msg[len(flag):] if msg.startswith(flag) else msg) from None
 
     parse.__name__ = "whole number" if whole else "number"
     return parse

@@ -27,19 +27,11 @@ _DEFAULTS = {"frontend": {}, "target": None, "partitions": [], "trainable": {}, 
 
 
 def bundle_arg(value=None) -> Path:
-    """The bundle a user named: the shipped bundle when ``value`` is None; ``value`` when it exists; else the
-    shipped bundle of that name, so ``kws-dscnn-s`` and the docs' ``models/kws-dscnn-s`` work outside a checkout
-    (the shipped bundles travel with the package, ``edge.kws.MODELS``)."""
-    from edge.kws import DEFAULT_BUNDLE, MODELS
+    """The bundle a user named: the shipped bundle when ``value`` is None, else ``value`` or the shipped
+    bundle of that name (``edge.kws.named_bundle``: ``kws-dscnn-s`` works outside a checkout)."""
+    from edge.kws import DEFAULT_BUNDLE, named_bundle
 
-    if value is None:
-        return DEFAULT_BUNDLE
-    path = Path(value)
-    shipped = MODELS / path.name
-    if (not path.exists() and path.name and str(path.parent) in (".", "models")
-            and (shipped / "manifest.json").is_file()):
-        return shipped
-    return path
+    return DEFAULT_BUNDLE if value is None else named_bundle(value)
 
 
 def manifest_bytes(manifest: dict) -> bytes:

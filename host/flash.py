@@ -35,11 +35,35 @@ gc.collect()
 """
 
 
-def flash(transport, bundle: Path, device_id: str, key: bytes | None, progress=None) -> list[str]:
-    """Deploy to an open ``host.board.transport.BoardTransport``; returns the board's check output lines."""
+def bundle_source(bundle, work: Path, trusted_keys=None) -> Path:
+    """The bundle directory to deploy: ``bundle`` (a directory), a shipped bundle's name
+    (``kws-mcu-tcnn``, ``host.bundle.bundle_arg``), or a .zip, verified with ``trusted_keys`` plus the
+    shipped release keys (``edge.kws.resolve_trusted_keys``) while it is unpacked under ``work``."""
+    from edge.bundle import load_bundle
+    from edge.errors import BundleError
+    from edge.kws import MODELS, resolve_trusted_keys
+    from host.bundle import bundle_arg
+
+    path = bundle_arg(bundle)
+    if path.is_dir():
+        return path
+    if path.is_file():
+        dest = Path(work) / "bundle-src"
+        load_bundle(path, trusted_keys=resolve_trusted_keys(trusted_keys), extract_to=dest)
+        return dest
+    shipped = ", ".join(sorted(p.name for p in MODELS.iterdir() if (p / "manifest.json").is_file()))
+    raise BundleError(f"{bundle}: no such bundle directory, .zip or shipped bundle",
+                      fix=f"pass a bundle directory, a .zip or a shipped bundle's name ({shipped})")
+
+
+def flash(transport, bundle: Path, device_id: str, key: bytes | None, progress=None,
+          trusted_keys=None) -> list[str]:
+    """Deploy to an open ``host.board.transport.BoardTransport``; returns the board's check output lines.
+    ``bundle``: a directory, a shipped bundle's name or a .zip (``bundle_source``)."""
     from host.board.fs import board_files
 
     with tempfile.TemporaryDirectory() as work:
+        bundle = bundle_source(bundle, Path(work), trusted_keys)
         files = board_files(Path(work), bundle, device_id, key or b"")
         if key is None:
             files = [f for f in files if f[1] != "state/device.key"]

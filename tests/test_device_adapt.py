@@ -80,7 +80,7 @@ def test_adapt_trains_the_conv_tail_and_detect_uses_it(audio, tmp_path):
     assert np.load(st / "adapt" / "full" / "v1.npz")["dw4_w"].shape == (3, 3, 64)
     cli("adapt", "--state", st, "--use", "hall")  # detect below runs the context it ran before
     bad = cli("adapt", "--state", st, "--data", data, "--distill", "1.5", "--force", check=False)
-    assert bad.returncode != 0 and "--distill 1.5 is outside 0..1" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode != 0 and "argument --distill: 1.5 is outside 0..1" in bad.stderr and "Traceback" not in bad.stderr
     assert (st / "adapt" / "kitchen" / "v2.npz").exists() and not (st / "adapt" / "kitchen" / "v3.npz").exists()
     rb = ReplayBuffer.from_bytes((st / "replay_tail.bin").read_bytes())
     assert rb.dim == 25 * 5 * 64 and sum(rb.class_counts().values()) == rb.count >= 9

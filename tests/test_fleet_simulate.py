@@ -161,7 +161,8 @@ def test_fleet_simulate_runs_on_an_embeddings_file_and_refuses_a_bad_one_in_one_
             path.write_bytes(content)
         elif content is not None:
             np.savez(path, **content)
-        r = _fleet_cli("--devices", "6", "--embeddings", str(path), "--out", str(tmp_path / "o2"), timeout=120)
+        r = _fleet_cli("--devices", "6", "--clients-per-round", "3", "--embeddings", str(path),
+                       "--out", str(tmp_path / "o2"), timeout=120)
         assert r.returncode == 2, (name, r.stderr[-2000:])
         assert says[name] in r.stderr and "Traceback" not in r.stderr, (name, r.stderr[-2000:])
         assert len(r.stderr.strip().splitlines()) == 1, (name, r.stderr)

@@ -254,3 +254,28 @@ def test_custom_frr_splits_by_the_noise_each_clip_was_under():
     rows = CS.condition_rows("x", {**res, "fa": {}})
     noisy_row = [r for r in rows if r["name"].endswith("enrolment voice, 5-20 dB")]
     assert noisy_row and noisy_row[0]["by_noise"] == {"white": 0.0, "pink": 0.5, "babble": 1.0}
+
+
+def test_audio_too_short_for_a_target_never_makes_a_sensitivity_looser_than_the_default(tmp_path):
+    """40 s of a quiet room: no event at any threshold, which cannot show 0.1 false accepts an hour
+    (one event would be 90 an hour). That point keeps the bundle's own thresholds (a QA run got the
+    grid's floor, 0.2, for every keyword, so the strictest sensitivity fired the most); a target the
+    audio can show (1,000 an hour: one event in 40 s is 90, a keyword's share 100) is calibrated
+    as measured."""
+    from edge.audio import write_wav
+    from edge.detect import Detector
+    from edge.device import Device
+    from host.data import noise
+
+    rng = np.random.default_rng(4)
+    wav = write_wav(tmp_path / "room.wav",
+                    np.clip(noise.coloured_noise(rng, "pink", (40 * 16000,)) * 30, -32768, 32767).astype(np.int16))
+    dev = Device(tmp_path / "st")
+    table = dev.calibrate([wav], targets=[0.1, 1000])
+    km, head = dev.models()
+    det = Detector(km, head=head)
+    default = dict(zip(det.names, det.thresholds.tolist()))
+    strict, loose = table["points"]
+    assert all(strict["thresholds"][n] >= default[n] - 1e-4 for n in det.names), strict
+    assert strict["held_at_default"] and "held_at_default" not in loose
+    assert min(loose["thresholds"].values()) < min(default.values())  # measured: the room is quiet

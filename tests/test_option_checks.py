@@ -133,6 +133,17 @@ def test_a_diverging_run_is_not_committed_and_leaves_no_checkpoint(adapted, lr, 
     assert dev.adapt(data, steps=3, force=True)["version"] == current + 1  # a sane run goes on from there
 
 
+def test_a_diverging_run_exits_non_zero_on_the_command(adapted, capsys):
+    """`device adapt --lr 1e30`: the result is printed and the exit status says nothing was committed."""
+    from edge.cli import main
+
+    dev, data = adapted
+    rc = main(["device", "adapt", "--state", str(dev.state_dir), "--data", str(data), "--lr", "1e30",
+               "--steps", "20", "--force"])
+    out, err = capsys.readouterr()
+    assert rc == 1 and json.loads(out)["status"] == "diverged" and "lower --lr" in err and "Traceback" not in err
+
+
 def test_a_non_finite_checkpoint_is_reported_once_and_removed(adapted, caplog):
     from edge.adapt.store import AdaptStore
     from edge.atomic import npz_bytes

@@ -97,3 +97,14 @@ def test_delta_kind_names_the_two_kinds_of_adapted_context():
     assert delta_kind({"pw4.lora_a": z}) == CONV_TAIL
     assert delta_kind({"proj.b": z, "classifier.b": z}) == EMBEDDING_HEAD
     assert delta_kind({"adapter.a": z, "adapter.b": z}) == EMBEDDING_HEAD  # a head's residual adapter
+
+
+def test_status_of_a_state_directory_that_does_not_exist_says_so(tmp_path):
+    """`device status --state typo`: an empty device, with a note naming the path (and nothing made)."""
+    from edge import Device
+
+    st = Device(tmp_path / "typo").status()
+    assert st["keywords"] == [] and "does not exist" in st["note"] and "typo" in st["note"]
+    assert not (tmp_path / "typo").exists()
+    (tmp_path / "real").mkdir()
+    assert "note" not in Device(tmp_path / "real").status()

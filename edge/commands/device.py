@@ -35,7 +35,8 @@ def add_arguments(p) -> None:
                               "join a federation (edge/agent.py)")):
         s = sub.add_parser(name, help=hlp)
         s.add_argument("--bundle", type=Path, default=None, help="bundle dir or .zip (default: shipped)")
-        s.add_argument("--pubkey", type=Path, default=None, help="trusted public key file or directory")
+        s.add_argument("--pubkey", type=Path, action="append", default=None,
+                       help="trusted public key file or directory (repeatable; added to the shipped release keys)")
         s.add_argument("--backend", default="auto", help="litert | onnxruntime | auto")
         s.add_argument("--state", type=Path, required=True, help="device state directory")
         if name == "detect":
@@ -195,6 +196,15 @@ def _keywords(arg):
     return "all" if arg == "all" else [w.strip() for w in arg.split(",") if w.strip()]
 
 
+def _one_or_list(pubkeys):
+    """--pubkey (repeatable) as the agent takes it: None, the one path given (a unit and the adapt child
+    carry it as one option), or the list (``TrustedKeys``: passed on as one string it keeps every key).
+    The shipped release keys are added where bundles are opened (``edge.kws.resolve_trusted_keys``)."""
+    from edge.kws import TrustedKeys
+
+    return pubkeys[0] if pubkeys and len(pubkeys) == 1 else (TrustedKeys(pubkeys) if pubkeys else None)
+
+
 def _run(args) -> int:
     import signal
 
@@ -222,9 +232,10 @@ def _run(args) -> int:
         raise EdgelearnError("--mic-device picks the microphone, and this run reads none",
                              fix="pass --mic with --mic-device")
     if args.print_unit:
-        print(service_unit(args.state, cfg), end="")
+        print(service_unit(args.state, cfg, bundle=args.bundle, trusted_keys=_one_or_list(args.pubkey),
+                           backend=args.backend, sysfs_root=args.sysfs_root), end="")
         return 0
-    agent = Agent(args.state, cfg, args.bundle, trusted_keys=args.pubkey, backend=args.backend,
+    agent = Agent(args.state, cfg, args.bundle, trusted_keys=_one_or_list(args.pubkey), backend=args.backend,
                   sysfs_root=args.sysfs_root)
     signal.signal(signal.SIGTERM, agent.stop)
     interrupted = []
@@ -292,12 +303,15 @@ def _adapt(args) -> int:
         else:
             print(json.dumps({"active": dev.use(None if args.use == "base" else args.use)}))
         return 0
-    print(json.dumps(dev.adapt(args.data, recipe=args.recipe, strategy=args.strategy, optimizer=args.optimizer,
-                               steps=args.steps, rank=args.rank, memory_budget=args.memory_budget,
-                               replay_bytes=args.replay_bytes, distill=args.distill, context=args.context,
-                               dw4=args.dw4, ambient=args.ambient, augment=args.augment,
-                               negative_share=args.negative_share, verify=args.verify, lr=args.lr,
-                               force=args.force)))
+    res = dev.adapt(args.data, recipe=args.recipe, strategy=args.strategy, optimizer=args.optimizer,
+                    steps=args.steps, rank=args.rank, memory_budget=args.memory_budget,
+                    replay_bytes=args.replay_bytes, distill=args.distill, context=args.context,
+                    dw4=args.dw4, ambient=args.ambient, augment=args.augment,
+                    negative_share=args.negative_share, verify=args.verify, lr=args.lr, force=args.force)
+    print(json.dumps(res))
+    if res.get("status") == "diverged":  # nothing was committed: a script must see it failed
+        print(f"edgelearn device adapt: {res.get('reason', 'training diverged')}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -12,18 +12,46 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from edge.errors import BundleError
 from edge.spot import classify
 
 
 def add_arguments(p) -> None:
     p.add_argument("wav", nargs="+", type=Path, help="16 kHz mono 16-bit WAV clips")
     p.add_argument("--bundle", type=Path, default=None, help="bundle dir or .zip (default: shipped model)")
-    p.add_argument("--pubkey", type=Path, default=None, help="trusted public key file or directory")
+    p.add_argument("--pubkey", type=Path, action="append", default=None,
+                   help="trusted public key file or directory (repeatable; added to the shipped release keys)")
     p.add_argument("--backend", default="auto", help="litert | tflite_runtime | onnxruntime | auto")
     p.add_argument("--json", action="store_true", help="one JSON object per clip")
 
+def _bundle_path(value):
+    """--bundle as given, or the shipped bundle of that name (``edge.kws.named_bundle``)."""
+    from edge.kws import named_bundle
+
+    return None if value is None else named_bundle(value)
+
+
+def _spot_bundle(bundle, pubkey):
+    """The verified bundle, refused in one sentence when it has no encoder spot can run: a partition for
+    this host (not the MCU) that names its embedding and probs outputs, as ``KeywordModel`` needs."""
+    from edge.device_models import open_bundle
+
+    b = open_bundle(bundle, pubkey)
+    for part in b.manifest.get("partitions", []):
+        roles = {o.get("role") for o in part.get("outputs", [])}
+        if (part.get("role") == "encoder" and part.get("placement") != "mcu"
+                and {"embedding", "probs"} <= roles):
+            return b
+    target = b.manifest.get("target")
+    target = target.get("name", target) if isinstance(target, dict) else target
+    raise BundleError(f"bundle {b.model_id} (target {target}) has no encoder partition spot can run "
+                      "(one for this host whose outputs are an embedding and class probabilities)",
+                      fix="run it on its board with `edgelearn flash`, or spot with the default bundle (omit --bundle)")
+
+
 def run(args) -> int:
-    for path, label, p in classify(args.wav, args.bundle, backend=args.backend, trusted_keys=args.pubkey):
+    bundle = _spot_bundle(_bundle_path(args.bundle), args.pubkey) if args.bundle is not None else None
+    for path, label, p in classify(args.wav, bundle, backend=args.backend, trusted_keys=args.pubkey):
         if args.json:
             print(json.dumps({"file": str(path), "label": label, "score": round(p, 4)}))
         else:

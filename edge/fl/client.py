@@ -61,6 +61,7 @@ class FLClient:
         self.bytes_up = 0
         self._head = None  # (model version, head): the bundle this round verified
         self._rehearsal = (None, None)  # (model version, (X, y) or None): that bundle's rehearsal set
+        self.skip_versions: set = set()  # versions a wait answer names that are not installed (rejected)
 
     # state that must survive a power cut: the last seq used, and top-k residuals
     def _load_state(self):
@@ -145,6 +146,18 @@ class FLClient:
         self._head = (version, head)
         self._rehearsal = (version, load_rehearsal(bundle, head))
         return head
+
+    def install_newer(self, version) -> bool:
+        """Install published ``version`` (a wait answer's ``model_version``) when it is newer than the
+        store's current one and not in ``skip_versions`` (versions the device rejected: a rolled-back
+        version is not downloaded again at every check-in). Verified and smoke checked as any install."""
+        if not isinstance(version, int) or isinstance(version, bool) or version in self.skip_versions:
+            return False
+        cur = self.current_version() if self.store.pointer()["current"] else None
+        if cur is not None and version <= cur:
+            return False
+        self.ensure_model(version)
+        return True
 
     def _round_head(self, version: int) -> dict:
         """The head this round's ``train`` verified; loaded (and verified) now if it has not."""
@@ -268,6 +281,9 @@ class FLClient:
         ans = self.checkin(status)
         if ans.get("action") == "update":
             self.ensure_model(int(ans["model_version"]))
+            return ans
+        if ans.get("action") == "wait":  # a newer version published: installed now, not at the next task
+            self.install_newer(ans.get("model_version"))
             return ans
         if ans.get("action") != "train":
             return ans

@@ -35,7 +35,7 @@ from host.aggregator.config import AggregatorConfig
 from host.aggregator.metrics import metrics_registry
 from host.aggregator.models import ModelRegistry
 from host.aggregator.rounds import Reject, RoundManager
-from host.aggregator.store import StateLock, Store, open_store
+from host.aggregator.store import StateLock, Store, open_store, sqlite_path, state_db
 
 MAX_CHECKIN = 4096
 
@@ -46,6 +46,7 @@ class Aggregator:
 
     def __init__(self, state_dir, clock=time.time, signing_key=None, db=None):
         self.dir = Path(state_dir)
+        db = state_db(self.dir, db)  # --db, else the one init recorded in config.json
         shared = bool(db) and not str(db).startswith("sqlite:")
         if shared:
             self.dir.mkdir(parents=True, exist_ok=True)  # a new replica's local cache of files
@@ -344,6 +345,7 @@ def read_status(state_dir, db=None) -> dict:
 
     from host.fl.strategies import make_strategy
     d = Path(state_dir)
+    db = state_db(d, db)
     if db and not str(db).startswith("sqlite:"):
         store = open_store(db, d)
         try:
@@ -353,9 +355,11 @@ def read_status(state_dir, db=None) -> dict:
             raise
     else:
         cfg = AggregatorConfig.load(d / "config.json")
-        path = Path(str(db)[len("sqlite:///"):]) if db else d / "state.sqlite"
+        path = sqlite_path(db, d) or d / "state.sqlite"
         if not path.exists():
-            raise EdgelearnError(f"{path}: holds no aggregator database", fix="run `edgelearn aggregator init` first")
+            raise EdgelearnError(f"{path}: holds no aggregator database",
+                                 fix="pass the --db this state was initialised with, or run "
+                                     "`edgelearn aggregator init` first")
         store = Store(path, cfg.synchronous)
     try:
         name = make_strategy(cfg.strategy, **cfg.strategy_options).name

@@ -94,6 +94,9 @@ class AggregatorConfig:
     eval_shrink: list = field(default_factory=list)
     synchronous: str = "full"          # SQLite: "full" survives a power cut, "normal" a process crash
     seed: int = 0
+    # the --db `init` was given (sqlite:////ABS/PATH, or a postgresql:// URL without a password), used
+    # when a later command gives none; "" = STATE/state.sqlite (``host.aggregator.store.state_db``)
+    db: str = ""
 
     def __post_init__(self):
         problems = []

@@ -81,10 +81,21 @@ class Selection:
                                             str(state.get("tier", "linux"))[:16], t, device_id))
         ok, reason = policy.eligible(state, self.cfg)
         if not ok:
-            return self._wait(reason)
+            return self._newer(state, self._wait(reason))
         # on a shared store the whole selection is decided under the lock, on the round as it is now
         with (self.store.tx() if self.store.shared else contextlib.nullcontext()):
-            return self._select(device_id, now)
+            return self._newer(state, self._select(device_id, now))
+
+    def _newer(self, state: dict, ans: dict) -> dict:
+        """A wait answer to a device that reported a ``model_version`` older than the current one names
+        the current version (``"model_version": V``): the device installs it without waiting to be
+        picked for a round (docs/protocol.md, "Endpoints"). A task names its own version."""
+        have = state.get("model_version")
+        if ans.get("action") == "wait" and isinstance(have, int):
+            current = self.reg.current
+            if isinstance(current, int) and have < current:
+                ans["model_version"] = current
+        return ans
 
     def _select(self, device_id: str, now: float) -> dict:
         r = self.round

@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -33,15 +35,49 @@ def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, 
     (``ModelRegistry.operating``). ``rehearsal``: (X, y) embeddings and label ids of the voices the
     shipped model was trained on; every version's bundle carries them (``rehearsal.npz``) and each
     device trains on them beside its own examples (``edge.fl.model.load_rehearsal``)."""
+    from host.aggregator.store import SIDE_FILES, redact, sqlite_path
+
+    d = Path(state_dir)
+    shared = bool(db) and not str(db).startswith("sqlite:")
+    if not shared and ((d / "state.sqlite").exists() or (d / "config.json").exists()):
+        raise EdgelearnError(f"{d}: already holds an aggregator", fix="choose an empty --state directory")
+    dbfile = sqlite_path(db, d) if db else None
+    if dbfile is not None:
+        if not dbfile.parent.is_dir():
+            raise EdgelearnError(f"--db {db}: the directory {dbfile.parent} does not exist",
+                                 fix="create it first, or pass a --db in an existing directory")
+        db = f"sqlite:///{dbfile.resolve()}"  # recorded absolute: later commands may run elsewhere
+    if dbfile is not None or (shared and str(db).startswith(("postgresql://", "postgres://")) and redact(db) == db):
+        cfg.db = str(db)  # later commands without --db use it (a URL with a password is never recorded)
+    if signing_key is not None:
+        from host.keys import load_private_key
+        load_private_key(signing_key)  # a bad key refused before anything is written
+    # what a failed init removes again: only what it created
+    had_dir = d.is_dir()
+    before = set(os.listdir(d)) if had_dir else set()
+    db_new = [] if dbfile is None else [p for p in (dbfile, *(Path(f"{dbfile}{x}") for x in SIDE_FILES))
+                                        if not p.exists()]
+    try:
+        return _init_state(d, cfg, bundle, signing_key, heldout, params, db, negatives, rehearsal)
+    except BaseException:
+        for p in db_new:
+            p.unlink(missing_ok=True)
+        if not had_dir:
+            shutil.rmtree(d, ignore_errors=True)
+        elif d.is_dir():
+            for name in set(os.listdir(d)) - before:
+                p = d / name
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+        raise
+
+
+def _init_state(d: Path, cfg, bundle, signing_key, heldout, params, db, negatives, rehearsal) -> int:
     import json
     from dataclasses import asdict
 
     from edge.kws import DEFAULT_BUNDLE
     from host.keys import generate_keypair
 
-    d = Path(state_dir)
-    if (d / "state.sqlite").exists() and not db:
-        raise EdgelearnError(f"{d}: already holds an aggregator", fix="choose an empty --state directory")
     store = open_store(db, d, cfg.synchronous) if db else None
     if store is not None and store.has_aggregator():
         url = store.url or store.path
@@ -143,7 +179,7 @@ def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "
     key = secrets.token_bytes(32) if key is None else bytes(key)
     if len(key) < 16:
         raise EdgelearnError("device key is shorter than 16 bytes", fix="use 32 random bytes")
-    store = open_store(db, state_dir)
+    store = existing_store(state_dir, db)
     try:
         with store.tx() as c:
             if c.execute("SELECT 1 FROM devices WHERE device_id=?", (device_id,)).fetchone():
@@ -153,6 +189,23 @@ def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "
     finally:
         store.close()
     return key
+
+
+def existing_store(state_dir, db=None):
+    """The store of an aggregator ``init`` made (--db, else the one it recorded), or one EdgelearnError
+    (no aggregator there); creates nothing."""
+    from host.aggregator.store import sqlite_path, state_db
+
+    db = state_db(state_dir, db)
+    path = sqlite_path(db, state_dir)
+    if path is not None and not path.is_file():  # checked first: opening it would create it
+        raise EdgelearnError(f"{state_dir}: no aggregator here", fix="run `edgelearn aggregator init` first")
+    store = open_store(db, state_dir)
+    if path is None and not store.has_aggregator():  # PostgreSQL: an empty database would get the schema
+        store.close()
+        raise EdgelearnError(f"{store.url or state_dir}: no aggregator here",
+                             fix="run `edgelearn aggregator init` first")
+    return store
 
 
 def publish_version(state_dir, params: dict, note: str = "operator", db=None) -> int:

@@ -24,6 +24,7 @@ kernel drops it when the process dies, however it dies).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import sqlite3
@@ -122,6 +123,26 @@ def redact(url: str) -> str:
     """``url`` with any password replaced by ``***`` (a PostgreSQL URL names who may read device keys)."""
     url = re.sub(r"(://[^/:@]*:)[^@/]*@", r"\1***@", str(url))
     return re.sub(r"(password=)[^&\s]*", r"\1***", url)
+
+
+def state_db(state_dir, db=None):
+    """The database a command works on: ``db`` (its --db) when given, else the one ``init`` recorded
+    in ``STATE/config.json`` (``AggregatorConfig.db``), else None (``STATE/state.sqlite``)."""
+    if db:
+        return str(db)
+    try:
+        raw = json.loads((Path(state_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (raw.get("db") or None) if isinstance(raw, dict) else None
+
+
+def sqlite_path(db, state_dir) -> Path | None:
+    """The SQLite file a --db names (None: STATE/state.sqlite), or None for a PostgreSQL URL."""
+    if not db:
+        return Path(state_dir) / "state.sqlite"
+    db = str(db)
+    return Path(db[len("sqlite:///"):]) if db.startswith("sqlite:///") and len(db) > len("sqlite:///") else None
 
 
 def open_store(db, state_dir, synchronous: str = "full"):

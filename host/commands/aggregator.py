@@ -19,6 +19,7 @@ import sys
 from host.aggregator.config import CODECS, AggregatorConfig
 from host.config_args import add_config_arguments, options_config
 from host.fl.strategies import STRATEGIES
+from host.netutil import bind, port_number
 
 # the AggregatorConfig fields `aggregator init` offers as options (the rest keep their defaults)
 INIT_FIELDS = ("mode", "strategy", "clients_per_round", "overselect", "max_overselect", "round_timeout",
@@ -81,7 +82,7 @@ def add_arguments(p) -> None:
     s.add_argument("--db", help=DB_HELP)
     s.add_argument("--signing-key", help="Ed25519 .key new versions are signed with (default: the one init recorded)")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8470)
+    s.add_argument("--port", type=port_number, default=8470, help="TCP port, 1-65535 (default 8470; 0: any free port)")
     s.add_argument("--log-level", default="warning")
     t = sub.add_parser("status", help="print rounds and versions as JSON (reads only; works while serving)")
     t.add_argument("--state", required=True)
@@ -193,14 +194,20 @@ def serve(args) -> int:
 
     from host.aggregator.app import build_app
 
-    app = build_app(args.state, signing_key=args.signing_key, db=args.db)
-    where = app.state.aggregator.store.url or args.state  # the URL with its password redacted
-    print(f"aggregator: serving {where} on http://{args.host}:{args.port}", flush=True)
-    cfg = app.state.aggregator.cfg
-    if cfg.dp_reproducible and cfg.dp_noise > 0:
-        print("aggregator: warning: dp_reproducible is set, so the DP noise follows the config's public seed and "
-              "protects nothing; for experiments only", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    sock = bind(args.host, args.port)  # a bad host or a busy port: one sentence, before the state is locked
+    try:
+        app = build_app(args.state, signing_key=args.signing_key, db=args.db)
+        config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="on")
+        where = app.state.aggregator.store.url or args.state  # the URL with its password redacted
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"aggregator: serving {where} on http://{host}:{sock.getsockname()[1]}", flush=True)  # listening now
+        cfg = app.state.aggregator.cfg
+        if cfg.dp_reproducible and cfg.dp_noise > 0:
+            print("aggregator: warning: dp_reproducible is set, so the DP noise follows the config's public seed "
+                  "and protects nothing; for experiments only", file=sys.stderr, flush=True)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
 
 

@@ -31,13 +31,16 @@ def add_arguments(parser) -> None:
     p.add_argument("--refresh", action="store_true", help="recompute the file table from the directory first")
     p = sub.add_parser("verify", help="verify signature, digests, sizes and names")
     p.add_argument("bundle")
-    p.add_argument("--pubkey", help="trusted public key file or directory of .pub files (default: $EDGELEARN_KEYS, "
-                                    "/etc/edgelearn/keys, then the shipped key, as spot and device trust)")
+    p.add_argument("--pubkey", action="append", default=None,
+                   help="trusted public key file or directory of .pub files, repeatable (default: $EDGELEARN_KEYS, "
+                        "else /etc/edgelearn/keys); the shipped release keys are always added, as spot and device "
+                        "trust (set EDGELEARN_NO_SHIPPED_KEYS=1 to leave them out)")
     p.add_argument("--device-key", help="authenticate with manifest.mac and this device key instead")
     p.add_argument("--allow-unsigned", action="store_true", help="accept an unsigned bundle (with a warning)")
     p = sub.add_parser("inspect", help="print the manifest summary")
     p.add_argument("bundle")
-    p.add_argument("--pubkey", help="also verify the signature with this key")
+    p.add_argument("--pubkey", action="append", default=None,
+                   help="also verify the signature with this key (repeatable; only the keys given)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("zip", help="package a verified bundle directory as one .zip")
     p.add_argument("bundle")
@@ -61,9 +64,9 @@ def run(args) -> int:
         if args.device_key:
             print(f"wrote {eb.MAC} for device key {add_device_mac(args.bundle, args.device_key)}")
     elif args.action == "verify":
-        if not (args.pubkey or args.device_key or args.allow_unsigned):
-            from edge.kws import default_trusted_keys  # the keys spot and device trust by default
-            args.pubkey = str(default_trusted_keys())
+        if args.pubkey or not (args.device_key or args.allow_unsigned):
+            from edge.kws import resolve_trusted_keys  # the keys spot and device trust
+            args.pubkey = resolve_trusted_keys(args.pubkey)
         key = Path(args.device_key) if args.device_key else None
         b = eb.load_bundle(args.bundle, trusted_keys=args.pubkey, device_key=key, allow_unsigned=args.allow_unsigned)
         print(f"OK {b.model_id} v{b.version}: {len(b.manifest['files'])} files verified, "

@@ -9,7 +9,9 @@ The work is ``host/export/esphome.py``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 def add_arguments(p) -> None:
@@ -37,6 +39,17 @@ def check_options(args) -> None:
     if args.out.exists() and not args.out.is_dir():
         raise EdgelearnError(f"--out {args.out} is a file, not a folder",
                              fix="give a folder for <keyword>.tflite and <keyword>.json")
+    where = args.out
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if where.is_dir() and not os.access(where, os.W_OK):  # found now, not after minutes of training
+        raise EdgelearnError(f"--out {args.out} cannot be written ({where} is not writable)",
+                             fix="give a folder you can write to")
+    if args.website is not None:
+        url = urlsplit(args.website)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise EdgelearnError(f"--website {args.website} is not a web address",
+                                 fix="give one like https://example.org (ESPHome's manifest schema checks it)")
     if len(args.wav) < MIN_CLIPS:
         raise EdgelearnError(f"{len(args.wav)} clip(s) of the phrase given, {MIN_CLIPS} or more are needed",
                              fix="record more and pass them all: --wav a.wav b.wav c.wav d.wav e.wav")

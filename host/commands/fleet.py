@@ -109,6 +109,7 @@ def check_options(cfg: SimConfig, args) -> None:
 
     from edge.errors import EdgelearnError
     from host.config_args import as_options
+    from host.fleet.population import check_clients
     from host.fleet.simulate import aggregator_config
 
     ranges = (("devices", 1, None, "a number of devices, e.g. 30"),
@@ -124,6 +125,7 @@ def check_options(cfg: SimConfig, args) -> None:
         v = getattr(cfg, name)
         if not (math.isfinite(v) and v >= low and (high is None or v <= high)) or (name == "time_scale" and v <= 0):
             raise EdgelearnError(f"{as_options(name, [name])} {v} is out of range", fix=f"give {what}")
+    check_clients(cfg)  # the quorum within --devices, with and without --ray
     if args.ray:
         for name in RAY_FIELDS:
             v = getattr(args, name)

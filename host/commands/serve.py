@@ -10,9 +10,8 @@ thread with an ephemeral loopback port, for the demo, tests and benchmarks.
 
 from __future__ import annotations
 
-import errno
-
 from host.config_args import add_config_arguments, config_from_args
+from host.netutil import bind, port_number  # noqa: F401 (shared with `aggregator serve`)
 from host.serve.config import ServeConfig
 
 # the ServeConfig fields `edgelearn serve` offers as options (seconds shown as ms or s), in --help order
@@ -20,47 +19,6 @@ SERVE_FIELDS = ("replicas", "max_batch_size", "max_queue_delay", "max_queue", "m
                 "max_inflight_per_replica", "tenant_rate", "tenant_burst", "max_body_bytes", "breaker_slow_call",
                 "breaker_open", "fault_injection")
 UNITS = {"max_queue_delay": "ms", "max_queue_wait": "ms", "breaker_slow_call": "ms", "breaker_open": "s"}
-
-
-def port_number(text: str) -> int:
-    """argparse type: a TCP port, 1-65535 (0: any free port, which the `serving ... on` line names)."""
-    import argparse
-
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port: give a number from 1 to 65535 "
-                                         "(0: any free port)")
-    return port
-
-
-def bind(host: str, port: int):
-    """A listening socket on ``host``:``port``, or one EdgelearnError (port in use, unknown host)."""
-    import socket
-
-    from edge.errors import EdgelearnError
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError) as e:
-        raise EdgelearnError(f"cannot listen on --host {host}: no such host or address ({e})",
-                             fix="give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
-    family, kind, proto, _name, addr = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(2048)
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise EdgelearnError(f"cannot listen on {host}:{port}: the port is already in use",
-                                 fix="stop what uses it or pass another --port") from None
-        raise EdgelearnError(f"cannot listen on {host}:{port}: {e.strerror or e}",
-                             fix="pass another --host or --port (ports below 1024 need root)") from None
-    return sock
 
 
 def add_arguments(parser) -> None:
@@ -98,14 +56,20 @@ def run(args) -> int:
     import uvicorn
 
     from edge.bundle import load_bundle
+    from edge.errors import BundleError
     from host.bundle import bundle_arg
 
     args.bundle = str(bundle_arg(args.bundle))
-    if args.pubkey is None and not args.allow_unsigned:
-        from edge.kws import default_trusted_keys
-        args.pubkey = [str(default_trusted_keys())]
+    if args.pubkey is not None or not args.allow_unsigned:
+        from edge.kws import resolve_trusted_keys  # --pubkey (repeatable) or the defaults, plus the shipped keys
+        args.pubkey = [str(k) for k in resolve_trusted_keys(args.pubkey)]
     # Verify and bind before anything starts, so a bad bundle, host or port is one clear line.
     b = load_bundle(args.bundle, trusted_keys=args.pubkey, allow_unsigned=args.allow_unsigned)
+    if not any(p.get("format") == "onnx" for p in b.partitions):  # what host.serve.loader serves
+        raise BundleError(f"bundle {b.model_id} v{b.version} has no ONNX partition, so serve has nothing to serve "
+                          f"(its partitions: {', '.join(p['format'] for p in b.partitions) or 'none'})",
+                          fix="serve a bundle with an ONNX encoder, e.g. the default kws-dscnn-s (omit --bundle); "
+                              "flash an MCU bundle with `edgelearn flash`")
     sock = bind(args.host, args.port)
     server = build(args)
     config = uvicorn.Config(server.app(bundle=args.bundle), log_level="warning", access_log=False, lifespan="on")

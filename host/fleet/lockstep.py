@@ -46,10 +46,9 @@ def run_lockstep(cfg: LockstepConfig, out_dir, data=None, progress: bool = True)
     from host.aggregator.config import AggregatorConfig
     from host.aggregator.inprocess import InProcessTransport, make_state, small_params
     from host.fleet.data import extract_head, load_embeddings, partition_noniid
+    from host.fleet.population import check_clients
 
-    if cfg.clients_per_round > cfg.devices:
-        raise EdgelearnError(f"{cfg.clients_per_round} clients per round from {cfg.devices} devices",
-                             fix="use at least as many devices as clients per round")
+    check_clients(cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = data if data is not None else load_embeddings(progress=progress)

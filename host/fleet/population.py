@@ -30,6 +30,18 @@ KEY_SALT = b"edgelearn fleet simulation key"
 N_CLASSES = 37
 
 
+def check_clients(cfg) -> None:
+    """One EdgelearnError when a round's quorum (``clients_per_round``) exceeds the population
+    (``devices``): such a round could never close. Every simulator (threads, Ray, lockstep) and
+    ``fleet simulate`` check it before any work."""
+    if cfg.clients_per_round > cfg.devices:
+        from edge.errors import EdgelearnError
+        raise EdgelearnError(f"{cfg.clients_per_round} clients per round from {cfg.devices} devices: a round "
+                             "could never reach its quorum",
+                             fix=f"pass --clients-per-round {cfg.devices} or fewer, or use at least as many "
+                                 "devices as clients per round")
+
+
 def device_id(i: int) -> str:
     return f"dev{int(i)}"
 

@@ -224,9 +224,8 @@ def _check(cfg) -> None:
                              "driver's clock alone)", fix="run it without --ray, or with --round-gap 0")
     if cfg.mcu_devices:
         raise EdgelearnError("the MicroPython boards (--mcu-devices) do not run on Ray", fix="run them without --ray")
-    if cfg.clients_per_round > cfg.devices:
-        raise EdgelearnError(f"{cfg.clients_per_round} clients per round from {cfg.devices} devices",
-                             fix="use at least as many devices as clients per round")
+    from host.fleet.population import check_clients
+    check_clients(cfg)
 
 
 def simulate_ray(cfg, out_dir, address: str = "local", opts: RayOptions | None = None, data=None,

@@ -257,9 +257,9 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
     from host.aggregator.app import status_of
     from host.aggregator.inprocess import make_state, small_params
     from host.fleet.cycle import Stats, Trained, begin, finish
-    from host.fleet.data import extract_head, load_embeddings, partition_noniid
-
     from edge.errors import EdgelearnError
+    from host.fleet.data import extract_head, load_embeddings, partition_noniid
+    from host.fleet.population import PartitionIndex, check_clients
 
     if cfg.task not in TASKS:
         raise EdgelearnError(f"fleet task {cfg.task!r} is unknown", fix="use shipped-head, or leave it empty")
@@ -268,6 +268,7 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
     if not 0 <= cfg.round_gap < float("inf"):
         raise EdgelearnError(f"round gap {cfg.round_gap} is below 0 or not a number",
                              fix="pass the simulated seconds between rounds, e.g. 3600, or 0")
+    check_clients(cfg)  # a quorum above the population: rounds that never close
     shipped = cfg.task == "shipped-head"
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -290,7 +291,6 @@ def simulate(cfg: SimConfig, out_dir, data=None, progress: bool = True, fleet=No
     else:
         params = small_params(cfg.seed) if cfg.fresh_head else extract_head()
         if cfg.partition == "derived":  # each device's rows from its index and the seed (host.fleet.population)
-            from host.fleet.population import PartitionIndex
             index = PartitionIndex(data, cfg.seed)
             parts = [index.rows(i) for i in range(cfg.devices)]
         else:

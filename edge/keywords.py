@@ -36,6 +36,7 @@ import numpy as np
 
 from edge.errors import EdgelearnError
 from edge.atomic import atomic_write, state_lock
+from edge.keywords_merge import merge, snapshot
 
 FORMAT = 2
 READABLE_FORMATS = (1, 2)
@@ -289,7 +290,7 @@ class DeviceState:
                              "another encoder", fix="use the matching bundle, another --state "
                              "directory, or re-enrol the keywords for this bundle")
         state = cls(root, mid, ver, kws, bundle)
-        state._base, state._base_model = _snapshot(kws), (mid, ver)
+        state._base, state._base_model = snapshot(kws), (mid, ver)
         return state
 
     def rebound(self, bundle, keywords: list[dict]) -> "DeviceState":
@@ -315,33 +316,18 @@ class DeviceState:
             data = {"format": FORMAT, "model_id": self.model_id, "model_version": self.version,
                     "keywords": self.keywords}
             atomic_write(self.path, json.dumps(data, indent=1).encode())
-            self._base, self._base_model = _snapshot(self.keywords), (self.model_id, self.version)
+            self._base, self._base_model = snapshot(self.keywords), (self.model_id, self.version)
 
     def _merged(self, prefer: str) -> list[dict]:
         mid, ver, kws = _read(self.path, self.bundle, self._base_model)
         base = self._base
         rebound = (self.model_id, self.version) != self._base_model
-        if (mid, ver) != self._base_model or (rebound and _snapshot(kws) != base):
+        if (mid, ver) != self._base_model or (rebound and snapshot(kws) != base):
             raise StateError(f"{self.path} was changed by another command while this one ran (it is bound "
                              f"to {mid} v{ver})", fix="run the command again")
         if rebound:  # carried to another version: written whole over the file it was read from
             return self.keywords
-        ours, theirs = {k["name"]: k for k in self.keywords}, {k["name"]: k for k in kws}
-        out = []
-        for name in list(ours) + [n for n in theirs if n not in ours]:
-            o, t, b = ours.get(name), theirs.get(name), base.get(name)
-            oj, tj = _canon(o), _canon(t)
-            if None not in (o, t, b) and len({oj, tj, b}) == 3 and _same_head(o, t, json.loads(b)):
-                bd = json.loads(b)  # both changed one enrolment (a sensitivity, a calibration): field by field
-                pick = {}
-                for k in list(o) + [k for k in t if k not in o]:
-                    src = _choose(*(_canon(d[k]) if k in d else None for d in (o, t, bd)), prefer, name, False)
-                    pick.update({k: (o, t)[src][k]} if k in (o, t)[src] else {})
-            else:
-                pick = (o, t)[_choose(oj, tj, b, prefer, name, b is None)]
-            if pick is not None:
-                out.append(pick)
-        return out
+        return merge(self.keywords, kws, base, prefer)
 
     def names(self) -> list[str]:
         return [k["name"] for k in self.keywords]
@@ -379,32 +365,3 @@ def _read(path: Path, bundle, model=None) -> tuple:
     except (ValueError, OSError) as e:  # JSON and UTF-8 errors are ValueErrors
         raise StateError(f"{path} is unreadable ({getattr(e, 'strerror', None) or e})",
                          fix="restore it from a backup or delete it and enrol again") from None
-
-
-def _canon(entry) -> str | None:
-    return None if entry is None else json.dumps(entry, sort_keys=True)
-
-
-def _snapshot(keywords) -> dict:
-    return {k["name"]: _canon(k) for k in keywords}
-
-
-def _same_head(*entries) -> bool:
-    """Do these versions of one entry hold the same enrolment (neither side enrolled it again)?"""
-    return len({_canon({k: e.get(k) for k in ("w", "b", "prototype", "verify")}) for e in entries}) == 1
-
-
-def _choose(o, t, b, prefer: str, name: str, enrolled: bool) -> int:
-    """Three-way merge of one keyword (or one of its fields) as JSON, None where absent: 0 for this
-    process's version (``o``), 1 for the file's (``t``); ``b``: what this process read."""
-    if o == b or o == t:
-        return 1  # left as it was read (or made what the file holds): the file's
-    if t == b or prefer == "ours":
-        return 0  # only this process changed it
-    if prefer == "theirs":
-        return 1
-    if enrolled:
-        raise StateError(f"keyword {name!r} was enrolled by another command while this one ran",
-                         fix="enrol it again with --replace to replace it, or pick another name")
-    raise StateError(f"keyword {name!r} was changed by another command while this one ran",
-                     fix="run the command again")

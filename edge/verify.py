@@ -138,8 +138,7 @@ class PhoneModel:
         from edge.backends import backend_for, dequantize, load, quantize
 
         self._q, self._dq = quantize, dequantize
-        self.backend = load(bundle.path(part["file"]), backend=backend_for(backend, part.get("format")),
-                            num_threads=num_threads)
+        self.backend = load(bundle.path(part["file"]), backend_for(backend, part.get("format")), num_threads)
         self.n = int(self.backend.outputs[0].shape[-1])
 
     def __call__(self, feats: np.ndarray) -> np.ndarray:

@@ -7,13 +7,14 @@ stdin) through the device's detector and, between 0.1 s chunks, keeps the rest o
   as JSON on its stdin and in ``EDGELEARN_EVENT``; never waited for, so it cannot stall detection);
 - confirmed base-keyword detections feed the tail replay buffer (``Device.detect``'s replay);
 - with labelled clips (``data``: ``DIR/<label>/*.wav``), it adapts the conv tail when the
-  scheduler allows, in a child process (``edgelearn device adapt`` without ``--force``: the
-  scheduler decides, pauses and resumes it; ``nice`` 10), so training never holds the detector's
-  interpreter or its GIL. While a run is in progress detection does not write the replay buffer
-  (the run commits it); when a run commits, detection switches to the adapted model. When a new
-  version is used while the active context was adapted against another head, detection hears with
-  the new head at once (the context rebased onto it, ``edge.adapt.delta.rebase``) and a run on the
-  new version is started at the next tick (``readapt_pending`` in ``agent.json`` until it commits);
+  scheduler allows and there is something new to learn (``Adaptation._nothing_new``), in a child
+  process (``edgelearn device adapt`` without ``--force``: the scheduler decides, pauses and resumes
+  it; ``nice`` 10; it dies with the agent), so training never holds the detector's interpreter or
+  its GIL. While a run is in progress detection does not write the replay buffer (the run commits
+  it); when a run commits, detection switches to the adapted model. When a new version is used
+  while the active context was adapted against another head, detection hears with the new head at
+  once (the context rebased onto it, ``edge.adapt.delta.rebase``) and a run on the new version is
+  started at the next tick (``readapt_pending`` in ``agent.json`` until it commits);
 - with an aggregator, it checks in on its schedule in a background thread (``edge.fl.FLClient``:
   HMAC-signed check-in; when selected it trains the federated head on its own examples, the
   embedding replay buffer plus its labelled clips, and uploads one compressed, authenticated
@@ -40,7 +41,9 @@ aggregator (tests/test_agent_fleet.py).
 
 The audio sources are ``edge.agent_audio``; a new version's health check, switch and rollback
 ``edge.agent_versions``; the federated rounds ``edge.agent_federation``; the adaptation run
-``edge.agent_adapt`` (``Agent`` inherits their mixins); the systemd unit ``edge.agent_unit``. Every name stays importable from here.
+``edge.agent_adapt``; the detector and ``--sensitivity`` across switches ``edge.agent_calibration``
+(``Agent`` inherits their mixins); the systemd unit ``edge.agent_unit``; whether the agent that wrote
+agent.json still runs ``edge.agent_liveness``. Every name stays importable from here.
 """
 
 from __future__ import annotations
@@ -59,10 +62,12 @@ from pathlib import Path
 # own; every name stays importable from here
 from edge.agent_adapt import READAPT_RETRY_S, Adaptation  # noqa: F401
 from edge.agent_audio import SAMPLE_RATE, _chunks_of, _until_stopped
+from edge.agent_calibration import Calibration
 from edge.agent_federation import FL_AUGMENT, HOLD_ENV, Federation, _HeldTransport, check_federation  # noqa: F401
+from edge.agent_liveness import boot_id, settle
 from edge.agent_unit import UNIT, service_unit  # noqa: F401
 from edge.agent_versions import FL_DIR, HEALTH_TOLERANCE, Versions, health_check  # noqa: F401
-from edge.atomic import atomic_write
+from edge.atomic import atomic_write, no_space
 from edge.device import CHUNK, Device  # noqa: F401
 from edge.errors import EdgelearnError
 from edge.wyoming_models import state_signature
@@ -106,16 +111,17 @@ def _number(v) -> float:
 
 
 def read_status(state_dir) -> dict | None:
-    """The agent's ``agent.json`` (None if the agent never ran here, or the file is unreadable)."""
+    """The agent's ``agent.json`` (None if the agent never ran here, or the file is unreadable); a
+    live state whose process is gone (kill -9, power cut) reads as "ended" (``edge.agent_liveness``)."""
     p = Path(state_dir) / AGENT_FILE
     try:
         data = json.loads(p.read_bytes()[: 1 << 20])
     except (OSError, ValueError, UnicodeDecodeError):
         return None
-    return data if isinstance(data, dict) else None
+    return settle(data) if isinstance(data, dict) else None
 
 
-class Agent(Versions, Federation, Adaptation):
+class Agent(Versions, Federation, Adaptation, Calibration):
     """The loop of ``edgelearn device run`` over one state directory; ``run()`` returns when the
     audio ends (a WAV or stdin) or on SIGTERM/SIGINT (``stop()``)."""
 
@@ -149,7 +155,7 @@ class Agent(Versions, Federation, Adaptation):
         checked = prev.get("fl_version")
         stage = record("second_stage") or {}
         last_round = prev.get("last_round", None if prev else 0)
-        self.status = {"pid": os.getpid(), "started": time.time(), "audio_s": 0.0,
+        self.status = {"pid": os.getpid(), "boot_id": boot_id(), "started": time.time(), "audio_s": 0.0,
                        "detections": count("detections"), "rounds_joined": count("rounds_joined"),
                        "bytes_uploaded": count("bytes_uploaded"), "rollbacks": count("rollbacks"),
                        "last_adapt": record("last_adapt"), "last_checkin": record("last_checkin"),
@@ -165,6 +171,7 @@ class Agent(Versions, Federation, Adaptation):
                        # and the seconds of audio it decoded; carried over restarts like the counters above
                        "second_stage": {k: _number(stage.get(k)) for k in STAGE_COUNTS}}
         self._det = None
+        self._status_unsaved = False  # agent.json could not be written (a full disk): said once
         self._state_sig = None   # state_signature when the detector was built (``_watch_state``)
         self._stage_base = dict(self.status["second_stage"])
         self._check_config()
@@ -220,13 +227,7 @@ class Agent(Versions, Federation, Adaptation):
     def stop(self, *_):
         self._stop.set()
 
-    def _detector(self):
-        # the state files the detector reads (enrolled keywords, adapt pointer, operating points),
-        # taken before it reads them: a change after this is seen by ``_watch_state``
-        self._state_sig = state_signature(self.device)
-        return self.device.detector(keywords=self.cfg.keywords, threshold=self.cfg.threshold,
-                                    sensitivity=self.cfg.sensitivity, confirm=self.cfg.confirm,
-                                    replay=self.child is None, asr=self.cfg.asr)
+    # ``_detector`` (built again at every switch; a stale calibration's fallback): edge.agent_calibration
 
     def run(self) -> dict:
         """Detect until the audio ends or ``stop()``; whatever ends the run, ``agent.json`` says
@@ -349,7 +350,17 @@ class Agent(Versions, Federation, Adaptation):
         st = {**self.status, "updated": time.time(), "adapting": self.child is not None}
         if self.wyoming is not None:  # Home Assistant's side: clients served, detections sent, model sets
             st["wyoming_stats"] = self.wyoming.stats()
-        atomic_write(self.state_dir / AGENT_FILE, json.dumps(st, indent=1).encode())
+        try:
+            atomic_write(self.state_dir / AGENT_FILE, json.dumps(st, indent=1).encode())
+        except OSError as e:  # a full disk must not stop the wake word: said once, tried again each time
+            if not no_space(e):
+                raise
+            if not self._status_unsaved:
+                print(f"device run: cannot save {AGENT_FILE} (no space left on the disk); detection goes on",
+                      file=sys.stderr, flush=True)
+            self._status_unsaved = True
+        else:
+            self._status_unsaved = False
 
     def _finish(self) -> None:
         """The way out: the adaptation run stopped, the federated round in flight waited for and

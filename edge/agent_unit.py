@@ -3,7 +3,10 @@
 Every option of the run is carried onto the unit's ``ExecStart`` (paths made absolute, every value
 quoted with ``shlex``) except the audio source: the unit reads the microphone (``--mic``, with
 ``--mic-device`` when one was given). ``shlex.split`` of the ExecStart line, parsed by ``device
-run``'s own parser, gives back the options of the command (tests/test_agent_unit_reload.py).
+run``'s own parser, gives back the options of the command (tests/test_agent_unit_reload.py). The
+unit runs in the directory it was printed in (``WorkingDirectory=``): an ``--on-detect`` command is
+a shell line whose relative paths (``./hook.sh``) cannot be made absolute, and systemd would
+otherwise run it in ``/``. ``%`` is doubled: systemd reads ``%s``, ``%h``... as its specifiers.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ import shlex
 import sys
 from pathlib import Path
 
+from edge.kws import named_bundle
+
 UNIT = """[Unit]
 Description=edgelearn device agent (keyword detection, on-device adaptation, federated rounds)
 After=network-online.target sound.target
 Wants=network-online.target
 
 [Service]
+WorkingDirectory={cwd}
 ExecStart={exe} device run --state {state} --mic{extra}
 Restart=on-failure
 RestartSec=5
@@ -51,7 +57,7 @@ def unit_options(cfg, *, bundle=None, trusted_keys=None, backend: str = "auto", 
         out.extend([flag, value])
 
     if bundle is not None:
-        opt("--bundle", _path(bundle))
+        opt("--bundle", _path(named_bundle(bundle)))  # a shipped bundle's name: its installed path
     if trusted_keys is not None:  # one path, or several (--pubkey is repeatable)
         for k in [trusted_keys] if isinstance(trusted_keys, (str, Path)) else list(trusted_keys):
             if not isinstance(k, (str, Path)):
@@ -115,4 +121,6 @@ def service_unit(state_dir, cfg, exe: str | None = None, *, bundle=None, trusted
         import shutil
 
         exe = shutil.which("edgelearn") or f"{sys.executable} -m edge.cli"
-    return UNIT.format(exe=exe, state=shlex.quote(_path(state_dir)), extra=extra)
+    # systemd expands specifiers (%h, %s...) in both settings: a literal % is written %%
+    return UNIT.format(exe=exe.replace("%", "%%"), state=shlex.quote(_path(state_dir)).replace("%", "%%"),
+                       extra=extra.replace("%", "%%"), cwd=str(Path.cwd().resolve()).replace("%", "%%"))

@@ -46,6 +46,7 @@ design (audio, bundles, caches, benchmark results), while its temp file is still
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -120,6 +121,11 @@ def _renamed_over(tmp, path: Path):
         yield
         _fault("tmp", path)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None:  # a write or fsync (a full disk): say which file could not be written
+            raise type(e)(e.errno, e.strerror or str(e), str(path)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -171,6 +177,25 @@ def state_lock(state_dir):
     file and writes the merge (``edge.keywords.DeviceState.save``, ``edge.replay.ReplayStore.flush``,
     ``edge.operating.save_points``)."""
     return locked(state_dir, STATE_LOCK)
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk or quota: the old file stays (atomic writes)
+
+
+def no_space(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in NO_SPACE
+
+
+def set_aside(path, why: str) -> None:
+    """Keep a damaged file beside as ``NAME.damaged`` (replacing an older one) and say so once on
+    stderr, for state a command can rebuild (a replay buffer, a client's sequence)."""
+    import json
+    import sys
+
+    path = Path(path)
+    os.replace(path, path.with_name(path.name + ".damaged"))
+    print(json.dumps({"warning": f"{path} is damaged ({why}); kept as {path.name}.damaged"}),
+          file=sys.stderr, flush=True)
 
 
 def atomic_write(path, data: bytes, mode: int | None = MODE) -> None:
@@ -261,7 +286,8 @@ def remove(path) -> bool:
     return True
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's process counts; a pid no process can have does not)."""
     if pid == os.getpid():
         return True
     try:
@@ -295,7 +321,7 @@ def sweep_temp(directory, now: float | None = None) -> list[Path]:
             age = now - p.stat().st_mtime
         except OSError:
             continue
-        stale = age > STALE_S or (not _pid_alive(int(m["pid"])) if m else age > 60)
+        stale = age > STALE_S or (not pid_alive(int(m["pid"])) if m else age > 60)
         if stale:
             p.unlink(missing_ok=True)
             gone.append(p)

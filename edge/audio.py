@@ -37,9 +37,46 @@ _PCM_GUID_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
 _FIX_LONG = "cut it into shorter clips, e.g. `sox IN.wav OUT.wav trim 0 60`"
 
 
+def _kind(mode: int) -> str | None:
+    """What a file of ``mode`` is when it cannot be read as a WAV (None: a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+class _NotRegular(OSError):
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self.kind = kind
+
+
 def _open(path: Path):
-    """Open a WAV path for reading (a function of its own so a test can watch the reads)."""
-    return open(path, "rb")
+    """Open a WAV path for reading (a function of its own so a test can watch the reads). A regular
+    file or a pipe (`--wav <(sox …)`, `/dev/stdin`, a named pipe) is read; a socket or a device is
+    ``_NotRegular``, refused before it is opened (a device may give input forever or never). A
+    named pipe is opened as any Unix reader opens one: it waits for its writer (Ctrl-C stops it);
+    opened without waiting, a reader that came first would see the end before the writer began."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISFIFO(mode):
+        return open(path, "rb")
+    kind = _kind(mode)
+    if kind is None:  # opened without blocking, and checked again: the path may have changed meanwhile
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            kind = _kind(os.fstat(fd).st_mode)
+            if kind is None:
+                if getattr(os, "O_NONBLOCK", 0):
+                    os.set_blocking(fd, True)
+                return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise _NotRegular(kind)
 
 
 def _seconds(n: int) -> str:
@@ -152,6 +189,8 @@ class WavReader:
                 f"cut it into clips of at most {most:g} s, e.g. `sox IN.wav OUT.wav trim 0 {most:g}`"
             self._bad(f"{_seconds(n)} long, longer than {most:g} s" if final else f"longer than {most:g} s",
                       fix=fix)
+        if final and n == 0 and self.min_samples > 0:
+            self._bad("holds no audio (0 samples)", fix="record or synthesise the clip again")
         if final and n < self.min_samples:
             self._bad(f"only {n} samples ({n / SAMPLE_RATE:.3f} s), need at least "
                       f"{self.min_samples} ({self.min_samples / SAMPLE_RATE:.3f} s)",
@@ -209,8 +248,9 @@ def open_wav(src, *, min_samples: int = 1, max_samples: int | None = None,
 
     Every problem is one AudioError: missing, a directory, not RIFF/WAVE, not 16 kHz mono
     16-bit PCM, truncated, shorter than ``min_samples`` or longer than ``max_samples``.
-    /dev/zero and other devices or pipes are read as streams (header first, so
-    /dev/zero is "not a WAV file" after 12 bytes).
+    A path must be a regular file or a pipe (read as a stream, header first and bounded; a named
+    pipe waits for its writer); a socket or a device (/dev/zero too) is refused unopened. A file
+    object (stdin) is read as a stream too.
     """
     if hasattr(src, "read"):
         return WavReader(src, str(getattr(src, "name", "<stream>")), False, None, min_samples=min_samples,
@@ -222,6 +262,12 @@ def open_wav(src, *, min_samples: int = 1, max_samples: int | None = None,
         raise AudioError(f"{path}: no such file", fix="check the path") from None
     except IsADirectoryError:
         raise AudioError(f"{path}: is a directory, not a WAV file") from None
+    except _NotRegular as e:  # "not a WAV file" first: what the reader used to say after reading a device
+        if e.kind == "a directory":
+            raise AudioError(f"{path}: is a directory, not a WAV file") from None
+        raise AudioError(f"{path}: not a WAV file but {e.kind}, not a regular file",
+                         fix="give the path of a .wav file (save a stream to one first, or pipe raw 16 kHz mono "
+                             "s16le PCM to `edgelearn device run --stdin`)") from None
     except PermissionError:
         raise AudioError(f"{path}: permission denied", fix="check the file's permissions") from None
     except OSError as e:

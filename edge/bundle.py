@@ -20,6 +20,7 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import re
 import shutil
 import stat
@@ -78,27 +79,52 @@ class Bundle:
                           fix=f"use one of {[p['name'] for p in self.manifest['partitions']]}")
 
 
+def unreadable(path, e: OSError) -> BundleError:
+    """A bundle file or directory this user cannot read, said as that (not as "no manifest.json",
+    which is what a listing that silently skips an unreadable directory would lead to)."""
+    why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or str(e))
+    fix = ("make the bundle readable by this user (bundles are public: chmod -R a+rX on it), or run as its owner"
+           if isinstance(e, PermissionError) else "check the disk, or re-download the bundle")
+    return BundleError(f"cannot read {e.filename or path}: {why}", fix=fix)
+
+
+def _raise(e: OSError):
+    raise e
+
+
 class _DirSource:
     def __init__(self, root: Path):
         self.root = root
 
     def names(self) -> list:
         out = []
-        for p in sorted(self.root.rglob("*")):
-            rel = p.relative_to(self.root).as_posix()
-            if p.is_symlink():
-                raise BundleError(f"{rel}: is a symbolic link", fix="bundles hold regular files only; rebuild it")
-            if p.is_file():
-                out.append(rel)
-            elif not p.is_dir():
-                raise BundleError(f"{rel}: is not a regular file", fix="remove it or rebuild the bundle")
-        return out
+        try:  # os.walk with onerror: an unreadable directory is an error here, never an empty listing
+            for top, dirs, files in os.walk(self.root, onerror=_raise):
+                for n in sorted(dirs + files):
+                    p = Path(top) / n
+                    rel = p.relative_to(self.root).as_posix()
+                    if p.is_symlink():
+                        raise BundleError(f"{rel}: is a symbolic link",
+                                          fix="bundles hold regular files only; rebuild it")
+                    if n in files:
+                        if not p.is_file():
+                            raise BundleError(f"{rel}: is not a regular file", fix="remove it or rebuild the bundle")
+                        out.append(rel)
+        except OSError as e:
+            raise unreadable(self.root, e) from None
+        return sorted(out, key=lambda rel: rel.split("/"))  # as Path objects sort: by component
 
     def size(self, name):
-        return (self.root / name).stat().st_size
+        try:
+            return (self.root / name).stat().st_size
+        except PermissionError as e:
+            raise unreadable(self.root / name, e) from None
 
     def open(self, name):
-        return open(self.root / name, "rb")
+        try:
+            return open(self.root / name, "rb")
+        except PermissionError as e:
+            raise unreadable(self.root / name, e) from None
 
 
 class _ZipSource:
@@ -286,14 +312,28 @@ def _verify(src, label: str, trusted, device_key, allow_unsigned, extract_to: Pa
     return manifest, kid, how
 
 
+def _check_reachable(path: Path) -> None:
+    """``Path.is_dir``/``is_file`` say False for a path in a directory this user may not enter:
+    say "permission denied" rather than "no such bundle"."""
+    try:
+        path.stat()
+    except PermissionError as e:
+        raise unreadable(path, e) from None
+    except OSError:
+        pass
+
+
 def check_contents(path) -> dict:
     """Every check except who signed it (for signing and inspecting on the host); returns the manifest."""
     path = Path(path)
+    _check_reachable(path)
     if path.is_dir():
         return _verify(_DirSource(path), path.name, None, None, False, None, authenticate=False)[0]
     try:
         with zipfile.ZipFile(path) as zf:
             return _verify(_ZipSource(zf, path), path.name, None, None, False, None, authenticate=False)[0]
+    except PermissionError as e:
+        raise unreadable(path, e) from None
     except (zipfile.BadZipFile, OSError) as e:
         raise BundleError(f"{path}: not a bundle directory or readable zip ({e})", fix="check the path") from None
 
@@ -308,6 +348,7 @@ def load_bundle(path, trusted_keys=None, *, allow_unsigned: bool = False, device
     or, by default, a temp directory removed when the Bundle is garbage-collected.
     """
     path = Path(path)
+    _check_reachable(path)
     if path.is_dir():
         manifest, kid, how = _verify(_DirSource(path), path.name, trusted_keys, device_key, allow_unsigned, None)
         return Bundle(path, manifest, path, kid, how)
@@ -315,6 +356,8 @@ def load_bundle(path, trusted_keys=None, *, allow_unsigned: bool = False, device
         raise BundleError(f"{path}: no such bundle", fix="give a bundle directory or .zip")
     try:
         zf = zipfile.ZipFile(path)
+    except PermissionError as e:
+        raise unreadable(path, e) from None
     except (zipfile.BadZipFile, OSError) as e:
         raise BundleError(f"{path.name}: not a readable zip ({e})", fix="re-download the bundle") from None
     own_tmp = extract_to is None

@@ -137,6 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edgelearn {name}: interrupted", file=sys.stderr)
         return 130
     except OSError as e:  # a path the user named that cannot be read or written: one sentence, not a traceback
+        from edge.atomic import no_space
+
+        if no_space(e):
+            where = f" to write {e.filename}" if e.filename else ""
+            print(f"edgelearn {name}: no space left on the disk{where}: free some space and run it again "
+                  "(what was saved before is intact: every state file is replaced whole or not at all)",
+                  file=sys.stderr)
+            return 2
         if e.filename is None:
             raise
         print(f"edgelearn {name}: cannot use {e.filename}: {e.strerror or e} "

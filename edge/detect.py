@@ -203,12 +203,19 @@ class Detector:
 
     def scores(self, feats: np.ndarray):
         """(N, 49, 10) normalised features -> (N, len(names)) scores and embeddings."""
-        emb, probs = self.km.infer(feats)
+        # an adapted tail: enrolled custom keywords score the embedding they were enrolled on
+        both = getattr(self.km, "infer_enrolled", None) if getattr(self.custom, "enrolled", False) else None
+        if both is not None:
+            emb, probs, enrolled = both(feats)
+        else:
+            (emb, probs), enrolled = self.km.infer(feats), None
         if self.head is not None:
             probs = self.head.probs(emb)
         s = probs[:, self.base_idx]
         if self.custom is not None:
-            s = np.concatenate([s, self.custom.scores(emb)], axis=1)
+            cs = self.custom.scores(emb) if enrolled is None or enrolled is emb else \
+                self.custom.scores(enrolled, adapted=emb)
+            s = np.concatenate([s, cs], axis=1)
         return s, emb
 
     def _step(self):

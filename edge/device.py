@@ -247,27 +247,30 @@ class Device(Detection, Enrolment):
     def calibrate(self, wavs, targets=None) -> dict:
         """Per-keyword base thresholds for at most each of ``targets`` false accepts per hour (None:
         ``edge.operating.TARGETS``), measured on ``wavs``: WAVs of everyday audio of the place that
-        say none of the base keywords (an hour or more; under ``edge.operating.MIN_SECONDS``, or targets
-        that are not finite rates above 0, an EdgelearnError and nothing written). Saved under the state
+        say none of the base keywords (an hour or more; under ``edge.operating.MIN_SECONDS``, audio with
+        no speech-like sound at all (``SoundMeter``), or targets that are not finite rates above 0, an
+        EdgelearnError and nothing written). Saved under the state
         lock as the state's operating points for
         the active model and context (``detect(sensitivity=R)`` uses them); returns the table
         ({"for", "hours", "files", "points": [{"target_fa_h", "thresholds", ...}]})."""
         from edge.audio import open_wav
         from edge.detect import Detector
-        from edge.operating import TARGETS, calibrate, check_length, check_targets, save_points, stream_scores
+        from edge.operating import (TARGETS, SoundMeter, calibrate, check_length, check_targets, save_points,
+                                    stream_scores)
 
         targets = check_targets(TARGETS if targets is None else targets)  # finite, above 0
         wavs = [wavs] if is_path(wavs) else list(wavs)
         bundle = self.bundle
         km, head = self.models()
         det = Detector(km, head=head)
-        streams, hours = [], 0.0
+        streams, hours, meter = [], 0.0, SoundMeter()
         for path in wavs:
             with open_wav(path, min_samples=16000) as w:  # read in pieces: an hour of audio is fine
-                sc, ends, h = stream_scores(det, w.chunks(16000 * 60))
+                sc, ends, h = stream_scores(det, meter.tee(w.chunks(16000 * 60)))
             streams.append((sc, ends, None))
             hours += h
         check_length(hours)  # far too little audio: refused, the earlier calibration kept
+        meter.check(str(wavs[0]) if len(wavs) == 1 else "the audio given")  # silence, a tone: refused too
         points = [_held_at_default(calibrate(streams, hours, t, det.names), det) for t in targets]
         table = {"for": calibrated_for(bundle, self.state_dir), "hours": hours,
                  "files": [str(p) for p in wavs], "points": points}
@@ -329,7 +332,11 @@ class Device(Detection, Enrolment):
         last = last_record(self.state_dir)
         replay = {}
         for name in (EMBEDDING_REPLAY, TAIL_REPLAY):
-            rb = load_replay(self.state_dir / name)
+            try:
+                rb = load_replay(self.state_dir / name)
+            except EdgelearnError as e:  # reported, not fatal: status is where a user looks first
+                replay[name] = {"damaged": e.problem, "fix": e.fix}
+                continue
             if rb is not None:
                 replay[name] = {"count": rb.count, "capacity": rb.capacity, "bytes": rb.nbytes,
                                 "classes": {labels[k] if k < len(labels) else k: n
@@ -350,6 +357,11 @@ class Device(Detection, Enrolment):
             out["operating_point"] = {"thresholds": thr, "matched_to_version": op.get("matched_to_version"),
                                       "in_use": thr != "malformed"}
         out["detection"] = detection_info(bundle, self.state_dir)
+        from edge.operating import calibration_status
+
+        cal = calibration_status(self.state_dir, bundle)  # a damaged or stale calibration, said here
+        if cal is not None:
+            out["calibration"] = cal
         agent = read_status(self.state_dir)  # what `device run` did last (edge/agent.py)
         if agent is not None:
             out["agent"] = agent

@@ -124,11 +124,11 @@ def _replay_feeder(bundle, state_dir, km, backend, confirm):
     import numpy as np
 
     from edge.adapt import Backbone
-    from edge.replay import TAIL_REPLAY, ReplayStore
+    from edge.replay import TAIL_REPLAY, open_for_adding
 
     bb = Backbone(bundle, backend=backend)
     dim = int(np.prod(bb.backend.outputs[0].shape[1:]))
-    store = ReplayStore(state_dir, dim=dim, max_bytes=1 << 20, name=TAIL_REPLAY)
+    store = open_for_adding(state_dir, dim=dim, max_bytes=1 << 20, name=TAIL_REPLAY)
     scale, zp = bb.qparams
 
     def feed(ev, window):

@@ -34,6 +34,25 @@ def _slug(name: str) -> str:
         hashlib.sha1(name.encode()).hexdigest()[:8]
 
 
+def _refuse_repeated(clips) -> None:
+    """One sentence when a WAV file is given twice (the same file by any path: a typo, and it would
+    count twice towards the clips a keyword needs)."""
+    seen = {}
+    for c in clips:
+        if not is_path(c):
+            continue
+        try:
+            st = os.stat(c)
+            key = (st.st_dev, st.st_ino)  # hard links and other spellings of one file
+        except OSError:
+            key = os.path.realpath(c)  # missing: read_wav says so next
+        if key in seen:
+            which = f"{c} is given twice" if str(seen[key]) == str(c) else f"{seen[key]} and {c} are the same file"
+            raise EdgelearnError(f"{which}, and each enrolment clip must be a recording of its own",
+                                 fix="pass each WAV file once (record the phrase again for more clips)")
+        seen[key] = c
+
+
 ADAPT_FILES = ("backbone", "tail-prefix", "tail.npz")
 
 
@@ -79,6 +98,7 @@ class Enrolment:
         medium, or with ``add`` the keyword's own)."""
         from edge.audio import read_wav
         from edge.enroll import enroll
+        from edge.keywords import shown
 
         import numpy as np
 
@@ -88,6 +108,7 @@ class Enrolment:
         if is_path(clips) or isinstance(clips, np.ndarray) and clips.ndim == 1:
             clips = [clips]  # one clip, not a list of them: said as "1 clip given" below, not "h: no such file"
         clips = list(clips)
+        _refuse_repeated(clips)
         names = [str(c) if is_path(c) else f"clip {i + 1}" for i, c in enumerate(clips)]
         pcm = [read_wav(c, min_samples=1) if is_path(c) else c for c in clips]
         speakers = [0] * len(pcm)
@@ -95,11 +116,15 @@ class Enrolment:
             norm = name.strip().lower()
             entry = next((k for k in state.keywords if k["name"] == norm), None)
             if entry is None:
-                raise EdgelearnError(f"--add needs an enrolled keyword; {norm!r} is not one",
+                raise EdgelearnError(f"--add needs an enrolled keyword; {shown(norm)} is not one",
                                      fix="enrol it first without --add")
             kept = self.enrolment_clips(norm, speakers=True)
+            kept_file = self.state_dir / ENROLMENT_DIR / f"{_slug(norm)}.npz"
+            if kept is None and (kept_file.exists() or kept_file.is_symlink()):  # there, but not readable
+                raise EdgelearnError(f"the device's kept clips of {shown(norm)} are damaged ({kept_file} cannot "
+                                     "be read)", fix="enrol it again with --replace, then --add the other speaker")
             if kept is None:
-                raise EdgelearnError(f"the device kept no clips of {norm!r} (enrolled before it kept them)",
+                raise EdgelearnError(f"the device kept no clips of {shown(norm)} (enrolled before it kept them)",
                                      fix="enrol it again with --replace, then --add the other speaker")
             new = max(kept[1]) + 1
             names = [f"kept clip {i + 1} (speaker {w + 1})" for i, w in enumerate(kept[1])] + names

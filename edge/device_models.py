@@ -22,7 +22,8 @@ from edge.errors import EdgelearnError
 
 def open_bundle(bundle=None, trusted_keys=None, state_dir=None):
     """A verified bundle: ``bundle`` itself when it is one already, else the directory or .zip at
-    that path (a store's ``current`` file or its directory: the version it names), checked against
+    that path or the shipped bundle of that name (``edge.kws.named_bundle``; a store's ``current`` file
+    or its directory: the version it names), checked against
     ``trusted_keys`` plus the shipped release keys (None: the device's default keys; both via
     ``edge.kws.resolve_trusted_keys``, so the shipped base model always verifies). None: with
     ``state_dir``, the federated version the agent installed and runs there (``installed_version``),
@@ -31,16 +32,17 @@ def open_bundle(bundle=None, trusted_keys=None, state_dir=None):
     if bundle is not None and hasattr(bundle, "manifest"):
         return bundle
     from edge.bundle import load_bundle
-    from edge.kws import DEFAULT_BUNDLE, resolve_trusted_keys
+    from edge.kws import DEFAULT_BUNDLE, named_bundle, resolve_trusted_keys
 
     keys = resolve_trusted_keys(trusted_keys)
     if bundle is None:
         installed = None if state_dir is None else installed_version(state_dir, keys)
         return installed if installed is not None else load_bundle(DEFAULT_BUNDLE, trusted_keys=keys)
-    path = _store_bundle(Path(bundle))
-    b = _verified(path, keys) if path != Path(bundle) else load_bundle(path, trusted_keys=keys)
+    given = named_bundle(bundle)  # a shipped bundle's name (kws-dscnn-s) works as in spot and serve
+    path = _store_bundle(given)
+    b = _verified(path, keys) if path != given else load_bundle(path, trusted_keys=keys)
     if state_dir is not None:
-        _check_bound(b, Path(bundle), state_dir)
+        _check_bound(b, given, state_dir)
     return b
 
 

@@ -29,8 +29,8 @@ from edge import features as F
 from edge.errors import EdgelearnError
 # the state and its scorer lived here until they got a module of their own: every name stays importable
 from edge.keywords import (  # noqa: F401 (FORMAT, READABLE_FORMATS, at_sensitivity, check_keywords: re-exported)
-    DEFAULT_SENSITIVITY, FAR_TARGET, FORMAT, READABLE_FORMATS, SENSITIVITIES, _NAME, CustomKeywords, DeviceState,
-    StateError, at_sensitivity, check_keywords)
+    DEFAULT_SENSITIVITY, FAR_TARGET, FORMAT, NAME_RULE, READABLE_FORMATS, SENSITIVITIES, _NAME, CustomKeywords,
+    DeviceState, StateError, at_sensitivity, check_keywords, shown)
 from edge.portable import proto as P
 
 MIN_CLIPS, MAX_CLIPS = 3, 10   # per speaker
@@ -46,8 +46,7 @@ AUGMENT_SNRS_DB = (20.0, 10.0, 5.0)
 def check_name(name: str, base_labels, existing) -> str:
     norm = " ".join(name.strip().lower().split())
     if not _NAME.match(norm):
-        raise EdgelearnError(f"keyword name {name!r} is not usable",
-                             fix="use 1-32 letters, digits, spaces, ' _ or -, starting with a letter or digit")
+        raise EdgelearnError(f"keyword name {shown(name)} is not usable", fix=NAME_RULE)
     if norm in [b.lower() for b in base_labels]:
         raise EdgelearnError(f"keyword {norm!r} is already a base keyword of the bundle",
                              fix="the base model detects it already; pick another name")
@@ -309,7 +308,7 @@ def keyword_sensitivity(state: DeviceState, name: str, level: str | None = None,
     norm = name.strip().lower()
     entry = next((k for k in state.keywords if k["name"] == norm), None)
     if entry is None:
-        raise EdgelearnError(f"no keyword {norm!r} is enrolled (enrolled: {', '.join(state.names()) or 'none'})",
+        raise EdgelearnError(f"no keyword {shown(norm)} is enrolled (enrolled: {', '.join(state.names()) or 'none'})",
                              fix="enrol it first with `edgelearn device enroll`")
     if max_fa_h is not None:
         level = most_sensitive_within(entry, float(max_fa_h))

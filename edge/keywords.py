@@ -52,7 +52,18 @@ FAR_TARGET = 0.004
 # bench/kws_custom measures all three.
 SENSITIVITIES = {"low": (0.001, 0.5, 0.8), "medium": (FAR_TARGET, None, None), "high": (0.016, 0.8, 0.97)}
 DEFAULT_SENSITIVITY = "medium"
+# A keyword name: ASCII only. The model and its phone stage are English, and names reach C and
+# MicroPython firmware, file names and other tools, where one Unicode phrase could be spelled two ways
+# (composed or decomposed accents) or take 4 bytes a letter.
 _NAME = re.compile(r"^[a-z0-9][a-z0-9 _'-]{0,31}$")
+NAME_RULE = "use 1-32 ASCII letters (a-z), digits, spaces, ' _ or -, starting with a letter or digit"
+SHOWN_CHARS = 40  # of a name echoed in a message (it may be any length the user typed)
+
+
+def shown(name) -> str:
+    """``name`` quoted for a message, cut to ``SHOWN_CHARS`` characters with "…"."""
+    s = str(name)
+    return repr(s) if len(s) <= SHOWN_CHARS else repr(s[:SHOWN_CHARS]) + "…"
 
 
 class StateError(EdgelearnError):
@@ -255,7 +266,11 @@ class CustomKeywords:
                 return False
         return d <= float(self._threshold_at(levels, feats, self.verify_versions[k]))
 
-    def scores(self, emb: np.ndarray) -> np.ndarray:
+    enrolled = True  # scores embeddings of the encoder the keywords were enrolled on (``Detector.scores``)
+
+    def scores(self, emb: np.ndarray, adapted=None) -> np.ndarray:
+        """(N, 64) embeddings of the encoder the keywords were enrolled on -> (N, K) first-stage
+        scores (``adapted``, an adapted tail's own embedding, is not theirs: unused)."""
         e = np.asarray(emb, np.float32)
         e = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
         z = e @ self.w.T + self.b

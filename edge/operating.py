@@ -59,6 +59,62 @@ def check_length(hours: float) -> None:
                                                 "speech that never says the keywords")
 
 
+# `device calibrate` refuses audio that holds no speech-like sound at all: a minute of digital
+# silence or a test tone used to be calibrated on and saved over a good calibration. The rule is
+# deliberately simple and lenient: a 32 ms frame counts as sound that could be speech when it is above
+# digital silence (RMS of SOUND_FLOOR LSB, about -78 dBFS: zeros and 1-LSB dither stay under it, any
+# microphone's room noise is above it) and its spectrum changed from the frame before (relative
+# spectral flux at least SOUND_FLUX: speech, a TV, a room's noise change from frame to frame, 0.6-0.8;
+# a steady tone, square wave, hum or DC stays the same, under 0.35 for square waves up to 5 kHz at
+# full scale). Audio with under MIN_SOUND_S of such frames in all holds nothing a keyword could be
+# confused with, so no false-accept rate can be measured on it.
+SOUND_FRAME, SOUND_FLOOR, SOUND_FLUX, MIN_SOUND_S = 512, 4.0, 0.5, 1.0
+
+
+class SoundMeter:
+    """Seconds of sound that could be speech (the rule above) in audio pushed chunk by chunk; the
+    chunks of a long file pass through ``tee`` (so a caller can measure what it streams anyway)."""
+
+    def __init__(self):
+        self.rest = np.zeros(0, np.float64)  # samples short of a whole frame, carried to the next chunk
+        self.prev = None                     # the last frame's magnitude spectrum
+        self.frames = 0                      # frames that count
+        self.samples = 0
+        self.window = np.hanning(SOUND_FRAME)
+
+    def push(self, chunk) -> None:
+        x = np.concatenate([self.rest, np.asarray(chunk, np.float64)])
+        self.samples += len(chunk)
+        n = len(x) // SOUND_FRAME
+        self.rest = x[n * SOUND_FRAME:]
+        if n == 0:
+            return
+        fr = x[:n * SOUND_FRAME].reshape(n, SOUND_FRAME)
+        loud = np.sqrt((fr ** 2).mean(axis=1)) >= SOUND_FLOOR
+        spec = np.abs(np.fft.rfft(fr * self.window, axis=1))
+        before = np.concatenate([spec[:1] if self.prev is None else self.prev[None], spec[:-1]])
+        flux = np.linalg.norm(spec - before, axis=1) / np.maximum(np.linalg.norm(spec, axis=1), 1e-9)
+        self.frames += int(np.count_nonzero(loud & (flux >= SOUND_FLUX)))
+        self.prev = spec[-1]
+
+    def tee(self, chunks):
+        for c in chunks:
+            self.push(c)
+            yield c
+
+    @property
+    def seconds(self) -> float:
+        return self.frames * SOUND_FRAME / F.SAMPLE_RATE
+
+    def check(self, what: str = "the audio") -> None:
+        """One EdgelearnError when the audio held no sound that could be speech (``MIN_SOUND_S``)."""
+        if self.seconds < MIN_SOUND_S:
+            raise EdgelearnError(f"{what} holds no speech-like sound at all (digital silence, or a steady tone "
+                                 "or hum), so no false-accept rate can be measured on it and the calibration "
+                                 "was not changed", fix="record the place's everyday audio (TV, conversation) "
+                                                        "with the microphone the device listens with")
+
+
 def stream_scores(det, audio, batch: int = 256, embeddings: bool = False):
     """Every window's first-stage scores and (end, keyword-end) times, as ``det`` would see them.
 
@@ -170,16 +226,16 @@ def save_points(state_dir, table: dict) -> None:
         atomic_write(Path(state_dir) / POINTS_FILE, data)
 
 
-def load_points(state_dir, calibrated_for: dict) -> OperatingPoints:
-    """The state's calibration, if it was made for this model and adapted context."""
-    import json
-    from pathlib import Path
+class StaleCalibration(EdgelearnError):
+    """The state's calibration was made for another model version or adapted context than detection
+    runs now (an adaptation committed, a federated version installed since): the agent detects at
+    the model's own thresholds until it matches again; ``device detect --sensitivity`` refuses it."""
 
-    path = Path(state_dir) / POINTS_FILE
-    if not path.is_file():
-        raise EdgelearnError(f"{path} does not exist: this device has no calibrated operating points",
-                             fix="run `edgelearn device calibrate --state ST --wav everyday.wav` first, "
-                                 "or pass --threshold")
+
+def _read_points(path) -> tuple[dict, OperatingPoints]:
+    """(table, points) of an existing operating.json, or one EdgelearnError: it is damaged."""
+    import json
+
     try:
         if path.stat().st_size > MAX_POINTS_BYTES:
             raise ValueError("too large")
@@ -189,9 +245,55 @@ def load_points(state_dir, calibrated_for: dict) -> OperatingPoints:
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
                        for v in p["thresholds"].values()):
                 raise TypeError("a threshold is not a number")
-    except (ValueError, TypeError, KeyError, AttributeError, EdgelearnError, RecursionError):
+    except (ValueError, TypeError, KeyError, AttributeError, EdgelearnError, RecursionError, UnicodeDecodeError):
         raise EdgelearnError(f"{path} is damaged", fix="run `edgelearn device calibrate` again") from None
+    return table, points
+
+
+def load_points(state_dir, calibrated_for: dict) -> OperatingPoints:
+    """The state's calibration, if it was made for this model and adapted context (else
+    ``StaleCalibration``; missing or damaged: EdgelearnError)."""
+    from pathlib import Path
+
+    path = Path(state_dir) / POINTS_FILE
+    if not path.is_file():
+        raise EdgelearnError(f"{path} does not exist: this device has no calibrated operating points",
+                             fix="run `edgelearn device calibrate --state ST --wav everyday.wav` first, "
+                                 "or pass --threshold")
+    table, points = _read_points(path)
     if table.get("for") != calibrated_for:
-        raise EdgelearnError(f"{path} was calibrated for {table.get('for')}, not for {calibrated_for}",
-                             fix="run `edgelearn device calibrate` again after changing the model or context")
+        raise StaleCalibration(f"{path} was calibrated for {table.get('for')}, not for {calibrated_for}",
+                               fix="run `edgelearn device calibrate` again after changing the model or context")
     return points
+
+
+def calibration_status(state_dir, bundle) -> dict | None:
+    """What ``device status`` shows of the state's calibration (reads only; never raises for a bad
+    state file): None when there is none; {"damaged", "fix"} when operating.json cannot be read
+    (detection with a sensitivity would refuse it); else its targets, hours and ``current``: made for
+    the model version and adapted context detection runs now with ``bundle`` (False: "stale" and
+    "fix" say why; ``device detect --sensitivity`` refuses it and the agent detects at the model's
+    default thresholds until `device calibrate` runs again; None: the adapt pointer is unreadable)."""
+    from pathlib import Path
+
+    from edge.device_models import calibrated_for
+
+    path = Path(state_dir) / POINTS_FILE
+    try:
+        if not path.is_file():
+            return None
+        table, points = _read_points(path)
+    except OSError as e:  # unreadable (permissions): as good as damaged for detection
+        return {"damaged": f"{path} cannot be read ({e.strerror or e})", "fix": "check its permissions"}
+    except EdgelearnError as e:
+        return {"damaged": e.problem, "fix": e.fix}
+    try:
+        now = calibrated_for(bundle, state_dir)
+    except EdgelearnError:  # a damaged adapt pointer: status reports it where it shows the contexts
+        now = None
+    out = {"targets": [p["target_fa_h"] for p in points.points], "hours": table.get("hours"),
+           "for": table.get("for"), "current": None if now is None else table.get("for") == now}
+    if out["current"] is False:
+        out["stale"] = f"calibrated for {table.get('for')}, and detection runs {now}"
+        out["fix"] = "run `edgelearn device calibrate` again to use a sensitivity with this model and context"
+    return out

@@ -27,11 +27,12 @@ head's inputs) and ``replay_tail.bin`` (the conv tail's inputs: backbone outputs
 from __future__ import annotations
 
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from edge.atomic import atomic_write, state_lock
+from edge.atomic import atomic_write, no_space, set_aside, state_lock
 from edge.errors import EdgelearnError
 from edge.portable.replay import _SLOT_FMT, HEADER_BYTES, HEADER_FMT, MAGIC, SLOT_OVERHEAD, ReplayBuffer, ReplayError
 
@@ -89,6 +90,22 @@ def load_replay(path, dim: int | None = None) -> ReplayBuffer | None:
     return rb
 
 
+def open_for_adding(state_dir, dim: int, max_bytes: int, name: str) -> "ReplayStore":
+    """The replay store of a command that only adds to it (``detect``, the agent, ``wyoming``): a
+    damaged file, or one made for another encoder, is kept beside as ``NAME.damaged`` with one
+    warning and the buffer starts empty (it only holds examples to rehearse), so the wake word
+    is not stopped by it; a command that trains on the buffer still refuses it in one sentence."""
+    try:
+        return ReplayStore(state_dir, dim=dim, max_bytes=max_bytes, name=name)
+    except EdgelearnError as e:
+        path = Path(state_dir) / name
+        if not path.is_file():
+            raise
+        detail = e.problem.split(" is damaged: ", 1)[-1]  # load_replay's sentence names the file already
+        set_aside(path, f"{detail}; an empty buffer starts")
+        return ReplayStore(state_dir, dim=dim, max_bytes=max_bytes, name=name)
+
+
 class ReplayStore:
     def __init__(self, state_dir, dim: int = 64, max_bytes: int = 64 * 1024, flush_every: int = 32,
                  name: str = EMBEDDING_REPLAY):
@@ -98,6 +115,7 @@ class ReplayStore:
         # for an add, (label,) for a removal; a write makes them on the file as it is then
         self._pending: list[tuple] = []
         self._staged = None  # the merged buffer ``staged`` gave, until ``mark_saved``
+        self._unsaved = False  # the last write found the disk full (said once)
         loaded = load_replay(self.path, dim)
         if loaded is not None:
             self.buffer = loaded
@@ -168,7 +186,17 @@ class ReplayStore:
             return
         with state_lock(self.path.parent):
             merged = self._merged()
-            atomic_write(self.path, merged.to_bytes())
+            try:
+                atomic_write(self.path, merged.to_bytes())
+            except OSError as e:  # a full disk: the examples wait in memory for the next write
+                if not no_space(e):
+                    raise
+                if not self._unsaved:
+                    print(f"replay examples kept in memory: cannot save {self.path} (no space left on the "
+                          "disk); detection goes on", file=sys.stderr, flush=True)
+                self._unsaved = True
+                return
+            self._unsaved = False
             self._adopt(merged)
 
     def _merged(self) -> ReplayBuffer:

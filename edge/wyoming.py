@@ -11,7 +11,10 @@ and the server answers one ``detection`` (name, ``timestamp``: milliseconds from
 to the end of the keyword, the Detector's ``time_s``) per hit while the audio comes, and
 ``not-detected`` after ``audio-stop`` when nothing fired. Audio of any rate, width and channel
 count is converted to 16 kHz 16-bit mono: width and rate by wyoming's own ``AudioChunkConverter``
-(``audioop.ratecv``, linear interpolation), channels averaged (its ``tomono`` sums them).
+(``audioop.ratecv``, linear interpolation), channels averaged (its ``tomono`` sums them). A chunk
+may hold any number of bytes: a sample frame split between two chunks is joined (a client's
+power-of-two buffers of 24-bit or 6-channel audio split frames), and a part of a frame left at
+``audio-stop`` is dropped.
 
 The models are loaded once per server and shared by every connection (``ModelSet``): for each
 keyword selection a stream asks for (``detect``'s names, resolved to base and enrolled keywords),
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -109,6 +113,7 @@ class WakeServer:
             from edge.wyoming_mdns import Announcement
             self.zeroconf = Announcement(uri, self.scheme_addr, None if zeroconf is True else zeroconf)
         self.keywords, self.threshold, self.sensitivity, self.asr = keywords, threshold, sensitivity, asr
+        self._stale_said = False  # a stale calibration said, until one matches again (``_build``)
         if asr:  # a missing PocketSphinx is one sentence here, not at the first stream
             from edge.confirm import require
             require()
@@ -212,8 +217,7 @@ class WakeServer:
             thr = self.threshold
             if isinstance(thr, dict):
                 thr = {w: t for w, t in thr.items() if w in b}
-            det, _ = device.detector(keywords=b, threshold=thr, sensitivity=self.sensitivity, replay=False,
-                                     enrolled=c, asr=self.asr)
+            det = self._build(device, b, c, thr)
             ms = ModelSet(det, sig[1])
             with self._sets_lock:
                 if not self._current(sig):  # the state changed: the old sets go (streams in flight keep theirs)
@@ -223,6 +227,24 @@ class WakeServer:
                     self._sets.popitem(last=False)
                 self.loads += 1
             return ms
+
+    def _build(self, device, b, c, thr):
+        """The detector of one selection; with a stale calibration (for another model or context) at the
+        model's default thresholds, said once, as the agent does (edge/agent_calibration.py)."""
+        from edge.operating import StaleCalibration
+
+        try:
+            det = device.detector(keywords=b, threshold=thr, sensitivity=self.sensitivity, replay=False,
+                                  enrolled=c, asr=self.asr)[0]
+            self._stale_said = False
+            return det
+        except StaleCalibration as e:
+            if not self._stale_said:
+                self._stale_said = True
+                print(f"wyoming: --sensitivity {self.sensitivity:g} is not used: {e.problem}; detecting at the "
+                      "model's default thresholds until `edgelearn device calibrate` runs again",
+                      file=sys.stderr, flush=True)
+            return device.detector(keywords=b, threshold=thr, replay=False, enrolled=c, asr=self.asr)[0]
 
     def _current(self, sig) -> bool:
         return self._sets_for is not None and self._sets_for[0] is sig[0] and self._sets_for[1] == sig[1]

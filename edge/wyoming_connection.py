@@ -42,6 +42,7 @@ class _Connection:
         self.models, self.det = None, None  # this stream's ModelSet (shared) and Detector (its own)
         self.streaming = False     # True, False, or FAILED: a start refused, its audio dropped until audio-stop
         self.converter = None
+        self.partial, self.partial_format = b"", None  # a chunk's trailing bytes short of a whole frame
         self.fired = 0
         self.context = None
 
@@ -128,6 +129,7 @@ class _Connection:
         elif audio.AudioStart.is_type(t):
             self.streaming = FAILED  # until it has started: a refused start drops its stream quietly
             self.fired = 0
+            self.partial, self.partial_format = b"", None
             start = audio.AudioStart.from_event(event)  # the format must be there
             if start.width not in (1, 2, 3, 4) or start.channels < 1 or start.rate < 1:
                 raise ValueError(f"unsupported audio format {start.rate} Hz, {start.width} B, {start.channels} ch")
@@ -142,9 +144,9 @@ class _Connection:
             chunk = audio.AudioChunk.from_event(event)
             if chunk.width not in (1, 2, 3, 4) or chunk.channels < 1 or chunk.rate < 1:
                 raise ValueError(f"unsupported audio format {chunk.rate} Hz, {chunk.width} B, {chunk.channels} ch")
-            if len(chunk.audio or b"") % (chunk.width * chunk.channels):
-                raise ValueError(f"{len(chunk.audio)} bytes is not a whole number of "
-                                 f"{chunk.width * chunk.channels}-byte frames")
+            chunk = self._whole_frames(chunk)
+            if chunk is None:
+                return  # less than one frame so far: it waits for the next chunk
             pcm = np.frombuffer(self.converter.convert(chunk).audio, "<i2")
             if chunk.channels > 1:  # the mean of the channels (wyoming's tomono sums them, and clips)
                 pcm = pcm[: len(pcm) // chunk.channels * chunk.channels].reshape(-1, chunk.channels)
@@ -156,6 +158,7 @@ class _Connection:
                 await self.error("audio-stop before audio-start", "not-streaming")
                 return
             failed, self.streaming = self.streaming is FAILED, False
+            self.partial = b""  # a last partial frame is not a sample: dropped, the stream answered as usual
             if not failed:
                 for ev in await loop.run_in_executor(None, self._flush):
                     await self.send(self._detection(ev))
@@ -166,6 +169,25 @@ class _Connection:
             await self.error(f"event type {t!r} is not handled by this wake-word server "
                              "(it handles describe, detect, audio-start, audio-chunk, audio-stop, ping)",
                              "unknown-event")
+
+    def _whole_frames(self, chunk):
+        """``chunk`` cut to whole sample frames, after the bytes of a frame the previous chunk split;
+        its own trailing part-frame kept for the next (None: no whole frame yet). A client may send
+        any byte count per chunk (power-of-two buffers of 24-bit or 6-channel audio split frames):
+        the stream's bytes are frames whatever the chunking."""
+        audio = _wyoming()[0]
+        fmt = (chunk.rate, chunk.width, chunk.channels)
+        data = chunk.audio or b""
+        if self.partial and self.partial_format == fmt:
+            data = self.partial + data
+        # (a part-frame of another format cannot start this chunk's frames: it is dropped)
+        frame = chunk.width * chunk.channels
+        whole = len(data) - len(data) % frame
+        self.partial, self.partial_format = data[whole:], fmt
+        if not whole:
+            return None
+        return audio.AudioChunk(rate=chunk.rate, width=chunk.width, channels=chunk.channels,
+                                audio=data[:whole], timestamp=chunk.timestamp)
 
     # -- in the worker thread ----------------------------------------------------------------------
     def _begin(self) -> None:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import zipfile
@@ -19,11 +20,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from edge import bundle as eb
-from edge.atomic import atomic_file, atomic_write, replace_dir
+from edge.atomic import _umask, atomic_file, atomic_write, replace_dir
 from edge.errors import BundleError
 from host import keys as hk
 
 _DEFAULTS = {"frontend": {}, "target": None, "partitions": [], "trainable": {}, "quantization": {}, "extra": {}}
+# Bundles are public by design (docs/faults.md): what the tools write follows the umask (0755 directories,
+# 0644 files under umask 022), so a service user running the agent can read a bundle its operator built.
+# Only keys and device state are 0600. ``atomic_write``'s default is 0600, hence ``mode=PUBLIC`` below.
+PUBLIC = None
+
+
+def public_dir(path: Path) -> Path:
+    """Give a directory made by ``tempfile.mkdtemp`` (always 0700) the mode a plain ``mkdir`` would."""
+    os.chmod(path, 0o777 & ~_umask())
+    return path
 
 
 def bundle_arg(value=None) -> Path:
@@ -104,7 +115,7 @@ def build_bundle(out_dir, files: dict, manifest: dict, private_key_path) -> Path
     if out.exists() and not (out / eb.MANIFEST).is_file() and (not out.is_dir() or any(out.iterdir())):
         raise BundleError(f"{out}: exists and is not a bundle", fix="choose an empty or new --out directory")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.building-"))
+    tmp = public_dir(Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.building-")))
     try:
         for name, src in files.items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
@@ -112,8 +123,8 @@ def build_bundle(out_dir, files: dict, manifest: dict, private_key_path) -> Path
             if _file_entry(tmp / name) != m["files"][name]:
                 raise BundleError(f"{src}: changed while it was being copied", fix="build the bundle again")
         raw = manifest_bytes(m)
-        atomic_write(tmp / eb.MANIFEST, raw)
-        atomic_write(tmp / eb.SIGNATURE, hk.sign_manifest_bytes(raw, private_key_path).encode())
+        atomic_write(tmp / eb.MANIFEST, raw, mode=PUBLIC)
+        atomic_write(tmp / eb.SIGNATURE, hk.sign_manifest_bytes(raw, private_key_path).encode(), mode=PUBLIC)
         eb.check_contents(tmp)
         replace_dir(tmp, out)
     except BaseException:
@@ -135,7 +146,7 @@ def refresh_files(bundle_dir) -> dict:
     _check_inputs({n: d / n for n in names})
     m["files"] = {n: _file_entry(d / n) for n in names}
     eb.validate_manifest(m)
-    atomic_write(d / eb.MANIFEST, manifest_bytes(m))
+    atomic_write(d / eb.MANIFEST, manifest_bytes(m), mode=PUBLIC)
     # A device MAC authenticated the old manifest bytes; a stale one would only ever fail.
     (d / eb.MAC).unlink(missing_ok=True)
     return m
@@ -152,7 +163,7 @@ def sign_bundle(bundle_dir, private_key_path, *, refresh: bool = False) -> str:
     m = eb.check_contents(d)
     check_models_match_labels(m, {n: d / n for n in m["files"]})
     sig = hk.sign_manifest_bytes((d / eb.MANIFEST).read_bytes(), private_key_path)
-    atomic_write(d / eb.SIGNATURE, sig.encode())
+    atomic_write(d / eb.SIGNATURE, sig.encode(), mode=PUBLIC)
     return sig.split()[1]
 
 
@@ -163,7 +174,7 @@ def add_device_mac(bundle_dir, device_key) -> str:
     m = eb.check_contents(d)
     check_models_match_labels(m, {n: d / n for n in m["files"]})
     text = eb.mac_text((d / eb.MANIFEST).read_bytes(), key)
-    atomic_write(d / eb.MAC, text.encode())
+    atomic_write(d / eb.MAC, text.encode(), mode=PUBLIC)  # an authenticator, not a secret
     return text.split()[1]
 
 
@@ -172,7 +183,7 @@ def zip_bundle(bundle_dir, out_zip) -> Path:
     d, out = Path(bundle_dir), Path(out_zip)
     m = eb.check_contents(d)
     names = sorted(m["files"]) + [n for n in eb.META_FILES if (d / n).is_file()]
-    with atomic_file(out) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
+    with atomic_file(out, mode=PUBLIC) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
         for n in names:
             info = zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
@@ -183,13 +194,24 @@ def zip_bundle(bundle_dir, out_zip) -> Path:
 
 
 def summary(path, pubkey=None) -> dict:
-    """What `inspect` prints: verified contents, and the signer when a public key is given."""
+    """What `inspect` prints: verified contents, and the signer. With ``pubkey`` the signature must verify
+    with exactly those keys (a BundleError if not); without, it is checked against the keys ``bundle verify``
+    trusts by default (``edge.kws.default_trusted_keys``: the shipped release keys, $EDGELEARN_KEYS or
+    /etc/edgelearn/keys), and a signature they do not verify is reported, not raised: ``inspect`` shows
+    any bundle whose contents match its manifest, and says whether its signer is trusted."""
     if pubkey:
         b = eb.load_bundle(path, trusted_keys=pubkey)
-        m, signer = b.manifest, {"key_id": b.key_id, "verified": True}
+        m, signer = b.manifest, {"key_id": b.key_id, "verified": True, "keys": "given"}
     else:
+        from edge.errors import EdgelearnError
+        from edge.kws import default_trusted_keys
+
         m = eb.check_contents(path)
-        signer = {"key_id": _sig_key_id(Path(path)), "verified": False}
+        signer = {"key_id": _sig_key_id(Path(path)), "verified": False, "keys": "default"}
+        try:
+            signer.update(key_id=eb.load_bundle(path, trusted_keys=default_trusted_keys()).key_id, verified=True)
+        except EdgelearnError as e:
+            signer["why"] = e.problem
     parts = [{k: p.get(k) for k in ("name", "file", "format", "placement", "precision")}
              | {"bytes": m["files"][p["file"]]["bytes"]} for p in m["partitions"]]
     return {"model_id": m["model_id"], "version": m["version"], "created_utc": m.get("created_utc"),

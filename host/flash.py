@@ -38,7 +38,9 @@ gc.collect()
 def bundle_source(bundle, work: Path, trusted_keys=None) -> Path:
     """The bundle directory to deploy: ``bundle`` (a directory), a shipped bundle's name
     (``kws-mcu-tcnn``, ``host.bundle.bundle_arg``), or a .zip, verified with ``trusted_keys`` plus the
-    shipped release keys (``edge.kws.resolve_trusted_keys``) while it is unpacked under ``work``."""
+    shipped release keys (``edge.kws.resolve_trusted_keys``); a .zip is unpacked under ``work``.
+    A directory is verified exactly as a .zip is (signature, then every file's size and SHA-256):
+    a tampered, unsigned or untrusted bundle is one BundleError before anything reaches a board."""
     from edge.bundle import load_bundle
     from edge.errors import BundleError
     from edge.kws import MODELS, resolve_trusted_keys
@@ -46,14 +48,41 @@ def bundle_source(bundle, work: Path, trusted_keys=None) -> Path:
 
     path = bundle_arg(bundle)
     if path.is_dir():
-        return path
-    if path.is_file():
-        dest = Path(work) / "bundle-src"
-        load_bundle(path, trusted_keys=resolve_trusted_keys(trusted_keys), extract_to=dest)
-        return dest
-    shipped = ", ".join(sorted(p.name for p in MODELS.iterdir() if (p / "manifest.json").is_file()))
-    raise BundleError(f"{bundle}: no such bundle directory, .zip or shipped bundle",
-                      fix=f"pass a bundle directory, a .zip or a shipped bundle's name ({shipped})")
+        src = path
+        b = load_bundle(path, trusted_keys=resolve_trusted_keys(trusted_keys))
+    elif path.is_file():
+        src = Path(work) / "bundle-src"
+        b = load_bundle(path, trusted_keys=resolve_trusted_keys(trusted_keys), extract_to=src)
+    else:
+        shipped = ", ".join(sorted(p.name for p in MODELS.iterdir() if (p / "manifest.json").is_file()))
+        raise BundleError(f"{bundle}: no such bundle directory, .zip or shipped bundle",
+                          fix=f"pass a bundle directory, a .zip or a shipped bundle's name ({shipped})")
+    check_flashable(b.manifest, bundle)
+    return src
+
+
+def check_flashable(manifest: dict, name) -> None:
+    """What the board needs beside a verified bundle, said in one sentence before a board is opened:
+    the MicroPython partition (format ``mpy-blob``), its ``graph.json`` (the op list the firmware runs,
+    docs/firmware.md) and the front end's normalisation scale (``host.board.manifest.bundle_files``)."""
+    from edge.errors import BundleError
+
+    fix = ("flash the shipped kws-mcu-tcnn, or partition a bundle the board runs: "
+           "edgelearn partition kws-mcu-tcnn --target esp32 --out DIR --key KEY")
+    parts = [p for p in manifest.get("partitions", []) if p.get("format") == "mpy-blob"]
+    if not parts:
+        raise BundleError(f"{name} has no MicroPython partition (format mpy-blob) for the board to run", fix=fix)
+    graph = parts[0].get("graph", "graph.json")
+    if graph not in manifest.get("files", {}):
+        raise BundleError(f"{name} has no {graph} (the op list the board's firmware runs) beside its "
+                          f"{parts[0].get('file')}", fix=fix)
+    frontend = manifest.get("frontend")
+    norm = frontend.get("normalize") if isinstance(frontend, dict) else None
+    if not isinstance(norm, dict) or not isinstance(norm.get("scale"), list):
+        raise BundleError(f"{name} has no frontend.normalize.scale, which the board scales its features with "
+                          "(a bundle partitioned from a bare model file has no front end)",
+                          fix="partition a bundle, which keeps its front end: edgelearn partition kws-mcu-tcnn "
+                              "--target esp32 --out DIR --key KEY")
 
 
 def flash(transport, bundle: Path, device_id: str, key: bytes | None, progress=None,

@@ -225,3 +225,42 @@ def _pcm(path):
     from edge.audio import read_wav
 
     return read_wav(path, min_samples=1)
+
+
+def test_a_replay_flush_while_adapt_commits_waits_and_both_are_kept(tmp_path, monkeypatch):
+    """``device adapt`` stages the replay buffer (a merge of the file as it is) and renames it into
+    place in its commit; a flush of the same file by another writer in between used to be
+    overwritten. The writer here is a thread (the lock is per process, so a thread of this one
+    waits for it as another process would)."""
+    import threading
+
+    from devstate_helpers import make_data
+
+    from edge.adapt.store import AdaptStore
+    from edge.replay import TAIL_REPLAY, load_replay
+
+    data = make_data(tmp_path / "data")
+    dev = Device(tmp_path / "st")
+    assert dev.adapt(data, force=True)["status"] == "done"
+    path = dev.state_dir / TAIL_REPLAY
+    dim = load_replay(path).dim
+    label = max(load_replay(path).class_counts()) + 1
+    real_save, threads = AdaptStore.save, []
+
+    def other_writer():
+        rs = ReplayStore(dev.state_dir, dim=dim, name=TAIL_REPLAY, flush_every=1000)
+        rs.add(np.full(dim, 0.5, np.float32), label)
+        rs.flush()
+
+    def save(self, *a, **kw):  # the staged image is made; now the other writer flushes
+        threads.append(threading.Thread(target=other_writer))
+        threads[-1].start()
+        threads[-1].join(timeout=2.0)  # with the commit under the state lock it waits here
+        return real_save(self, *a, **kw)
+
+    monkeypatch.setattr(AdaptStore, "save", save)
+    assert dev.adapt(data, force=True)["status"] == "done"
+    threads[0].join()
+    counts = load_replay(path).class_counts()
+    assert counts.get(label) == 1, counts  # used to be lost: the commit renamed its image over it
+    assert sum(counts.values()) > 1

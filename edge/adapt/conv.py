@@ -347,15 +347,33 @@ class TailModel:
         self.prefix = None
         if part is not None and not {"dw4_w", "dw4_b"} & set(self.tail.delta):
             self.prefix = Backbone(bundle, backend=backend, num_threads=num_threads, part=part)
+        # Custom keywords score the embedding they were enrolled on, the bundle's own: a delta that
+        # changes the tail before the classifier (pw4's bias already) gets the base tail beside it,
+        # run on the same backbone output. Scored on the adapted embedding, `full`, LoRA, sparse
+        # and the speaker recipe silenced every enrolled keyword (QA pass 3).
+        self.base_tail = None
+        if any(k not in CLS_NAMES for k in self.tail.delta):
+            self.base_tail = ConvTail(load_tail(bundle), None, qparams=self.backbone.qparams)
 
     def features(self, pcm) -> np.ndarray:
         return self.km.features(pcm)
 
-    def infer(self, feats: np.ndarray):
+    def _input(self, feats: np.ndarray):
+        """The tail's input: the backbone's output, or dw4's (int8) from the prefix partition."""
         if self.prefix is None:
-            return self.tail.infer(self.backbone(feats))
+            return self.backbone(feats)
         y1 = self.prefix(feats)
         s, zp = self.prefix.qparams
         q = y1.reshape(len(y1), -1, y1.shape[-1]).astype(np.int16)
         q -= zp
-        return self.tail.infer(Prefix(q, np.full(len(q), s, np.float32), "y1"))
+        return Prefix(q, np.full(len(q), s, np.float32), "y1")
+
+    def infer(self, feats: np.ndarray):
+        return self.tail.infer(self._input(feats))
+
+    def infer_enrolled(self, feats: np.ndarray):
+        """(adapted embedding, adapted probs, the embedding custom keywords were enrolled on): what
+        ``edge.detect.Detector`` scores when custom keywords ride along."""
+        x = self._input(feats)
+        emb, probs = self.tail.infer(x)
+        return emb, probs, (emb if self.base_tail is None else self.base_tail.infer(x)[0])

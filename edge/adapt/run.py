@@ -28,11 +28,13 @@ write replays the charge, which the sequence makes idempotent.
 from __future__ import annotations
 
 import hashlib
+from contextlib import nullcontext
 
 import numpy as np
 
 from edge.adapt.sampling import Batches
 from edge.adapt.trainer import mix_replay
+from edge.atomic import state_lock
 from edge.errors import EdgelearnError
 
 
@@ -193,7 +195,11 @@ def train(trainer, x, y, store, context: str, steps: int, batch: int = 16, repla
     if why is not None:
         return give_up(why)
     charge = {"seq": charge_seq, "steps": done - charged} if charge_seq is not None else None
-    version = store.save(context, merged, {**info, "final_loss": losses[-1] if losses else None},
-                         stage=stage() if stage is not None else None, charge=charge)
+    # The staged files (the replay buffer: a merge of the file as it is now) are made and renamed
+    # into place under the state lock, so another process's replay flush cannot land in between
+    # and be overwritten by the commit (lock order: the state's, then the adapt store's).
+    with state_lock(store.state) if stage is not None else nullcontext():
+        version = store.save(context, merged, {**info, "final_loss": losses[-1] if losses else None},
+                             stage=stage() if stage is not None else None, charge=charge)
     return {"status": "done", "steps_done": done, "version": version,
             "loss_first": first, "loss": losses[-1] if losses else None}

@@ -109,10 +109,16 @@ class VerifiedCommands:
         self.names = wanted + (list(custom.names) if custom is not None else [])
         self.thresholds = np.concatenate([thr, custom.thresholds]) if custom is not None else thr
 
-    def scores(self, emb: np.ndarray) -> np.ndarray:
-        """(N, 64) adapted-tail embeddings -> (N, K) scores: the tail's posteriors of the commands,
-        then the custom keywords'."""
-        e = np.asarray(emb, np.float32)
+    @property
+    def enrolled(self) -> bool:
+        """Custom keywords ride along (they score the embedding they were enrolled on)."""
+        return self.custom is not None
+
+    def scores(self, emb: np.ndarray, adapted=None) -> np.ndarray:
+        """(N, 64) embeddings -> (N, K) scores: the tail's posteriors of the commands from the adapted
+        tail's embedding ``adapted`` (``emb`` when None), then the custom keywords' from ``emb``, the
+        embedding they were enrolled on (``TailModel.infer_enrolled``)."""
+        e = np.asarray(emb if adapted is None else adapted, np.float32)
         logits = self.tail._linear(e.copy(), "cls", None, False)
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits)

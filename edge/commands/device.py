@@ -64,7 +64,7 @@ def add_arguments(p) -> None:
                                 "detection; first stage at 0.3 unless --threshold (pip install 'edgelearn[asr]')")
             s.add_argument("--no-replay", action="store_true", help="do not feed detections to the replay buffer")
         elif name == "calibrate":
-            s.add_argument("--wav", type=Path, nargs="+", required=True,
+            s.add_argument("--wav", type=Path, nargs="+", action="extend", required=True,
                            help="16 kHz WAVs of everyday audio that says none of the base keywords "
                                 "(TV, conversation; an hour or more)")
             from edge.operating import TARGETS
@@ -73,7 +73,8 @@ def add_arguments(p) -> None:
                            help="false accepts per hour to calibrate for, comma-separated")
         elif name == "enroll":
             s.add_argument("--keyword", required=True, help="the new word or short phrase")
-            s.add_argument("--wav", type=Path, nargs="+", required=True, help="3-10 clips of it")
+            s.add_argument("--wav", type=Path, nargs="+", action="extend", required=True,
+                           help="3-10 clips of it (--wav a.wav b.wav, or --wav once per clip)")
             again = s.add_mutually_exclusive_group()
             again.add_argument("--replace", action="store_true", help="re-enrol an existing keyword")
             again.add_argument("--add", action="store_true",
@@ -98,7 +99,7 @@ def add_arguments(p) -> None:
                                 "(the base commands in your voice from ~3 clips each: full tail, adam, 1000 "
                                 "steps, 16 augmented copies, 3/4 negatives per batch, a second stage per "
                                 "command; pass --ambient); the options below override it")
-            s.add_argument("--ambient", type=Path, nargs="+", default=None, metavar="WAV",
+            s.add_argument("--ambient", type=Path, nargs="+", action="extend", default=None, metavar="WAV",
                            help="everyday audio of the place that says none of the commands (TV, "
                                 "conversation), trained on as _unknown_")
             s.add_argument("--strategy", default=None,
@@ -140,8 +141,11 @@ def add_arguments(p) -> None:
                                 "default: ALSA's default)")
             src.add_argument("--wav", type=Path, help="a 16 kHz mono 16-bit WAV, streamed")
             src.add_argument("--stdin", action="store_true", help="raw 16 kHz mono s16le PCM on stdin")
-            src.add_argument("--print-unit", action="store_true",
-                             help="print a systemd unit that runs the agent on the microphone, and exit")
+            # not one of the sources: a run tested on --wav or --stdin prints the unit of the same
+            # options on the microphone (README), so it goes with any of them
+            s.add_argument("--print-unit", action="store_true",
+                           help="print a systemd unit that runs the agent on the microphone (whatever source is "
+                                "given: the unit uses --mic), and exit")
             level = s.add_mutually_exclusive_group()
             level.add_argument("--threshold", type=arg_type("threshold"), default=None,
                                help="base keyword threshold (default: the version's own operating point, else 0.7)")
@@ -275,14 +279,24 @@ def _calibrate(args) -> int:
     except ValueError:
         raise EdgelearnError(f"--targets {args.targets!r} is not a list of numbers",
                              fix="pass e.g. --targets 0.5,1,2") from None
-    table = _device(args).calibrate(args.wav, targets)
+    dev = _device(args)
+    table = dev.calibrate(args.wav, targets)
     hours = table["hours"]
     print(json.dumps({"hours": round(hours, 3), "points": [
         {"target_fa_h": p["target_fa_h"], "thresholds": p["thresholds"]} for p in table["points"]]}))
     if hours < 1.0:
-        print(f"warning: {hours * 60:.0f} minutes of audio pin a rate of {min(targets)} per hour "
+        print(f"warning: {_duration(hours * 3600)} of audio pin a rate of {min(targets):g} per hour "
               "only loosely; calibrate on an hour or more", file=sys.stderr)
     return 0
+
+
+def _duration(seconds: float) -> str:
+    """``45 seconds``, ``2 minutes``: the calibrate warning once said "1 minutes" (under 90 s, seconds)."""
+    if seconds < 90:
+        n, unit = round(seconds), "second"
+    else:
+        n, unit = round(seconds / 60), "minute"
+    return f"{n} {unit}{'' if n == 1 else 's'}"
 
 
 def _enroll(args) -> int:

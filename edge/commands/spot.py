@@ -4,12 +4,15 @@
     clip1.wav  yes        0.97
 
 The work is ``edge.spot.classify`` (one keyword per clip; a recording is refused with one
-sentence: `edgelearn device detect --wav` finds keywords in a recording of any length).
+sentence: `edgelearn device detect --wav` finds keywords in a recording of any length). A clip that
+cannot be read is one sentence on stderr and the others are still classified; the exit status is
+then 2.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from edge.errors import BundleError
@@ -50,10 +53,19 @@ def _spot_bundle(bundle, pubkey):
 
 
 def run(args) -> int:
+    """Every readable clip is classified; each bad one is one sentence on stderr as it comes (as
+    ``data check`` lists every bad file), and the exit status is 2 when there was any."""
     bundle = _spot_bundle(_bundle_path(args.bundle), args.pubkey) if args.bundle is not None else None
-    for path, label, p in classify(args.wav, bundle, backend=args.backend, trusted_keys=args.pubkey):
+    bad = []
+
+    def on_bad(path, e):
+        bad.append(path)
+        print(f"edgelearn spot: {e}", file=sys.stderr, flush=True)
+
+    for path, label, p in classify(args.wav, bundle, backend=args.backend, trusted_keys=args.pubkey,
+                                   on_bad=on_bad):
         if args.json:
-            print(json.dumps({"file": str(path), "label": label, "score": round(p, 4)}))
+            print(json.dumps({"file": str(path), "label": label, "score": round(p, 4)}), flush=True)
         else:
-            print(f"{path}  {label:<10} {p:.2f}")
-    return 0
+            print(f"{path}  {label:<10} {p:.2f}", flush=True)
+    return 2 if bad else 0

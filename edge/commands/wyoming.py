@@ -21,7 +21,8 @@ def add_arguments(p) -> None:
     p.add_argument("--uri", default="tcp://0.0.0.0:10400",
                    help="where to listen: tcp://HOST:PORT (port 0: any free one) or unix://PATH")
     p.add_argument("--state", type=Path, required=True, help="device state directory (its enrolled keywords)")
-    p.add_argument("--bundle", type=Path, default=None, help="bundle dir or .zip (default: shipped)")
+    p.add_argument("--bundle", type=Path, default=None, help="bundle directory, .zip or a shipped bundle's name "
+                                                                   "(default: the shipped kws-dscnn-s)")
     p.add_argument("--pubkey", type=Path, action="append", default=None,
                    help="trusted public key file or directory (repeatable; added to the shipped release keys)")
     p.add_argument("--backend", default="auto", help="litert | onnxruntime | auto")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.atomic import atomic_write, npz_bytes
+from edge.atomic import atomic_write, npz_bytes, set_aside
 from edge.fl.model import FederatedHeadTrainer, head_logits, load_head, load_rehearsal
 from edge.fl.transport import FLError, HttpTransport, call
 from edge.portable import wire
@@ -91,13 +91,7 @@ class FLClient:
                 self.topk.residuals = {}
                 self._set_aside(r, f"{e}; the next top-k update starts without error feedback")
 
-    @staticmethod
-    def _set_aside(path: Path, why: str) -> None:
-        import sys
-
-        os.replace(path, path.with_name(path.name + ".damaged"))
-        print(json.dumps({"warning": f"{path} is damaged ({why}); kept as {path.name}.damaged"}),
-              file=sys.stderr, flush=True)
+    _set_aside = staticmethod(set_aside)
 
     def _next_seq(self) -> int:
         self.seq += 1

@@ -38,7 +38,8 @@ def add_arguments(p) -> None:
     i = sub.add_parser("init", help="create a state directory with model version base+1")
     i.add_argument("--state", required=True)
     i.add_argument("--db", help=DB_HELP)
-    i.add_argument("--bundle", help="base bundle (default: the shipped model)")
+    i.add_argument("--bundle", help="base bundle: a directory, .zip or a shipped bundle's name "
+                                    "(default: the shipped kws-dscnn-s)")
     i.add_argument("--signing-key", help="Ed25519 .key for new versions (default: a new one in STATE/keys)")
     i.add_argument("--heldout", help="npz with X (N, D) embeddings and y labels for the publication check")
     i.add_argument("--heldout-corpus", action="store_true",
@@ -95,8 +96,12 @@ def run(args) -> int:
 
 def init(args) -> int:
     from host.aggregator.setup import init_state
+    from host.bundle import bundle_arg
 
     from edge.errors import EdgelearnError
+
+    if args.bundle is not None:  # a shipped bundle's name (kws-dscnn-s) works as in spot and serve
+        args.bundle = str(bundle_arg(args.bundle))
 
     cfg = options_config(AggregatorConfig, args, INIT_FIELDS)  # bad options refused before any work
     if args.rehearsal_corpus < 0:

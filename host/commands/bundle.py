@@ -40,7 +40,8 @@ def add_arguments(parser) -> None:
     p = sub.add_parser("inspect", help="print the manifest summary")
     p.add_argument("bundle")
     p.add_argument("--pubkey", action="append", default=None,
-                   help="also verify the signature with this key (repeatable; only the keys given)")
+                   help="verify the signature with only these keys (repeatable; default: the keys `verify` "
+                        "trusts: the shipped release keys, $EDGELEARN_KEYS or /etc/edgelearn/keys)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("zip", help="package a verified bundle directory as one .zip")
     p.add_argument("bundle")
@@ -84,7 +85,11 @@ def run(args) -> int:
 
 def _print_summary(s: dict) -> None:
     sig = s["signature"]
-    state = "verified" if sig["verified"] else "NOT verified (pass --pubkey)"
+    if sig["verified"]:
+        state = "verified" + (" with the default trusted keys (shipped release keys, $EDGELEARN_KEYS)"
+                              if sig.get("keys") == "default" else " with the given keys")
+    else:
+        state = f"NOT verified ({sig.get('why') or 'no trusted key'}; pass --pubkey with the signer's key)"
     print(f"model    {s['model_id']}  version {s['version']}  created {s['created_utc']}")
     print(f"labels   {', '.join(s['labels'])}")
     print(f"target   {s['target'] if not isinstance(s['target'], dict) else s['target'].get('name', s['target'])}")

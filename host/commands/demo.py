@@ -24,8 +24,10 @@ from host.demo import cloud_fallback, fleet, make_clips, serve_new_version
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--bundle", type=Path, default=None, help="bundle (default: models/kws-dscnn-s)")
-    p.add_argument("--pubkey", type=Path, default=None, help="trusted public key file or directory")
+    p.add_argument("--bundle", type=Path, default=None, help="bundle: a directory, .zip or a shipped bundle's name "
+                                                              "(default: the shipped kws-dscnn-s)")
+    p.add_argument("--pubkey", type=Path, default=None,
+                   help="trusted public key file or directory (added to the shipped release keys)")
     p.add_argument("--save", type=Path, default=None, help="also write the clips here as WAV")
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="where the fleet report goes")
     p.add_argument("--no-fleet", action="store_true", help="skip the federated fleet stage")
@@ -34,11 +36,14 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from edge.bundle import load_bundle
-    from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
+    from edge.kws import KeywordModel, resolve_trusted_keys
+    from host.bundle import bundle_arg
     from host.data.words import label12
 
-    path = args.bundle or DEFAULT_BUNDLE
-    bundle = load_bundle(path, trusted_keys=args.pubkey or default_trusted_keys())
+    path = bundle_arg(args.bundle)  # None: the shipped model; a shipped bundle's name works too
+    # the keys every other command trusts: --pubkey (or $EDGELEARN_KEYS) plus the shipped release keys
+    keys = resolve_trusted_keys(args.pubkey)
+    bundle = load_bundle(path, trusted_keys=keys)
     print(f"bundle {bundle.model_id} v{bundle.version}: signature and {len(bundle.manifest['files'])} "
           f"file digests verified (key {bundle.key_id})")
     models = {"LiteRT int8": KeywordModel(bundle, backend="litert"),
@@ -66,7 +71,7 @@ def run(args) -> int:
         print(f"{word:<20}{voice:<27}" + "".join(f"{c:<27}" for c in cells) + ("ok" if ok else "miss"))
     print(f"\n{right}/{len(clips)} heard right on the 12-class task (unknown words count as _unknown_).")
     if not args.no_cloud:
-        cloud_fallback(path, args.pubkey or default_trusted_keys(), models["LiteRT int8"], clips)
+        cloud_fallback(path, keys, models["LiteRT int8"], clips)
     if not args.no_fleet:
         latest, keys = fleet(args.out, models["LiteRT int8"])
         if not args.no_cloud:

@@ -23,7 +23,8 @@ def add_arguments(p) -> None:
                    help="bundle with an mpy-blob partition: a directory, a .zip or a shipped bundle's name "
                         "(default: the shipped kws-mcu-tcnn)")
     p.add_argument("--pubkey", action="append", default=None,
-                   help="with a .zip: trusted public key file or directory (repeatable; added to the shipped keys)")
+                   help="trusted public key file or directory the bundle must be signed with (repeatable; added "
+                        "to the shipped release keys)")
     p.add_argument("--device-id", default="esp32-01")
     p.add_argument("--device-key", type=Path, help="provisioned device key file (edgelearn-hmac-key <hex>)")
     p.add_argument("--fs", type=Path, help="with --port pty: the directory that is the board's filesystem")

@@ -75,6 +75,11 @@ def run(args) -> int:
     out = Path(args.out)
     cfg = config_from_args(SimConfig, args, SIM_FIELDS, fresh_head=not args.shipped_head)
     check_options(cfg, args)  # every option before the embeddings are computed or anything is deleted
+    if args.ray:  # join the cluster first: a refused --ray leaves --out as it was (not created, not emptied)
+        from host.fleet.ray_sim import _check, connect
+
+        _check(cfg)
+        connect(args.ray)
     if out.exists() and not out.is_dir():
         raise EdgelearnError(f"--out {out} is a file", fix="choose a new or empty directory for --out")
     if out.exists() and any(out.iterdir()):

@@ -10,7 +10,6 @@ The plan is ``host.partition.plan.plan_partition``; the table and chart are ``ho
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -44,9 +43,11 @@ def run(args) -> int:
     chart = args.chart or Path(f"{args.model.resolve().stem}.{profile.name}.memory.png")
     try:
         draw_chart(plan, chart)
-    except OSError as e:
-        print(f"edgelearn report: could not write the chart to {chart} ({e})", file=sys.stderr)
-        chart = None
+    except OSError as e:  # the chart was asked for (or defaulted here): not writing it is a failure, rc 2
+        from edge.errors import EdgelearnError
+
+        raise EdgelearnError(f"cannot write the chart to {chart} ({e.strerror or e})",
+                             fix="pass --chart with a PNG path in an existing directory you can write to") from None
     if args.json:
         out = plan.as_json()
         out["chart"] = str(chart) if chart else None

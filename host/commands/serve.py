@@ -27,7 +27,8 @@ def add_arguments(parser) -> None:
                              "kws-dscnn-s)")
     parser.add_argument("--pubkey", action="append", default=None,
                         help="trusted Ed25519 public key(s) (.pub file or directory); repeatable "
-                             "(default: $EDGELEARN_KEYS, /etc/edgelearn/keys, then models/keys)")
+                             "(default: $EDGELEARN_KEYS, else /etc/edgelearn/keys); the shipped release keys "
+                             "are always added (set EDGELEARN_NO_SHIPPED_KEYS=1 to leave them out)")
     parser.add_argument("--allow-unsigned", action="store_true", help="serve an unsigned bundle (local experiments)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
     parser.add_argument("--port", type=port_number, default=8000,

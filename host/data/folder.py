@@ -68,6 +68,9 @@ def load_folder(root, expect=None, min_per_class: int = 1) -> FolderCorpus:
                     errors.append(str(e))
     if errors:
         shown = "\n  ".join(errors[:20]) + (f"\n  … and {len(errors) - 20} more" if len(errors) > 20 else "")
-        raise EdgelearnError(f"{root}: {len(errors)} problem(s):\n  {shown}\n",
-                             fix="fix or remove those files (convert with `sox IN -r 16000 -c 1 -b 16 OUT.wav`)")
+        # the list after the fix: the message is printed as "problem; fix", so a list in the problem
+        # would leave the fix on a line of its own starting with ";", or on the last file's line
+        raise EdgelearnError(f"{root}: {len(errors)} problem(s)",
+                             fix=f"fix or remove these files (convert with `sox IN -r 16000 -c 1 -b 16 OUT.wav`):"
+                                 f"\n  {shown}")
     return FolderCorpus(np.stack(xs), np.array(ys), classes, files, noise)

@@ -245,9 +245,9 @@ def simulate_ray(cfg, out_dir, address: str = "local", opts: RayOptions | None =
     if opts.ray_batch < 1 or opts.ray_task_cpus <= 0 or opts.ray_task_memory_mb < 0:
         raise EdgelearnError(f"Ray options batch={opts.ray_batch}, task_cpus={opts.ray_task_cpus}, "
                              f"task_memory_mb={opts.ray_task_memory_mb}", fix="use batch >= 1, task_cpus > 0, memory >= 0")
+    ray = connect(address)  # a refused address or a missing Ray is said before --out is created
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ray = connect(address)
     data = data or load_embeddings(progress=progress)
     held = data.rows("test")
     params = small_params(cfg.seed) if cfg.fresh_head else extract_head()

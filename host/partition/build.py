@@ -56,6 +56,7 @@ def build_target_bundle(model, profile, out, key, *, model_id: str | None = None
             version = int(source[1].get("version", 1)) if source else 1
         g = load_graph(model)
         plan = plan_partition(g, profile, objective=objective)
+        spec = board_graph(g, model_arg, profile, plan) if profile.runtime == "micropython" else None
         if not plan.fits and not force:
             raise EdgelearnError(plan.verdict, fix="follow that advice, or pass --force to write it anyway")
         npu = plan.totals["npu_ops"] and profile.npu is not None
@@ -80,15 +81,42 @@ def build_target_bundle(model, profile, out, key, *, model_id: str | None = None
                           "placement": "npu", "precision": "int8", "layers": [0, len(g.layers)],
                           "compiler": "ethos-u-vela 5.2.0, ethos-u55-128"})
         if profile.runtime == "micropython":
-            blob = write_blob(g, tmp / "weights.elb")
-            files["weights.elb"] = blob
+            files["weights.elb"] = write_blob(g, tmp / "weights.elb")
             parts.append({"name": "encoder-weights", "file": "weights.elb", "format": "mpy-blob",
                           "placement": "mcu", "precision": "int8", "layers": [0, len(g.layers)]})
+            if spec is not None:  # the op list the firmware runs: without it `edgelearn flash` refuses the bundle
+                (tmp / "graph.json").write_text(json.dumps(spec, separators=(",", ":")))
+                files["graph.json"] = tmp / "graph.json"
+                parts[-1]["graph"] = "graph.json"
         manifest = target_manifest(g, plan, profile, parts, model_id=model_id, version=version, labels=labels)
         if source is not None:
             files, manifest = carry_bundle(*source, model.name, files, manifest)
         out = build_bundle(out, files, manifest, key)
     return out, plan
+
+
+def board_graph(g, model_arg: Path, profile, plan):
+    """For a MicroPython target: ``graph.json``'s content, the op list the board's firmware runs beside
+    the blob (``host.mcu_model.graph_spec``, docs/firmware.md), or None when the firmware's int8 kernels
+    do not run the model (DS-CNN's MEAN and SOFTMAX). Such a model that does not fit the board either
+    is refused, ``--force`` or not, pointing at the model the board does run (the plan's own advice, a
+    DS-CNN variant, would need those kernels too); one that fits is written with its blob alone, which
+    ``edgelearn flash`` refuses in one sentence (``host.flash.check_flashable``)."""
+    from host.mcu_model import SUPPORTED_OPS, graph_spec
+    from host.partition.graph import ModelError
+
+    try:
+        return graph_spec(g)
+    except ModelError:
+        if plan.fits:
+            return None
+    ops = sorted({layer.op for layer in g.layers} - set(SUPPORTED_OPS) - {"SHAPE", "STRIDED_SLICE", "PACK",
+                                                                           "CONCATENATION"})
+    raise EdgelearnError(f"{model_arg.name}: {plan.verdict.split('; try ')[0]}, and "
+                         f"the board's MicroPython firmware has no int8 kernel for {', '.join(ops) or 'one of its ops'} "
+                         f"(it runs {', '.join(SUPPORTED_OPS)}), so not even --force gives a bundle it can run",
+                         fix=f"partition the shipped MCU model, made for MicroPython boards: edgelearn partition "
+                             f"kws-mcu-tcnn --target {profile.name} --out DIR --key KEY")
 
 
 def read_manifest(bundle_dir: Path) -> dict:

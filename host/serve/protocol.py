@@ -135,13 +135,18 @@ def _first(bad: np.ndarray) -> int:
     return int(np.flatnonzero(bad)[0])
 
 
+def _plain(v) -> str:
+    """A number as the client sent it (``1e+39``), not numpy 2's repr of its scalar (``np.float64(1e+39)``)."""
+    return repr(v.item() if isinstance(v, np.generic) else v)
+
+
 def _refuse_non_finite(arr: np.ndarray, name: str, dt: str, src: np.ndarray | None = None) -> None:
     """400 ``non_finite`` if ``arr`` holds NaN or ±Inf (``src``: the JSON values it was cast from)."""
     bad = ~np.isfinite(arr.ravel())
     if bad.any():
         i = _first(bad)
         v = (src if src is not None else arr).ravel()[i]
-        what = f"{v!r}, which overflows {dt}" if src is not None and np.isfinite(v) else f"{v}"
+        what = f"{_plain(v)}, which overflows {dt}" if src is not None and np.isfinite(v) else f"{v}"
         raise ProtocolError(400, f"input '{name}' element {i} is {what}: a model input must be finite "
                                  f"(NaN and ±Inf are refused); send finite {dt} values", reason="non_finite")
 
@@ -167,13 +172,13 @@ def _cast(flat: np.ndarray, dt: str, name: str) -> np.ndarray:
             ok = (flat >= int(info.min)) & (flat <= int(info.max))
         if not ok.all():
             i = _first(~ok)
-            raise ProtocolError(400, f"input '{name}' element {i} is {flat[i]!r}, which is not a {dt} "
+            raise ProtocolError(400, f"input '{name}' element {i} is {_plain(flat[i])}, which is not a {dt} "
                                      f"(integers from {info.min} to {info.max}, beyond 2^53 as integer "
                                      f"literals, not mixed with fractions); send {dt} values",
                                 reason="out_of_range")
     if target.kind == "b" and flat.dtype.kind != "b" and flat.size and not np.isin(flat, (0, 1)).all():
         i = _first(~np.isin(flat, (0, 1)))
-        raise ProtocolError(400, f"input '{name}' element {i} is {flat[i]!r}, not a BOOL; send true/false or 0/1",
+        raise ProtocolError(400, f"input '{name}' element {i} is {_plain(flat[i])}, not a BOOL; send true/false or 0/1",
                             reason="out_of_range")
     return flat.astype(target)
 

@@ -43,7 +43,7 @@ The audio sources are ``edge.agent_audio``; a new version's health check, switch
 ``edge.agent_versions``; the federated rounds ``edge.agent_federation``; the adaptation run
 ``edge.agent_adapt``; the detector and ``--sensitivity`` across switches ``edge.agent_calibration``
 (``Agent`` inherits their mixins); the systemd unit ``edge.agent_unit``; whether the agent that wrote
-agent.json still runs ``edge.agent_liveness``. Every name stays importable from here.
+agent.json still runs ``edge.agent_liveness``; one agent per state ``edge.agent_lock``; all importable here.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,7 @@ from edge.agent_audio import SAMPLE_RATE, _chunks_of, _until_stopped
 from edge.agent_calibration import Calibration
 from edge.agent_federation import FL_AUGMENT, HOLD_ENV, Federation, _HeldTransport, check_federation  # noqa: F401
 from edge.agent_liveness import boot_id, settle
+from edge.agent_lock import hold
 from edge.agent_unit import UNIT, service_unit  # noqa: F401
 from edge.agent_versions import FL_DIR, HEALTH_TOLERANCE, Versions, health_check  # noqa: F401
 from edge.atomic import atomic_write, no_space
@@ -129,6 +131,8 @@ class Agent(Versions, Federation, Adaptation, Calibration):
                  sysfs_root="/", out=None, clock=time.monotonic):
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        # one agent per state for its life (edge.agent_lock): a second is refused before it touches the state
+        self._unlock = weakref.finalize(self, hold(self.state_dir))
         self.cfg, self.backend, self.sysfs_root = cfg, backend, Path(sysfs_root)
         self.trusted_keys, self.base_bundle = trusted_keys, bundle
         self.out = out or sys.stdout
@@ -183,7 +187,10 @@ class Agent(Versions, Federation, Adaptation, Calibration):
             self._model_status()
         except BaseException as e:
             self._ended_by(e)
-            self._write_status()
+            try:
+                self._write_status()
+            finally:
+                self._unlock()
             raise
         self._next_adapt = self.clock()  # a re-adaptation a kill -9 interrupted is asked for at once
         self._next_checkin = self.clock()
@@ -386,5 +393,8 @@ class Agent(Versions, Federation, Adaptation, Calibration):
             self.child = None
             if self.status["state"] != "failed":
                 self.status["state"] = "stopped"
-            self._write_status()
+            try:
+                self._write_status()
+            finally:
+                self._unlock()  # the state is free for the next agent
 

@@ -33,6 +33,12 @@ class Calibration:
         # the state files the detector reads (enrolled keywords, adapt pointer, operating points),
         # taken before it reads them: a change after this is seen by ``_watch_state``
         self._state_sig = state_signature(self.device)
+        # agent.json's ``model`` (``device status``'s agent.model) is what this detector runs: a
+        # rebuild after another process's `device adapt` / `use` / `rollback` (the state watch) used
+        # to keep the model of the start ("context": None while detection ran context default v1)
+        before = self.status.get("model")
+        if self._model_status() != before and self._det is not None:
+            self._write_status()
         sensitivity = self._usable_sensitivity()
         build = lambda s: self.device.detector(  # noqa: E731
             keywords=self.cfg.keywords, threshold=self.cfg.threshold, sensitivity=s, confirm=self.cfg.confirm,

@@ -30,6 +30,19 @@ from edge.errors import EdgelearnError
 # version had them, so a broken version is never repaired there (tests/test_agent_fleet.py's v5)
 FL_AUGMENT = 8
 HOLD_ENV = "EDGELEARN_AGENT_HOLD"  # test-only: stop the federated thread at a named point (_HeldTransport)
+# A refusal of the device's own credentials (a wrong or revoked --device-key, an unknown --device-id)
+# will not heal by itself: the agent used to retry it at every check-in for ever, logging a 401 each
+# time, while agent.json said nothing. Now it is recorded (``federation`` in agent.json) and the next
+# check-ins back off: the interval times 2, 4, 8, then AUTH_BACKOFF_CAP; one that works resets it.
+AUTH_BACKOFF_CAP = 10  # times --checkin-every
+
+
+def refused_credentials(e) -> bool:
+    """Whether the aggregator refused this device's own key or id: any 401 (no/unknown device, a MAC
+    that does not match), or the 403 of a check-in made as another device. Not a 403 "NotSelected"
+    (the round moved on) nor a 409 (a replayed sequence): those are about one round, not the key."""
+    status = getattr(e, "status", None)
+    return status == 401 or (status == 403 and getattr(e, "reason", None) == "DeviceMismatch")
 
 
 def check_federation(cfg) -> None:
@@ -69,8 +82,9 @@ def check_federation(cfg) -> None:
 
 class Federation:
     """Mixin: needs ``state_dir``, ``cfg``, ``trusted_keys``, ``sysfs_root``, ``status``, ``device``,
-    ``fl``, ``_fl_thread``, ``_fl_results``, ``_next_checkin``, ``labelled_clips``, ``_write_status``
-    from ``Agent`` and ``_store_keys``, ``_drop_rejected``, ``_switch_version`` from ``Versions``."""
+    ``fl``, ``_fl_thread``, ``_fl_results``, ``_next_checkin``, ``clock``, ``labelled_clips``,
+    ``_write_status`` from ``Agent`` and ``_store_keys``, ``_drop_rejected``, ``_switch_version``
+    from ``Versions``."""
 
     def _poll_federation(self, now: float) -> None:
         if not self.cfg.aggregator:
@@ -150,7 +164,7 @@ class Federation:
                 version = None if c is None else c.current_version()
             except EdgelearnError:
                 version = None
-            self._fl_results.put(("error", {"error": why, "version": version}))
+            self._fl_results.put(("error", {"error": why, "version": version, "auth": refused_credentials(e)}))
 
     def _after_round(self, kind: str, res: dict) -> None:
         """What a round did, counted and written at once (a check cut short keeps it); then the
@@ -158,6 +172,10 @@ class Federation:
         now = time.time()
         if kind == "error":
             self.status["last_checkin"] = {"time": now, "error": res["error"]}
+            if res.get("auth"):  # its own warning, and not "retrying every N s": it backs off
+                self._credentials_refused(res["error"], now)
+                self._checkin_failing = True
+            # (an unreachable aggregator says nothing about the key: only a check-in that works ends a backoff)
             if not getattr(self, "_checkin_failing", False):  # once, until a check-in works again
                 self._checkin_failing = True
                 print(json.dumps({"warning": f"check-in with {self.cfg.aggregator} failed ({res['error']}); "
@@ -165,6 +183,7 @@ class Federation:
                       file=sys.stderr, flush=True)
         else:
             self._checkin_failing = False
+            self._auth_refusals, self.status["federation"] = 0, None  # accepted: the backoff is over
             ans = res["answer"]
             action = ans.get("action")
             self.status["last_checkin"] = {"time": now, "action": action, "round_id": ans.get("round_id"),
@@ -192,6 +211,26 @@ class Federation:
             else:
                 self._switch_version(installed)
                 self._write_status()
+
+    def _credentials_refused(self, why: str, now: float) -> None:
+        """The aggregator refused this device's key or id: on record in agent.json (``federation``:
+        the refusal, since when, how many, the wait before the next try) and the next check-in
+        backs off exponentially, capped at ``AUTH_BACKOFF_CAP`` check-in intervals. Detection,
+        adaptation and the status writes go on; only the check-ins wait."""
+        n = getattr(self, "_auth_refusals", 0) + 1
+        self._auth_refusals = n
+        wait = self.cfg.checkin_every_s * min(2 ** n, AUTH_BACKOFF_CAP)
+        self._next_checkin = self.clock() + wait
+        since = (self.status.get("federation") or {}).get("since", now)
+        self.status["federation"] = {
+            "error": why, "since": since, "refusals": n, "retry_in_s": round(wait, 3),
+            "fix": "check --device-id and --device-key: the key must be the one `edgelearn aggregator "
+                   "provision` wrote for this device id on this aggregator"}
+        if n == 1:  # said once (the generic warning says once that check-ins fail)
+            print(json.dumps({"warning": f"{self.cfg.aggregator} refused this device's key ({why}); "
+                                         f"check-ins back off up to every "
+                                         f"{self.cfg.checkin_every_s * AUTH_BACKOFF_CAP:g} s",
+                              "fix": self.status["federation"]["fix"]}), file=sys.stderr, flush=True)
 
 
 class _HeldTransport:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge.device_data import ambient_of, is_path, load_labelled
+from edge.device_data import ambient_of, load_labelled
 # detection and the enrolled keywords have modules of their own; every name stays importable from here
 from edge.device_detect import CHUNK, Detection, _events, _mic_events, _replay_feeder  # noqa: F401
 from edge.device_enrolment import (  # noqa: F401 (those not used here: re-exported)
@@ -66,6 +66,9 @@ class Device(Detection, Enrolment):
 
     def __init__(self, state_dir, bundle=None, *, backend: str = "auto", trusted_keys=None,
                  sysfs_root="/", idle_s=None):
+        from edge.options import check_device
+
+        check_device(state_dir, bundle)  # wrong types named here, not a pathlib TypeError later
         self.state_dir = Path(state_dir)
         self.backend = backend
         self.sysfs_root = Path(sysfs_root)
@@ -160,6 +163,9 @@ class Device(Detection, Enrolment):
         from edge.adapt.run import train
         from edge.replay import TAIL_REPLAY, ReplayStore
 
+        from edge.options import check_adapt_input
+
+        check_adapt_input(data, context)  # a wrong type: one sentence, not pathlib's or "unhashable"
         # every numeric option in its range before anything is read or written (edge.options)
         check_adapt(steps=steps, rank=rank, memory_budget=memory_budget, replay_bytes=replay_bytes, distill=distill,
                     augment=augment, negative_share=negative_share, negative_distill=negative_distill, lr=lr,
@@ -235,12 +241,14 @@ class Device(Detection, Enrolment):
 
     def rollback(self, context: str = DEFAULT_CONTEXT) -> int | None:
         """Make ``context``'s previous version current again; returns it (None: the base model)."""
-        return self.recover().rollback(context)
+        from edge.options import check_context  # [1]: one sentence, not "unhashable type"
+        return self.recover().rollback(check_context(context))
 
     def use(self, context: str | None) -> str | None:
         """Switch the active adapted context (None: the base model); returns the active one."""
+        from edge.options import check_context
         store = self.recover()
-        store.use(context)
+        store.use(check_context(context, none_ok=True))
         return store.meta["active"]
 
     # -- calibrate -------------------------------------------------------------------------------
@@ -257,9 +265,11 @@ class Device(Detection, Enrolment):
         from edge.detect import Detector
         from edge.operating import (TARGETS, SoundMeter, calibrate, check_length, check_targets, save_points,
                                     stream_scores)
+        from edge.options import check_paths
 
         targets = check_targets(TARGETS if targets is None else targets)  # finite, above 0
-        wavs = [wavs] if is_path(wavs) else list(wavs)
+        # numbers, None, an array: one sentence naming what calibrate takes, not pathlib's TypeError
+        wavs = check_paths(wavs, "calibrate takes WAV paths", "pass a WAV path or a list of them")
         bundle = self.bundle
         km, head = self.models()
         det = Detector(km, head=head)

@@ -44,9 +44,13 @@ class Detection:
         read while the iterator runs."""
         from edge.options import check_detect
 
+        # None is the default, as for threshold and sensitivity (stride < 1 was a TypeError deep in Detector)
+        stride, confirm = (4 if stride is None else stride), (0.9 if confirm is None else confirm)
         check_detect(threshold=threshold, sensitivity=sensitivity, stride=stride, confirm=confirm)  # ranges
         if bool(mic) == (source is not None):
             raise EdgelearnError("detect needs one audio source", fix="pass a WAV file, samples or chunks, or mic=True")
+        if source is not None:
+            source = _checked_source(source)  # before any model is loaded
         det, store = self.detector(keywords=keywords, threshold=threshold, sensitivity=sensitivity, stride=stride,
                                    confirm=confirm, replay=replay, asr=asr)
         return _events(det, source, mic, store)
@@ -62,6 +66,7 @@ class Detection:
         detect at instead of their own (``calibrate`` measures each level)."""
         from edge.options import check_detect
 
+        stride, confirm = (4 if stride is None else stride), (0.9 if confirm is None else confirm)  # the defaults
         check_detect(threshold=threshold, sensitivity=sensitivity, stride=stride, confirm=confirm)  # ranges
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("detect takes a threshold or a sensitivity, not both",
@@ -119,6 +124,32 @@ class Detection:
         return det, store
 
 
+SOURCE_FIX = ("source may be a WAV path, a binary file object, 16 kHz mono samples (int16, or float in [-1, 1]; "
+              "shape (N,)) or a list or iterator of such chunks")
+
+
+def _checked_source(source):
+    """``source`` if ``detect`` can read it, else one EdgelearnError. A stereo (N, 2) array (soundfile's)
+    read as chunks, a dict or an empty iterable used to give no events and no word; 5 a TypeError."""
+    import numpy as np
+
+    from edge.options import refuse_channels, samples
+
+    if is_path(source) or hasattr(source, "read"):
+        return source
+    if isinstance(source, np.ndarray):
+        refuse_channels(source, "detect's audio")
+        if source.ndim == 1:
+            return samples(source, "detect's audio")
+        if source.ndim == 2:  # rows of chunks (read one after another, as before)
+            return source
+        raise EdgelearnError(f"detect's audio has shape {source.shape}", fix=SOURCE_FIX)
+    if isinstance(source, (bytes, bytearray, dict, set, frozenset)) or not hasattr(source, "__iter__"):
+        raise EdgelearnError(f"detect cannot read {type(source).__name__} {str(source)[:40]!r} as audio",
+                             fix=SOURCE_FIX)
+    return source
+
+
 def _replay_feeder(bundle, state_dir, km, backend, confirm):
     """on_event hook: confirmed base-keyword detections go into the tail replay buffer (weak labels)."""
     import numpy as np
@@ -156,11 +187,15 @@ def _events(det, source, mic, replay):
                 for chunk in wav.chunks(CHUNK):
                     yield from det.push(chunk)
         else:
+            from edge.options import samples
+
             chunks = source
             if isinstance(source, np.ndarray):
                 chunks = (source[i:i + CHUNK] for i in range(0, len(source), CHUNK))
-            for chunk in chunks:
-                yield from det.push(np.asarray(chunk))
+            for i, chunk in enumerate(chunks):
+                # each chunk mono samples (a chunk of None, text or a stereo block: one sentence)
+                yield from det.push(chunk if isinstance(source, np.ndarray)  # checked whole in detect
+                                    else samples(chunk, f"detect's chunk {i + 1}"))
         yield from det.flush()
     finally:
         if replay is not None:

@@ -53,6 +53,34 @@ def _refuse_repeated(clips) -> None:
         seen[key] = c
 
 
+CLIPS_FIX = "pass a list of 3-10 clips: WAV paths, or 16 kHz mono int16 (or float in [-1, 1]) sample arrays"
+
+
+def _clip_list(clips) -> list:
+    """``clips`` as a list of WAV paths and sample arrays (one path or 1-D array: a list of one, said as
+    "1 enrolment clip given"); anything else is one sentence saying what clips may be ([] was a numpy
+    ValueError, b"..." "3200 enrolment clips given", [None] * 3 "1 samples is too short")."""
+    import numpy as np
+
+    from edge.enroll import MAX_CLIPS, MIN_CLIPS
+    from edge.options import refuse_channels
+
+    if is_path(clips) or isinstance(clips, np.ndarray) and clips.ndim == 1:
+        return [clips]
+    if isinstance(clips, np.ndarray):
+        refuse_channels(clips, "an enrolment clip")  # one stereo clip, not 2-sample clips
+    if not isinstance(clips, (list, tuple, np.ndarray)):
+        raise EdgelearnError(f"enrolment clips cannot be {type(clips).__name__} {str(clips)[:40]!r}", fix=CLIPS_FIX)
+    clips = list(clips)
+    bad = next((i for i, c in enumerate(clips) if not (is_path(c) or isinstance(c, (np.ndarray, list, tuple)))), None)
+    if bad is not None:
+        raise EdgelearnError(f"enrolment clip {bad + 1} is {type(clips[bad]).__name__} {str(clips[bad])[:40]!r}, "
+                             "not a WAV path or samples", fix=CLIPS_FIX)
+    if not clips:  # a count above MAX_CLIPS is edge.enroll's sentence (it counts each speaker's)
+        raise EdgelearnError(f"no enrolment clips given, need {MIN_CLIPS}-{MAX_CLIPS}", fix=CLIPS_FIX)
+    return clips
+
+
 ADAPT_FILES = ("backbone", "tail-prefix", "tail.npz")
 
 
@@ -96,21 +124,23 @@ class Enrolment:
         every speaker's kept clips and these. ``sensitivity``: low, medium or high
         (``edge.enroll.SENSITIVITIES``; every level is calibrated, ``sensitivity`` switches; None:
         medium, or with ``add`` the keyword's own)."""
-        from edge.audio import read_wav
+        from edge.audio import read_wav, to_int16
         from edge.enroll import enroll
         from edge.keywords import shown
+        from edge.options import check_keyword_name, samples
 
         import numpy as np
 
         from edge.atomic import atomic_write, npz_bytes
 
+        check_keyword_name(name)  # None, 5, b"..": one sentence, not an AttributeError from .strip()
+        clips = _clip_list(clips)  # before the state or the model is read
         state = self.enrolled()
-        if is_path(clips) or isinstance(clips, np.ndarray) and clips.ndim == 1:
-            clips = [clips]  # one clip, not a list of them: said as "1 clip given" below, not "h: no such file"
-        clips = list(clips)
         _refuse_repeated(clips)
         names = [str(c) if is_path(c) else f"clip {i + 1}" for i, c in enumerate(clips)]
-        pcm = [read_wav(c, min_samples=1) if is_path(c) else c for c in clips]
+        # float clips in [-1, 1] (soundfile's default) as detect reads them (edge.options.samples), then
+        # int16 (edge.audio.to_int16, as write_wav stores them): cast as they were, they were all silence
+        pcm = [read_wav(c, min_samples=1) if is_path(c) else to_int16(samples(c, n)) for c, n in zip(clips, names)]
         speakers = [0] * len(pcm)
         if add:
             norm = name.strip().lower()
@@ -154,7 +184,10 @@ class Enrolment:
         {"threshold", "bank_false_accept_rate"[, "fa_per_hour"]}}}. ``max_fa_h``: instead of a level,
         the most sensitive one ``calibrate`` measured at or under this many false accepts per hour."""
         from edge.enroll import keyword_sensitivity
+        from edge.options import check, check_keyword_name
 
+        check_keyword_name(name)
+        check("max_fa_h", max_fa_h)  # a finite rate above 0, as detect's sensitivity (edge.options)
         return keyword_sensitivity(self.enrolled(), name, level, max_fa_h)
 
     def enrolment_clips(self, name: str, speakers: bool = False):

@@ -147,6 +147,9 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
     keyword fires when any does), and the second stage keeps every speaker's templates (a window
     passes near any).
     ``save``: write the state (False: the caller saves ``state`` when it is ready to)."""
+    from edge.options import check_keyword_name
+
+    check_keyword_name(name)  # text before .strip() (a wrong type was an AttributeError)
     check_level(sensitivity)
     clip_names = clip_names or [f"clip {i + 1}" for i in range(len(clips))]
     speakers = np.zeros(len(clips), np.int64) if speakers is None else np.asarray(speakers, np.int64)
@@ -255,7 +258,7 @@ def enroll(km, state: DeviceState, name: str, clips: list[np.ndarray], clip_name
 
 
 def check_level(level) -> str:
-    if level not in SENSITIVITIES:
+    if not isinstance(level, str) or level not in SENSITIVITIES:  # [1]: this sentence, not "unhashable"
         raise EdgelearnError(f"sensitivity {level!r} is not one of {', '.join(SENSITIVITIES)}",
                              fix="pass low (fewest false accepts), medium (the default) or high (fewest misses)")
     return level
@@ -303,6 +306,10 @@ def keyword_sensitivity(state: DeviceState, name: str, level: str | None = None,
     level `device calibrate` measured at or under that many false accepts per hour."""
     if level is not None and max_fa_h is not None:
         raise EdgelearnError("give a level or a false-accept rate, not both", fix="pass --level or --max-fa-per-hour")
+    from edge.options import check, check_keyword_name
+
+    check_keyword_name(name)
+    check("max_fa_h", max_fa_h)  # 0, inf, -1, nan: refused as `detect --sensitivity` is (edge.options)
     if level is not None:
         check_level(level)
     norm = name.strip().lower()

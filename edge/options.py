@@ -59,6 +59,10 @@ RULES = {
                "longer fits in the 2 windows the detector averages)"),
     "confirm": ("--confirm", False, lambda v: _finite(v) and 0 <= v <= 1, "not a score in [0, 1]",
                 "pass e.g. --confirm 0.9 (detections at or above it feed the replay buffer)"),
+    # `device sensitivity --max-fa-per-hour` / Device.sensitivity(max_fa_h=): 0 or inf would switch the level
+    # on a rate no keyword can meet or every one meets, -1 and nan read as "allow more" (as --sensitivity)
+    "max_fa_h": ("--max-fa-per-hour", False, lambda v: _finite(v) and v > 0,
+                 "not a positive finite rate of false accepts per hour", "pass e.g. --max-fa-per-hour 1"),
 }
 
 
@@ -120,3 +124,101 @@ def arg_type(name: str):
 
     parse.__name__ = "whole number" if whole else "number"
     return parse
+
+
+# -- the Python API's other arguments (edge.Device): a wrong type is one sentence naming the argument,
+# never a numpy / pathlib / AttributeError traceback from deep inside (README "Python API")
+
+MAX_CHANNELS = 8  # a 2-D array this narrow is (frames, channels), as soundfile returns it; never chunks
+
+
+def check_text(value, what: str, fix: str) -> str:
+    """``value`` if it is text (str), else one EdgelearnError: "``what`` must be text ..."."""
+    if not isinstance(value, str):
+        raise EdgelearnError(f"{what} must be text, not {type(value).__name__} {_short(value)}", fix=fix)
+    return value
+
+
+def check_keyword_name(name) -> str:
+    return check_text(name, "keyword name", "pass the phrase as a str, e.g. 'hey edge'")
+
+
+def check_context(context, none_ok: bool = False):
+    """An adapted context's name (None too where ``none_ok``: the base model)."""
+    if context is None and none_ok:
+        return None
+    return check_text(context, "context", "a context must be a name (text), e.g. context='kitchen'"
+                      + (" (None: the base model)" if none_ok else ""))
+
+
+def check_path(value, what: str, fix: str, none_ok: bool = False):
+    """``value`` if it is a path (str or os.PathLike; None where ``none_ok``), else one EdgelearnError."""
+    import os
+
+    if (value is None and none_ok) or isinstance(value, (str, os.PathLike)):
+        return value
+    raise EdgelearnError(f"{what} must be a path, not {type(value).__name__} {_short(value)}", fix=fix)
+
+
+def check_paths(value, what: str, fix: str) -> list:
+    """One path or a non-empty list of them -> the list; anything else one EdgelearnError."""
+    import os
+
+    if isinstance(value, (str, os.PathLike)):
+        return [value]
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, (str, os.PathLike)) for v in value):
+        raise EdgelearnError(f"{what}, not {type(value).__name__} {_short(value)}", fix=fix)
+    return list(value)
+
+
+def check_device(state_dir, bundle) -> None:
+    """``Device(state_dir, bundle)``'s types (a loaded bundle has a manifest)."""
+    check_path(state_dir, "state_dir", "pass the device's state directory, e.g. Device('state/')")
+    if not hasattr(bundle, "manifest"):
+        check_path(bundle, "bundle", "pass a bundle directory, .zip or shipped name (None: the installed or "
+                   "shipped model)", none_ok=True)
+
+
+def check_adapt_input(data, context) -> None:
+    """``Device.adapt``'s data (5, a list, an array were pathlib's TypeError) and context ([1, 2, 3]
+    was "unhashable", an array "ambiguous truth value")."""
+    if not (isinstance(data, tuple) and len(data) == 2):
+        check_path(data, "data", "pass a directory DIR/<label>/*.wav, or (clips, labels)")
+    check_context(context)
+
+
+def refuse_channels(a, what: str = "audio") -> None:
+    """A (frames, channels) array (soundfile's stereo) is refused: it would be read as garbage mono."""
+    if getattr(a, "ndim", 1) == 2 and a.shape[1] <= MAX_CHANNELS:
+        raise EdgelearnError(f"{what} must be mono samples, shape (N,), not {a.shape}",
+                             fix="mix or pick a channel first, e.g. x.mean(axis=1) or x[:, 0]")
+
+
+def samples(x, what: str = "audio"):
+    """``x`` as mono samples detection and enrolment read alike (``edge.features.to_float``): int16 as
+    is, float in [-1, 1] (soundfile's default) as is, other whole numbers within int16 as int16.
+    Anything else (not 1-D, text, None, float outside [-1, 1]) is one EdgelearnError."""
+    import numpy as np
+
+    fix = "pass 16 kHz mono int16 samples, or float samples in [-1, 1], shape (N,)"
+    a = np.asarray(x) if isinstance(x, (np.ndarray, list, tuple)) else None
+    if a is None or a.dtype.kind not in "iuf" or a.dtype == bool:
+        raise EdgelearnError(f"{what} must be an array of samples, not {type(x).__name__} {_short(x)}", fix=fix)
+    refuse_channels(a, what)
+    if a.ndim != 1:
+        raise EdgelearnError(f"{what} must be mono samples, shape (N,), not {a.shape}", fix=fix)
+    if a.dtype == np.int16 or not a.size:
+        return a
+    if a.dtype.kind == "f":
+        if not np.all(np.isfinite(a)) or float(np.abs(a).max()) > 1.0:
+            raise EdgelearnError(f"{what} is float samples outside [-1, 1]",
+                                 fix="scale them into [-1, 1] (int16-valued floats: divide by 32768), or pass int16")
+        return a
+    if int(a.min()) < -32768 or int(a.max()) > 32767:
+        raise EdgelearnError(f"{what} has values outside int16", fix=fix)
+    return a.astype(np.int16)
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."

@@ -309,6 +309,9 @@ class AdaptStore:
         return delta, info
 
     def use(self, context: str | None) -> None:
+        from edge.options import check_context
+
+        check_context(context, none_ok=True)  # a list: this sentence, not "unhashable type"
         if context is not None and context not in self.meta["contexts"]:
             raise EdgelearnError(f"no adapted context {context!r}",
                                  fix=f"choose one of {sorted(self.meta['contexts'])} or adapt it first")
@@ -316,6 +319,9 @@ class AdaptStore:
         self._write_meta()
 
     def rollback(self, context: str) -> int | None:
+        from edge.options import check_context
+
+        check_context(context)
         entry = self.meta["contexts"].get(context)
         if entry is None:
             raise EdgelearnError(f"no adapted context {context!r}", fix="nothing to roll back")

@@ -89,7 +89,7 @@ def add_arguments(p) -> None:
             pick = s.add_mutually_exclusive_group()
             pick.add_argument("--level", default=None, choices=("low", "medium", "high"),
                               help="detect it at this level from now on (omit both: show the levels)")
-            pick.add_argument("--max-fa-per-hour", type=float, default=None, metavar="R",
+            pick.add_argument("--max-fa-per-hour", type=arg_type("max_fa_h"), default=None, metavar="R",
                               help="the most sensitive level `device calibrate` measured at or under R false "
                                    "accepts per hour on the place's audio")
         elif name == "adapt":

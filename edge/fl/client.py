@@ -10,8 +10,10 @@ whole or in resumable chunks, or, when the task asks for secure aggregation,
 drive the secure round (``edge.secagg``). The bundle is verified once per
 round (when the round's training loads it); encoding and the secure round use
 that head. The sequence number is reserved on disk before a frame is built,
-so a restart never reuses one. HTTP is ``edge.fl.transport``; the model glue
-``edge.fl.model``.
+so a restart never reuses one; a state that went back (a restored backup, a
+re-imaged card) is refused as a replay naming the aggregator's last seq, and
+continues above it, re-sending that round's update once (``run_once``). HTTP is
+``edge.fl.transport``; the model glue ``edge.fl.model``.
 
     client = FLClient("http://agg:8470", "pi-001", key, "/var/lib/edgelearn/fl",
                       trusted_keys="/etc/edgelearn/keys", data=(X, y))
@@ -25,6 +27,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import tempfile
 import time
 import zipfile
@@ -97,6 +100,26 @@ class FLClient:
         self.seq += 1
         atomic_write(self.dir / "fl_state.json", json.dumps({"seq": self.seq}).encode())
         return self.seq
+
+    # the aggregator's ReplayError for a frame names its last accepted seq in the problem text (no
+    # structured field: host/aggregator/errors.py sends error/problem/fix; edge.portable.wire_decode
+    # check_fresh words it); a check-in's ReplayError is about its clock time and does not match
+    _LAST_SEQ = re.compile(r"not newer than the last accepted seq (\d+)")
+
+    def _seq_behind(self, e: FLError):
+        """The aggregator's last accepted seq when ``e`` refused a frame as not newer (this device's
+        state went back: a restored backup, a re-imaged card with the same id and key), else None."""
+        if e.status != 409 or e.reason != "ReplayError":
+            return None
+        m = self._LAST_SEQ.search(e.problem)
+        return int(m.group(1)) if m else None
+
+    def _jump_seq(self, last: int):
+        """Continue above the aggregator's ``last`` accepted seq (never back: a seq is never reused),
+        saved atomically so a power cut after the jump does not put the device behind again."""
+        if last > self.seq:
+            self.seq = last
+            atomic_write(self.dir / "fl_state.json", json.dumps({"seq": self.seq}).encode())
 
     def _save_residuals(self):
         atomic_write(self.dir / "topk_residuals.npz",
@@ -287,7 +310,24 @@ class FLClient:
             if drop_after_training:
                 return {"action": "dropped", "round_id": task["round_id"]}
             return {"action": "secure", **self.run_secure(task, delta, n)}
+        # the top-k error feedback before this round's encoding, so a re-send re-encodes the same update
+        residuals = {k: array.array("f", v) for k, v in self.topk.residuals.items()}
         frame = self.encode(task, delta, n)
         if drop_after_training:
             return {"action": "dropped", "round_id": task["round_id"]}
-        return {"action": "uploaded", **self.upload(frame, int(task.get("chunk_size", 0)))}
+        chunk = int(task.get("chunk_size", 0))
+        try:
+            return {"action": "uploaded", **self.upload(frame, chunk)}
+        except FLError as e:
+            last = self._seq_behind(e)
+            if last is None or last >= 2 ** 32 - 1:
+                raise
+        # refused as a replay: the device's seq went back (restored state). The aggregator refuses a
+        # not-newer seq before any write (host/aggregator/uploads.py _fresh), so the refused frame
+        # counted nowhere; the same update under a seq above the named one is sent once, in this round.
+        # It cannot count twice: the aggregator takes one update per device per round
+        # (AlreadyContributed), and an identical resend of an accepted frame answers 200 duplicate, never 409.
+        self._jump_seq(last)
+        self.topk.residuals = residuals
+        frame = self.encode(task, delta, n)
+        return {"action": "uploaded", "seq_resumed": self.seq, **self.upload(frame, chunk)}

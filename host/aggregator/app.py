@@ -32,6 +32,7 @@ from edge.portable import wire_errors as we
 from edge.portable.chunks import parse_chunk
 from host.aggregator.checkin import find_non_finite, load_object
 from host.aggregator.config import AggregatorConfig
+from host.aggregator.errors import log_storage_error
 from host.aggregator.metrics import metrics_registry
 from host.aggregator.models import ModelRegistry
 from host.aggregator.rounds import Reject, RoundManager
@@ -149,6 +150,7 @@ class GroupCommit:
 
     def __init__(self, rm: RoundManager, max_batch: int = 256):
         self.rm, self.max_batch = rm, max_batch
+        self.seen_errors: set = set()  # kinds of failure already logged (log_storage_error)
         self.items: list = []
         self.flushing = None
         self.batches = self.committed = 0
@@ -175,6 +177,7 @@ class GroupCommit:
         try:
             results = self.rm.commit([p for p, _ in items])
         except Exception as e:  # never leave a request waiting forever
+            log_storage_error(self.seen_errors, "commit", e)
             results = [Reject(500, "InternalError", f"commit failed: {type(e).__name__}: {e}",
                               "resend the update; nothing was acknowledged")] * len(items)
         self.batches += 1
@@ -279,8 +282,8 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
             await asyncio.sleep(tick_interval)
             try:
                 rm.tick()
-            except Exception as e:  # never let the deadline loop die silently
-                print(f"aggregator: tick failed: {type(e).__name__}: {e}", flush=True)
+            except Exception as e:  # never let the deadline loop die silently (logged once per kind)
+                log_storage_error(group.seen_errors, "the round ticker", e)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -292,6 +295,7 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
 
     async def storage_error(request: Request, exc: Exception):
         # the database went away or failed mid-request: nothing was acknowledged, the client retries
+        log_storage_error(group.seen_errors, request.url.path, exc)
         return fail(Reject(503, "StorageError", f"the aggregator's database failed ({type(exc).__name__}: "
                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})",
                            "retry later; nothing was recorded"))
@@ -360,7 +364,7 @@ def read_status(state_dir, db=None) -> dict:
             raise EdgelearnError(f"{path}: holds no aggregator database",
                                  fix="pass the --db this state was initialised with, or run "
                                      "`edgelearn aggregator init` first")
-        store = Store(path, cfg.synchronous)
+        store = Store(path, cfg.synchronous, read_only=True)  # no WAL pragma, no schema: works on a backup
     try:
         name = make_strategy(cfg.strategy, **cfg.strategy_options).name
         if cfg.dp_noise > 0 or cfg.dp_clip > 0:

@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
+import sys
+
 from edge.portable import wire_errors as we
 
 # wire error class -> HTTP status (docs/protocol.md); subclasses come first
 STATUS = [(we.OversizedFrame, 413), (we.UnknownDevice, 401), (we.AuthError, 401), (we.ReplayError, 409),
           (we.StaleRound, 410), (we.StaleModel, 409), (we.ChunkError, 400), (we.WireError, 400)]
-
-
 
 
 class Reject(Exception):
@@ -28,3 +28,15 @@ class Reject(Exception):
 
     def body(self) -> dict:
         return {"error": self.error, "problem": self.problem, "fix": self.fix}
+
+
+def log_storage_error(seen: set, where: str, exc: BaseException) -> None:
+    """One stderr line per kind of storage failure (where, exception type, first line): devices
+    already get 503s, and an outage of a minute would otherwise be thousands of identical lines
+    (or, as before, none at all)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    kind = (where, type(exc).__name__, first)
+    if kind not in seen:
+        seen.add(kind)
+        print(f"aggregator: {where} failed: {type(exc).__name__}: {first} "
+              f"(devices are answered 503; this kind is not logged again)", file=sys.stderr, flush=True)

@@ -100,6 +100,7 @@ class RoundManager(Selection, Uploads):
             if r is None:
                 self._open()
                 return
+            self._supersede_orphans(keep=r[0])
         self.round = self._row(r[0])
         self.acc = self.strategy.begin(self.reg.params())
         self.added = set()
@@ -164,10 +165,24 @@ class RoundManager(Selection, Uploads):
             self._add_rows(self.store.all("SELECT device_id, frame, base_version FROM updates "
                                           "WHERE round_id=? AND device_id=?", (rid, dev)))
 
+    def _supersede_orphans(self, keep: int | None) -> None:
+        """Close as failed every open round but ``keep`` (None: all of them), inside the caller's
+        transaction. A storage failure mid-round (a write refused while the process moved on to the
+        next round) leaves the old round's row "open" for good; only the live round may be open."""
+        c = self.store.db
+        orphans = [rid for (rid,) in c.execute("SELECT round_id FROM rounds WHERE status='open'").fetchall()
+                   if rid != keep]
+        for rid in orphans:
+            c.execute("UPDATE rounds SET status='failed', closed=?, note=? WHERE round_id=?",
+                      (self.clock(), "superseded (left open by a storage failure)", rid))
+            c.execute("DELETE FROM updates WHERE round_id=?", (rid,))
+            c.execute("DELETE FROM contributions WHERE round_id=?", (rid,))
+
     def _open(self) -> None:
         now = self.clock()
         sync = self.cfg.mode == "sync"
         c = self.store.db
+        self._supersede_orphans(keep=None)  # the round this replaces is closed already; others are orphans
         last = c.execute("SELECT COALESCE(MAX(round_id), 0) FROM rounds").fetchone()[0]
         c.execute("INSERT INTO rounds(round_id, mode, model_version, status, opened, deadline, target) "
                   "VALUES(?,?,?,?,?,?,?)", (last + 1, self.cfg.mode, self.reg.current, "open", now,

@@ -161,6 +161,32 @@ def open_store(db, state_dir, synchronous: str = "full"):
                          fix="pass sqlite:///agg/state.sqlite (the default) or postgresql://user@host:5432/dbname")
 
 
+def _writable(path: Path) -> bool:
+    """Whether ``path`` (or, when it does not exist yet, its directory) can be written; os.access
+    answers False on a read-only mount even for root."""
+    target = path if path.exists() else path.parent
+    return os.access(target, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that never writes (for ``aggregator status``): no WAL pragma, no schema.
+
+    ``mode=ro`` reads beside a running ``serve``; a WAL database on a read-only mount cannot
+    create its ``-shm`` file, so there it is opened ``immutable=1`` (a backup nobody writes)."""
+    from urllib.parse import quote
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    try:
+        db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:
+        if _writable(path):
+            raise
+    db = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+    db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    return db
+
+
 class MetaQueries:
     """The ``meta`` table's helpers, on top of a store's ``one`` and ``db`` (SQLite and PostgreSQL)."""
 
@@ -186,20 +212,33 @@ class Store(MetaQueries):
     Error = sqlite3.Error
     url = None
 
-    def __init__(self, path, synchronous: str = "full"):
+    def __init__(self, path, synchronous: str = "full", read_only: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        create_private(self.path)  # device keys live here: 0600 from the first byte (wal/shm follow)
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves so a batch is one transaction.
-        self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        self._depth = 0
+        if read_only:
+            self.db = _connect_read_only(self.path)
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            create_private(self.path)  # device keys live here: 0600 from the first byte (wal/shm follow)
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves so a batch is one transaction.
+            self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+        except (OSError, sqlite3.OperationalError) as e:
+            # A state directory on a read-only mount (a backup) fails here with sqlite's
+            # "unable to open database file", which names neither the file nor the cause.
+            if not _writable(self.path):
+                raise EdgelearnError(f"{self.path}: the aggregator database is on a read-only filesystem "
+                                     f"or in a directory this user cannot write ({e})",
+                                     fix="run this on a writable copy of the state directory "
+                                         "(`edgelearn aggregator status` reads a read-only one)") from None
+            raise
         self.db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
         cols = {r[1] for r in self.db.execute("PRAGMA table_info(devices)")}
         if "checkin_time" not in cols:  # added after version 1 of the schema
             self.db.execute("ALTER TABLE devices ADD COLUMN checkin_time REAL")
-        self._depth = 0
 
     @contextmanager
     def tx(self):

@@ -16,9 +16,9 @@ from host.serve.config import ServeConfig
 
 # the ServeConfig fields `edgelearn serve` offers as options (seconds shown as ms or s), in --help order
 SERVE_FIELDS = ("replicas", "max_batch_size", "max_queue_delay", "max_queue", "max_queue_wait",
-                "max_inflight_per_replica", "tenant_rate", "tenant_burst", "max_body_bytes", "breaker_slow_call",
+                "max_inflight_per_replica", "tenant_rate", "tenant_burst", "max_body_bytes", "body_timeout", "breaker_slow_call",
                 "breaker_open", "fault_injection")
-UNITS = {"max_queue_delay": "ms", "max_queue_wait": "ms", "breaker_slow_call": "ms", "breaker_open": "s"}
+UNITS = {"body_timeout": "s", "max_queue_delay": "ms", "max_queue_wait": "ms", "breaker_slow_call": "ms", "breaker_open": "s"}
 
 
 def add_arguments(parser) -> None:
@@ -39,6 +39,7 @@ def add_arguments(parser) -> None:
         "max_queue_wait": "503 at arrival when the predicted wait for a replica exceeds this (0 = off)",
         "max_inflight_per_replica": "batches sent to a replica before it counts as busy (1 = lowest queueing latency)",
         "tenant_rate": "requests/s per tenant (X-Tenant)",
+        "body_timeout": "a request body not received whole within this is answered 408",
         "breaker_slow_call": "a replica call slower than this counts as a failure for its circuit breaker",
         "breaker_open": "seconds a breaker stays open before probing"})
     parser.add_argument("--rollout-dir", default=None,
@@ -73,7 +74,13 @@ def run(args) -> int:
                               "flash an MCU bundle with `edgelearn flash`")
     sock = bind(args.host, args.port)
     server = build(args)
-    config = uvicorn.Config(server.app(bundle=args.bundle), log_level="warning", access_log=False, lifespan="on")
+    # On SIGTERM/SIGINT uvicorn stops accepting, lets in-flight requests finish, then runs the
+    # lifespan shutdown (replicas stop last). The wait is bounded so a stuck client cannot hold a
+    # restart for good: bodies time out after body_timeout and batches after batch_timeout, so
+    # GRACE covers every request that can still complete.
+    grace = int(server.cfg.body_timeout + server.cfg.batch_timeout * server.cfg.max_attempts) + 5
+    config = uvicorn.Config(server.app(bundle=args.bundle), log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=grace)
     where = f"[{args.host}]" if ":" in args.host else args.host
     port = sock.getsockname()[1]
     print(f"serve: serving {b.model_id} v{b.version} ({args.bundle}) on http://{where}:{port}", flush=True)

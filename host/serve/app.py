@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import tempfile
 import time
 from pathlib import Path
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -39,6 +40,7 @@ from host.serve.rollout import ServedModel
 
 SERVER_NAME, SERVER_VERSION = "edgelearn", "0.1.0"
 MAX_TENANT_LABELS = 100  # beyond this, tenants share the label "other" (bounded metric cardinality)
+log = logging.getLogger("edgelearn.serve")
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
@@ -60,6 +62,7 @@ class Server:
         self._tenant_labels: set[str] = set()
         self._work = tempfile.TemporaryDirectory(prefix="edgelearn-serve-")
         self._load_lock = asyncio.Lock()
+        self.client_disconnects = 0   # requests whose client left mid-body (logged once)
 
     # -- loading -----------------------------------------------------------------------------
     async def load(self, bundle_path) -> dict:
@@ -111,17 +114,28 @@ class Server:
         return "other"
 
     async def body(self, request: Request) -> bytes:
+        """The whole request body, within ``max_body_bytes`` and ``body_timeout`` seconds (else 413/408)."""
         limit = self.cfg.max_body_bytes
         cl = request.headers.get("content-length")
         if cl is not None and cl.isdigit() and int(cl) > limit:
             raise ProtocolError(413, f"request body is {cl} bytes, the limit is {limit}")
-        chunks, n = [], 0
-        async for chunk in request.stream():
-            n += len(chunk)
-            if n > limit:
-                raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+
+        async def read() -> bytes:
+            chunks, n = [], 0
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > limit:
+                    raise ProtocolError(413, f"request body exceeds the limit of {limit} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        # One deadline for the whole body, not per chunk: a client trickling a byte a second
+        # would reset a per-chunk timer forever and hold its connection and task.
+        try:
+            return await asyncio.wait_for(read(), self.cfg.body_timeout)
+        except asyncio.TimeoutError:
+            raise ProtocolError(408, f"the request body did not arrive within {self.cfg.body_timeout:g} s; "
+                                     f"send the whole body at once", {"Connection": "close"})
 
     def admit(self, model: str, tenant: str) -> None:
         ok, wait = self.quotas.take(tenant)
@@ -257,6 +271,14 @@ class Server:
                     return _error(e.status, e.message, e.headers)
                 except EdgelearnError as e:
                     return _error(400, str(e))
+                except ClientDisconnect:
+                    # The client hung up mid-body: nobody is left to answer, and a traceback per
+                    # disconnect buries the log (thousands under load), so one line, once.
+                    self.client_disconnects += 1
+                    if self.client_disconnects == 1:
+                        log.warning("serve: a client disconnected before sending its whole request "
+                                    "(not logged again)")
+                    return Response(status_code=499)
             return endpoint
 
         v = "/v2/models/{model}"

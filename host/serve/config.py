@@ -33,6 +33,9 @@ class ServeConfig:
     tenant_header: str = "x-tenant"
     tenant_overrides: dict = field(default_factory=dict)  # tenant -> (rate, burst)
     max_body_bytes: int = 4 << 20
+    # A body must arrive whole within this many seconds, else 408: a client trickling 1 byte/s
+    # (or sending headers and no body) would otherwise hold a connection and its task for good.
+    body_timeout: float = 5.0
     breaker_window: int = 20
     breaker_min_calls: int = 5
     breaker_failure_rate: float = 0.5
@@ -61,6 +64,7 @@ class ServeConfig:
             (self.max_attempts >= 1, "max_attempts must be at least 1"),
             (self.tenant_rate > 0 and self.tenant_burst >= 1, "tenant_rate must be > 0 and tenant_burst >= 1"),
             (self.max_body_bytes >= 1024, "max_body_bytes must be at least 1024"),
+            (self.body_timeout > 0, "body_timeout must be > 0 seconds"),
             (self.health_interval > 0, "health_interval must be > 0 seconds"),
         ]
         for ok, problem in checks:

@@ -1,12 +1,15 @@
-"""The base commands with a real-speech recogniser as their second stage (the Pi tier), beside the
-shipped detector at its default, on bench ``kws_base``'s streams.
+"""The base commands with a second stage (the Pi tier): a real-speech recogniser, and the bundle's
+phrase models, beside the shipped detector at 0.7 and at its default, on bench ``kws_base``'s streams.
 
 ``edge.confirm``: the first stage runs at ``FIRST_STAGE`` (0.3) instead of 0.7, and each
 base-keyword candidate stands only if PocketSphinx's full-vocabulary decode of its audio is the
 command alone (the rule, the decoder's beams and 0.3 were chosen on development data by
 ``scripts/asr_stage.py``; nothing here was looked at while choosing). In one run, the real ``Detector`` (``Device.detector``'s
 path) for three settings: the shipped model at 0.7 (today's default, the reference), at 0.3 alone
-(what the recogniser has to clean up), and at 0.3 with the recogniser. Streams (``kws_base``'s):
+(what the recogniser has to clean up), at 0.3 with the recogniser, and at the bundle's phrase
+stage's first stage (0.3) with the phrase models (``edge.phrase_stage``: one model per command on
+TFLite Micro's front end; cutoffs chosen on development data by ``scripts/build_phrase_stage.py``;
+where the bundle ships them and pymicro-features is installed). Streams (``kws_base``'s):
 the ten commands by Flite awb/rms/slt clean and at 20 / 10 dB, the Allison prompts' *test* half
 (real speech of one US speaker; a false accept is a command on a prompt that does not say it as a
 word), and the other speakers' real speech (``host.data.realneg``: Russian, Allison's Spanish).
@@ -29,12 +32,19 @@ from edge.detect import Detector, detect_pcm
 
 
 def settings(km):
+    from edge import phrase_stage
     from edge.confirm import FIRST_STAGE, AsrConfirm
 
-    return {"shipped at 0.7": lambda: Detector(km, threshold=0.7),
-            f"first stage at {FIRST_STAGE:g} alone": lambda: Detector(km, threshold=FIRST_STAGE),
-            f"first stage at {FIRST_STAGE:g} + PocketSphinx confirms": lambda: Detector(
-                km, threshold=FIRST_STAGE, asr=AsrConfirm())}
+    out = {"shipped at 0.7": lambda: Detector(km, threshold=0.7),
+           "shipped at its default operating point": lambda: Detector(km),
+           f"first stage at {FIRST_STAGE:g} alone": lambda: Detector(km, threshold=FIRST_STAGE),
+           f"first stage at {FIRST_STAGE:g} + PocketSphinx confirms": lambda: Detector(
+               km, threshold=FIRST_STAGE, asr=AsrConfirm())}
+    if phrase_stage.available() and (km.bundle.manifest.get("extra") or {}).get("phrase_stage"):
+        first = float(phrase_stage.config(km.bundle)["first_stage"])
+        out[f"first stage at {first:g} + the phrase models confirm (--phrase)"] = lambda: Detector(
+            km, threshold=first, asr=phrase_stage.PhraseConfirm(km.bundle))
+    return out
 
 
 def run_stream(make, pcm):

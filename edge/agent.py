@@ -91,7 +91,8 @@ class AgentConfig:
     threshold: object = None
     sensitivity: float | None = None
     confirm: float = 0.9
-    asr: bool = False              # PocketSphinx confirms base-keyword detections (edge/confirm.py)
+    asr: bool | str = False        # a second stage confirms base-keyword detections: True, PocketSphinx
+    #                                (edge/confirm.py); "phrase", the bundle's phrase models (edge/phrase_stage.py)
     data: Path | None = None       # labelled clips DIR/<label>/*.wav: adaptation, federated examples, health check
     strategy: str = "bias-only"
     adapt_every_s: float = 3600.0  # how often to ask the scheduler for an adaptation run

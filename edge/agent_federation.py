@@ -39,10 +39,11 @@ AUTH_BACKOFF_CAP = 10  # times --checkin-every
 
 def refused_credentials(e) -> bool:
     """Whether the aggregator refused this device's own key or id: any 401 (no/unknown device, a MAC
-    that does not match), or the 403 of a check-in made as another device. Not a 403 "NotSelected"
-    (the round moved on) nor a 409 (a replayed sequence): those are about one round, not the key."""
+    that does not match), the 403 of a check-in made as another device, or the 403 of a revoked key
+    (``aggregator revoke``). Not a 403 "NotSelected" (the round moved on) nor a 409 (a replayed
+    sequence): those are about one round, not the key."""
     status = getattr(e, "status", None)
-    return status == 401 or (status == 403 and getattr(e, "reason", None) == "DeviceMismatch")
+    return status == 401 or (status == 403 and getattr(e, "reason", None) in ("DeviceMismatch", "DeviceRevoked"))
 
 
 def check_federation(cfg) -> None:

@@ -78,7 +78,9 @@ def unit_options(cfg, *, bundle=None, trusted_keys=None, backend: str = "auto", 
         opt("--keywords", cfg.keywords if isinstance(cfg.keywords, str) else ",".join(cfg.keywords))
     if cfg.confirm != d.confirm:
         opt("--confirm", _num(cfg.confirm))
-    if cfg.asr:
+    if cfg.asr == "phrase":
+        out.append("--phrase")
+    elif cfg.asr:
         out.append("--asr")
     if cfg.on_detect is not None:
         opt("--on-detect", cfg.on_detect)

@@ -50,7 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 _EXTRA_FOR = {
     "tensorflow": "host", "tf2onnx": "host", "onnx": "host", "librosa": "host",
     "scipy": "host", "matplotlib": "host", "tflite_micro": "host", "ethosu": "host",
-    "pymicro_features": "host", "soundfile": "host",
+    "pymicro_features": "phrase", "soundfile": "host",  # (host includes pymicro-features too)
     "starlette": "serve", "uvicorn": "serve", "httpx": "serve", "orjson": "serve",
     "prometheus_client": "serve", "onnxruntime": "serve",
     "ai_edge_litert": "device runtime", "tflite_runtime": "device runtime",
@@ -69,7 +69,7 @@ def _missing(name: str, e: ModuleNotFoundError) -> str | None:
     extra = _EXTRA_FOR.get(missing)
     if extra is None:
         return None
-    if extra in ("host", "serve", "dev", "flash", "wyoming", "postgres", "ray", "asr"):
+    if extra in ("host", "serve", "dev", "flash", "wyoming", "postgres", "ray", "asr", "phrase"):
         return (f"edgelearn {name}: needs the Python package {missing!r}, which is not installed; "
                 f"install it with `pip install 'edgelearn[{extra}]'`")
     if extra == "device runtime":

@@ -17,12 +17,13 @@ candidate gives no event and no refractory period (``rejected`` counts them;
 ``verified``, the windows checked), so the encoder's cost per hop is unchanged and
 the verifier runs only when the first stage fires.
 
-With ``asr`` (``edge.confirm.AsrConfirm``, the Pi tier), a base keyword's candidate is held
-until ``AFTER_S`` of audio past its keyword end has arrived, then the recogniser decodes that
-audio (from ``BEFORE_S`` before the keyword end) and the event stands only if it heard the
-command (``says``; ``edge.confirm``: the command alone); a rejected one, like a custom keyword's,
-gives no event and no refractory period. The event keeps its ``time_s`` and comes up to
-``AFTER_S`` later.
+With ``asr`` (``edge.confirm.AsrConfirm`` or ``edge.phrase_stage.PhraseConfirm``, the Pi tier), a
+base keyword's candidate is held until ``AFTER_S`` (or the stage's own ``after_s``) of audio past its
+keyword end has arrived, then the stage judges that audio (from ``BEFORE_S``, or its ``before_s``,
+before the keyword end) and the event stands only if it heard the command (``says``;
+``edge.confirm``: the command alone; ``edge.phrase_stage``: the command's phrase model reaches its
+cutoff); a rejected one, like a custom keyword's, gives no event and no refractory period. The
+event keeps its ``time_s`` and comes up to ``after_s`` later.
 
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
@@ -112,7 +113,10 @@ class Detector:
         self.refractory = refractory_s
         self.peak_hops = max(1, int(round(peak_window_s * F.SAMPLE_RATE / F.HOP_LENGTH / stride)))
         # audio the recogniser may need: its snippet, the peak window's delay, and a margin
-        self._keep = int((BEFORE_S + AFTER_S + 0.5) * F.SAMPLE_RATE) + self.peak_hops * stride * F.HOP_LENGTH
+        # the recogniser's snippet (``before_s``/``after_s`` of its own, e.g. edge.phrase_stage's, else edge.confirm's)
+        self._before = float(getattr(asr, "before_s", BEFORE_S))
+        self._after = float(getattr(asr, "after_s", AFTER_S))
+        self._keep = int((self._before + self._after + 0.5) * F.SAMPLE_RATE) + self.peak_hops * stride * F.HOP_LENGTH
         self.reset()
 
     def reset(self) -> None:
@@ -137,9 +141,9 @@ class Detector:
 
     def push(self, pcm) -> list[dict]:
         events = []
+        self.samples += len(pcm)  # the clock a second stage's snippets are cut by (continue_from carries it)
         if self.asr is not None:  # the recogniser's copy (int16, as the audio came); the front end gets pcm as is
             raw = np.clip(np.asarray(pcm), -32768, 32767).astype(np.int16)
-            self.samples += len(raw)
             self.audio = np.concatenate([self.audio, raw])[-(self._keep + len(raw)):]
         for fr in self.stream.push(pcm):
             i = self.n_frames % F.N_FRAMES
@@ -161,17 +165,19 @@ class Detector:
         score, k, t, peak = self.pending
         self.pending = None
         start = self.samples - len(self.audio)  # absolute index of audio[0]
-        a = max(0, int(round((t - BEFORE_S) * F.SAMPLE_RATE)) - start)
+        a = max(0, int(round((t - self._before) * F.SAMPLE_RATE)) - start)
         b = max(a, min(len(self.audio), self._pending_end(t) - start))
-        if not self.asr.says(self.names[k], self.audio[a:b]):
+        says_at = getattr(self.asr, "says_at", None)  # a stage that needs the keyword end in the snippet
+        ok = (says_at(self.names[k], self.audio[a:b], (t * F.SAMPLE_RATE - start - a) / F.SAMPLE_RATE)
+              if says_at is not None else self.asr.says(self.names[k], self.audio[a:b]))
+        if not ok:
             self.rejected += 1
             return None
         return self._event(score, k, t, peak)
 
-    @staticmethod
-    def _pending_end(t: float) -> int:
+    def _pending_end(self, t: float) -> int:
         """The sample the recogniser's audio for a keyword ending at ``t`` s runs to."""
-        return int(round((t + AFTER_S) * F.SAMPLE_RATE))
+        return int(round((t + self._after) * F.SAMPLE_RATE))
 
     def continue_from(self, old: "Detector") -> list[dict]:
         """Take over ``old``'s audio (the front end's stream, the last 49 frames, the clock and the
@@ -188,8 +194,9 @@ class Detector:
             events += old.flush()
         self.stream, self.frames, self.n_frames = old.stream, old.frames, old.n_frames
         self.quiet_until = old.quiet_until
-        if self.asr is not None:
-            self.samples, self.audio = old.samples, old.audio
+        self.samples = old.samples
+        if self.asr is not None and old.asr is not None:
+            self.audio = old.audio
         if held is not None:
             self.pending = (held[0], self.names.index(old.names[held[1]]), *held[2:])
         return events

@@ -108,7 +108,7 @@ class Device(Detection, Enrolment):
         """The enrolled keywords (``edge.enroll.DeviceState``)."""
         from edge.enroll import DeviceState
 
-        return DeviceState.open(self.state_dir, self.bundle)
+        return DeviceState.open(self.state_dir, self.bundle, self.backend)
 
     def models(self):
         """(model, head) that detection runs now: see ``detection_models``."""
@@ -330,7 +330,8 @@ class Device(Detection, Enrolment):
     def status(self) -> dict:
         """Bundle, enrolled keywords and whether each one's verifier is current, adapted contexts,
         replay buffers, the scheduler's last decision, a federated version's operating point, and
-        which model detection runs (``detection_info``). Reads only: never changes the state."""
+        which model detection runs (``detection_info``). Reads only (but for a damaged ``keywords.json``,
+        which any command that opens the keywords rebuilds: ``edge.keywords_rebuild``)."""
         from edge.adapt.store import AdaptStore
         from edge.replay import EMBEDDING_REPLAY, TAIL_REPLAY, load_replay
         from edge.scheduler import last_record

@@ -24,7 +24,7 @@ class Detection:
 
     def detect(self, source=None, *, mic: bool = False, keywords=None, threshold=None,
                sensitivity: float | None = None, stride: int = 4, confirm: float = 0.9, replay: bool = True,
-               asr: bool = False):
+               asr: bool | str = False):
         """Stream ``source`` through the detector; returns an iterator of events
         ``{"keyword", "time_s", "score"}``, each as soon as it is found.
 
@@ -38,10 +38,12 @@ class Detection:
         ``edge.detect.THRESHOLD``); ``sensitivity``
         instead: the thresholds ``calibrate`` set for at most this many false accepts per hour.
         Base-keyword events at or above ``confirm`` feed the tail replay buffer unless
-        ``replay=False``. ``asr``: PocketSphinx confirms every base-keyword detection, first stage at
-        ``edge.confirm.FIRST_STAGE`` unless a threshold or sensitivity is given (``edge.confirm``;
-        ``pip install 'edgelearn[asr]'``). The models are loaded when this is called; the audio is
-        read while the iterator runs."""
+        ``replay=False``. ``asr``: a second stage confirms every base-keyword detection, its first stage
+        at the stage's own threshold unless a threshold or sensitivity is given: True or
+        ``"pocketsphinx"``, a recogniser trained on real speech (``edge.confirm``; ``pip install
+        'edgelearn[asr]'``); ``"phrase"``, the bundle's phrase model of each command
+        (``edge.phrase_stage``; ``pip install 'edgelearn[phrase]'``). The models are loaded when this
+        is called; the audio is read while the iterator runs."""
         from edge.options import check_detect
 
         # None is the default, as for threshold and sensitivity (stride < 1 was a TypeError deep in Detector)
@@ -57,7 +59,7 @@ class Detection:
 
     def detector(self, *, keywords=None, threshold=None, sensitivity: float | None = None, stride: int = 4,
                  confirm: float = 0.9, replay: bool = True, enrolled=None, levels: dict | None = None,
-                 asr: bool = False):
+                 asr: bool | str = False):
         """(``edge.detect.Detector``, the tail replay store it feeds or None) for the state's keywords,
         active model and operating points (the options are ``detect``'s): what ``detect`` streams
         through, and what the agent swaps when the model changes (``Detector.continue_from``).
@@ -82,13 +84,9 @@ class Detection:
             kws = [k for k in state.keywords if enrolled is None or k["name"] in set(enrolled)]
             kws = [{**k, "sensitivity": (levels or {}).get(k["name"], k.get("sensitivity", "medium"))} for k in kws]
             state = DeviceState(state.root, state.model_id, state.version, kws, bundle)
-        recogniser = None
-        if asr:
-            from edge.confirm import FIRST_STAGE, AsrConfirm
-
-            recogniser = AsrConfirm()
-            if threshold is None and sensitivity is None:
-                threshold = FIRST_STAGE
+        recogniser = second_stage(asr, bundle)
+        if recogniser is not None and threshold is None and sensitivity is None:
+            threshold = recogniser.first_stage
         self.recover()
         km, head = self.models()
         if keywords == "all":
@@ -122,6 +120,27 @@ class Detection:
         det = Detector(km, custom=custom, keywords=keywords, threshold=threshold, stride=stride, head=head,
                        on_event=feed, asr=recogniser)
         return det, store
+
+
+SECOND_STAGES = ("pocketsphinx", "phrase")
+
+
+def second_stage(asr, bundle):
+    """The base commands' second stage ``asr`` names (``detect``'s option), or None."""
+    if asr is None or asr is False:
+        return None
+    if asr is True or asr == "pocketsphinx":
+        from edge.confirm import FIRST_STAGE, AsrConfirm
+
+        stage = AsrConfirm()
+        stage.first_stage = FIRST_STAGE
+        return stage
+    if asr == "phrase":
+        from edge.phrase_stage import PhraseConfirm
+
+        return PhraseConfirm(bundle)
+    raise EdgelearnError(f"asr={asr!r} is not a second stage",
+                         fix=f"pass asr=True (PocketSphinx) or one of {', '.join(map(repr, SECOND_STAGES))}")
 
 
 SOURCE_FIX = ("source may be a WAV path, a binary file object, 16 kHz mono samples (int16, or float in [-1, 1]; "

@@ -1,7 +1,9 @@
-"""A Device's enrolled keywords: enrolling one (``Device.enroll``; its clips kept on the device),
-its sensitivity, and carrying the keywords and the adapted contexts to a newer version of the model
-(``Device.carry_to``: as they are, or enrolled again from the kept clips when the encoder changed;
-``unbind_adapted`` when the version is refused after all).
+"""A Device's enrolled keywords: enrolling one (``Device.enroll``; its clips kept on the device,
+``ST/enrolment/<slug>.npz``, ``_slug``: what its enrolment was given, so that enrolling it again gives
+the same entry: ``edge.keywords_rebuild``), its sensitivity, and carrying the keywords and the
+adapted contexts to a newer version of the model (``Device.carry_to``: as they are, or enrolled
+again from the kept clips when the encoder changed; ``unbind_adapted`` when the version is refused
+after all). Enrolling every keyword again when ``keywords.json`` is damaged: edge/keywords_rebuild.py.
 
 Split from device.py to keep each file about one thing; ``Device`` inherits ``Enrolment``, and
 ``edge.device`` imports the constants and the helpers from here.
@@ -22,6 +24,7 @@ from edge.errors import EdgelearnError
 # what enrolled keywords and adapted tails are learned with (partition names and files of the bundle)
 ENROLMENT_FILES = ("encoder", "encoder-onnx", "encoder-fp32", "phones", "negatives.npy")
 ENROLMENT_DIR = "enrolment"  # the clips each keyword was enrolled from (Device.enroll), for carry_to
+SETTINGS_FILE = "settings.json"  # in ENROLMENT_DIR: what keywords.json alone holds, for rebuild_keywords
 
 
 def _slug(name: str) -> str:
@@ -164,13 +167,22 @@ class Enrolment:
                      sensitivity=sensitivity or "medium", speakers=speakers, save=False)
         # kept on the device (never uploaded) so that a version with a new encoder can enrol it again;
         # written before the keyword (a kill between leaves clips the keyword is re-derived from), under
-        # the state lock once the merge with what another command saved meanwhile is known to succeed
+        # the state lock once the merge with what another command saved meanwhile is known to succeed.
+        # With them, what else the enrolment was given (its name, level, clip names and the other
+        # keywords' prototypes it was trained against: enroll's negatives beside the bank), so that
+        # rebuild_keywords enrols it again to the same entry.
         path = self.state_dir / ENROLMENT_DIR / f"{_slug(rep['keyword'])}.npz"
+        negatives = [k["prototype"] for k in state.keywords if k["name"] != rep["keyword"] and "prototype" in k]
 
         def keep_clips():
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, npz_bytes({**{f"clip_{i}": np.asarray(c, np.int16) for i, c in enumerate(pcm)},
-                                          "speakers": np.asarray(speakers, np.int64)}))
+            atomic_write(path, npz_bytes({
+                **{f"clip_{i}": np.asarray(c, np.int16) for i, c in enumerate(pcm)},
+                "speakers": np.asarray(speakers, np.int64), "name": np.asarray(rep["keyword"]),
+                "sensitivity": np.asarray(rep["sensitivity"]), "wav_names": np.asarray([str(n) for n in names]),
+                "negatives": (np.asarray(negatives, np.float32).reshape(len(negatives), -1) if negatives
+                              else np.zeros((0, 0), np.float32)),
+                "enrolled_ns": np.asarray(time.time_ns(), np.int64)}))
 
         # --replace: this enrolment wins over one another command saved meanwhile; without it (and with
         # --add, whose kept clips another command may have changed) such a keyword is refused
@@ -194,19 +206,12 @@ class Enrolment:
         """The clips keyword ``name`` was enrolled from, as the device kept them (``ENROLMENT_DIR``),
         or None (enrolled before clips were kept, or removed); with ``speakers``, (clips, one
         speaker id per clip)."""
-        import numpy as np
+        from edge.keywords_rebuild import read_kept
 
-        path = self.state_dir / ENROLMENT_DIR / f"{_slug(name)}.npz"
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                keys = sorted((k for k in z.files if k.startswith("clip_")), key=lambda k: int(k.split("_")[1]))
-                clips = [np.asarray(z[k], np.int16) for k in keys]
-                who = np.asarray(z["speakers"], np.int64) if "speakers" in z.files else np.zeros(len(clips), np.int64)
-        except (OSError, ValueError, KeyError, IndexError):
+        kept = read_kept(self.state_dir / ENROLMENT_DIR / f"{_slug(name)}.npz")
+        if kept is None:
             return None
-        if len(who) != len(clips):
-            return None
-        return (clips, [int(v) for v in who]) if speakers else clips
+        return (kept["clips"], kept["speakers"]) if speakers else kept["clips"]
 
     # -- carry to a new version ------------------------------------------------------------------
     def carry_to(self, new) -> dict:

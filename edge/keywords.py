@@ -19,6 +19,15 @@ state (two enrolments, an enrolment and a calibration) both keep their work (``D
 Format 1 (before the verifier) is still read; its keywords run the first stage only
 until they are enrolled again. Saving writes format 2.
 
+A damaged file (truncated, garbage, empty: bytes that are not JSON, ``DamagedKeywords``) is rebuilt by
+the first command that opens the state (``DeviceState.open``; detect, status, run, wyoming, enroll):
+under the state lock its bytes are kept as ``keywords.json.damaged`` and every keyword is enrolled
+again from the clips the device kept (``edge.keywords_rebuild``), with one warning
+line on stderr naming what was rebuilt, what was lost and what needs setting again. A second command
+waits on the lock and reads the rebuilt file. Nothing is rebuilt when no clips were kept (the
+sentence says to restore the file) or when the state says it runs another model version (the
+adapt pointer, the agent's installed version, what is left of the file).
+
 A state directory belongs to one bundle model and version; another bundle is
 refused with a clear message, since embeddings of another encoder mean nothing.
 
@@ -68,6 +77,15 @@ def shown(name) -> str:
 
 class StateError(EdgelearnError):
     """The device state directory is unusable (another bundle, corrupt)."""
+
+
+class DamagedKeywords(StateError):
+    """keywords.json is there, but its bytes are not JSON (truncated, garbage, empty) or the disk
+    would not read them; ``detail`` says why. ``DeviceState.open`` rebuilds it."""
+
+    def __init__(self, problem: str, detail: str, fix: str | None = None):
+        super().__init__(problem, fix=fix)
+        self.detail = detail
 
 
 def _real(v) -> bool:
@@ -293,12 +311,19 @@ class DeviceState:
         self._base, self._base_model = None, None
 
     @classmethod
-    def open(cls, root, bundle) -> "DeviceState":
+    def open(cls, root, bundle, backend: str = "auto") -> "DeviceState":
+        """The state's keywords for ``bundle``; a damaged file is rebuilt from the kept clips
+        (``edge.keywords_rebuild``; ``backend``: the interpreter the rebuild enrols with)."""
         root = Path(root)
         path = root / "keywords.json"
         if root.exists() and not root.is_dir():
             raise StateError(f"state path {root} is a file, not a directory", fix="pass a directory to --state")
-        mid, ver, kws = _read(path, bundle)
+        try:
+            mid, ver, kws = _read(path, bundle)
+        except DamagedKeywords as e:
+            from edge.keywords_rebuild import rebuilt
+
+            mid, ver, kws = rebuilt(root, bundle, e, backend)
         if (mid, ver) != (bundle.model_id, bundle.version):
             raise StateError(f"state directory {root} belongs to bundle {mid} v{ver} (says {path}), not "
                              f"{bundle.model_id} v{bundle.version}; its keywords were learned with "
@@ -328,10 +353,18 @@ class DeviceState:
                 self.keywords = self._merged(prefer)
             if before_write is not None:
                 before_write()
-            data = {"format": FORMAT, "model_id": self.model_id, "model_version": self.version,
-                    "keywords": self.keywords}
-            atomic_write(self.path, json.dumps(data, indent=1).encode())
-            self._base, self._base_model = snapshot(self.keywords), (self.model_id, self.version)
+            self._write()
+
+    def _write(self) -> None:
+        """The file, atomically (the state lock held), and beside the kept clips what only it holds
+        (``edge.keywords_rebuild.write_settings``: sensitivities, measured rates)."""
+        from edge.keywords_rebuild import write_settings
+
+        data = {"format": FORMAT, "model_id": self.model_id, "model_version": self.version,
+                "keywords": self.keywords}
+        atomic_write(self.path, json.dumps(data, indent=1).encode())
+        self._base, self._base_model = snapshot(self.keywords), (self.model_id, self.version)
+        write_settings(self.root, self.keywords)
 
     def _merged(self, prefer: str) -> list[dict]:
         mid, ver, kws = _read(self.path, self.bundle, self._base_model)
@@ -364,11 +397,23 @@ class DeviceState:
 
 def _read(path: Path, bundle, model=None) -> tuple:
     """(model_id, version, checked keywords) of keywords.json (a missing file: ``model`` or the
-    bundle's, none), or StateError naming the file."""
+    bundle's, none), or StateError naming the file: ``DamagedKeywords`` when its bytes are not JSON
+    (truncated, garbage, empty) or the disk will not read them. A file that parses but holds a wrong
+    field (a hand edit) is a plain StateError saying which, as before: it is never rebuilt over."""
+    import errno
+
     if not path.exists():
         return (*(model or (bundle.model_id, bundle.version)), [])
+    fix = "restore it from a backup or delete it and enrol again"
     try:
         data = json.loads(path.read_bytes())
+    except OSError as e:  # a disk that will not read the file is damage; a permission is not
+        if e.errno != errno.EIO:
+            raise StateError(f"{path} is unreadable ({e.strerror or e})", fix=fix) from None
+        raise DamagedKeywords(f"{path} is unreadable ({e.strerror or e})", e.strerror or str(e), fix=fix) from None
+    except ValueError as e:  # JSON and UTF-8 errors are ValueErrors
+        raise DamagedKeywords(f"{path} is unreadable ({e})", str(e), fix=fix) from None
+    try:
         if not isinstance(data, dict):
             raise ValueError(f"it holds {type(data).__name__}, not an object")
         if data.get("format") not in READABLE_FORMATS:
@@ -377,6 +422,5 @@ def _read(path: Path, bundle, model=None) -> tuple:
         if not isinstance(mid, str) or isinstance(ver, bool) or not isinstance(ver, int):
             raise ValueError(f"model {mid!r} v{ver!r} is not a model id and version")
         return mid, ver, check_keywords(data.get("keywords"))
-    except (ValueError, OSError) as e:  # JSON and UTF-8 errors are ValueErrors
-        raise StateError(f"{path} is unreadable ({getattr(e, 'strerror', None) or e})",
-                         fix="restore it from a backup or delete it and enrol again") from None
+    except ValueError as e:
+        raise StateError(f"{path} is unreadable ({e})", fix=fix) from None

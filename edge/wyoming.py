@@ -96,13 +96,14 @@ class WakeServer:
     """The Wyoming wake-word service of ``device`` (an ``edge.Device``) at ``uri``.
 
     ``keywords``: the base keywords offered (None: the bundle's commands, as ``device detect``);
-    ``threshold`` / ``sensitivity`` / ``asr``: as ``Device.detect`` (``asr``: PocketSphinx confirms
-    each base-keyword detection, ``edge.confirm``). The enrolled keywords are always offered.
+    ``threshold`` / ``sensitivity`` / ``asr``: as ``Device.detect`` (``asr``: a second stage confirms
+    each base-keyword detection: True, PocketSphinx, ``edge.confirm``; "phrase", the bundle's phrase
+    models, ``edge.phrase_stage``). The enrolled keywords are always offered.
     ``zeroconf``: False (default), True (announce under the default name) or a name (an
     ``edge.wyoming_mdns.Announcement``; while serving its ``service`` is ``NAME._wyoming._tcp.local.``)."""
 
     def __init__(self, device, uri: str = "tcp://0.0.0.0:10400", *, keywords=None, threshold=None,
-                 sensitivity: float | None = None, zeroconf=False, asr: bool = False):
+                 sensitivity: float | None = None, zeroconf=False, asr: bool | str = False):
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("the server takes a threshold or a sensitivity, not both",
                                  fix="pass --threshold T, or --sensitivity FA_PER_HOUR after `device calibrate`")
@@ -114,7 +115,11 @@ class WakeServer:
             self.zeroconf = Announcement(uri, self.scheme_addr, None if zeroconf is True else zeroconf)
         self.keywords, self.threshold, self.sensitivity, self.asr = keywords, threshold, sensitivity, asr
         self._stale_said = False  # a stale calibration said, until one matches again (``_build``)
-        if asr:  # a missing PocketSphinx is one sentence here, not at the first stream
+        if asr == "phrase":  # a missing front end or phrase models: one sentence here, not at the first stream
+            from edge.phrase_stage import config, require
+            require()
+            config(device.bundle)
+        elif asr:  # a missing PocketSphinx is one sentence here, not at the first stream
             from edge.confirm import require
             require()
         self._server = None

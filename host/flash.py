@@ -6,7 +6,12 @@ bundle's MicroPython blob, its graph and a ``bundle.json`` (into
 ``bundle.new/``, ``bundle.json`` last), the device config and key, then runs
 the board's own check: the firmware verifies the digests, loads the model and
 only then swaps ``bundle.new`` in (keeping ``bundle.old``). A transfer that is
-cut short leaves the running bundle in place; run the command again.
+cut short leaves the running bundle in place; run the command again. A board
+whose filesystem is read-only or too full is one sentence
+(``host.board.transport.BoardFsError``, rc 2 from the CLI) and keeps everything
+it held: the free space is checked before anything is written, a file the board
+has is replaced only once every file is across, and a write refused on the way
+takes back what the flash wrote (no ``bundle.new/`` is left).
 ``--port pty`` flashes the unix port on a pseudo-terminal whose filesystem is
 ``--fs DIR`` (the CI rig). That rig boots with ``edge/portable`` and ``firmware``
 frozen in a ROMFS image, as an ESP32 firmware image would carry them (so the
@@ -88,7 +93,8 @@ def check_flashable(manifest: dict, name) -> None:
 def flash(transport, bundle: Path, device_id: str, key: bytes | None, progress=None,
           trusted_keys=None) -> list[str]:
     """Deploy to an open ``host.board.transport.BoardTransport``; returns the board's check output lines.
-    ``bundle``: a directory, a shipped bundle's name or a .zip (``bundle_source``)."""
+    ``bundle``: a directory, a shipped bundle's name or a .zip (``bundle_source``). A read-only or full board
+    raises ``BoardFsError`` before the check runs, with the board as it was (``BoardTransport.deploy``)."""
     from host.board.fs import board_files
 
     with tempfile.TemporaryDirectory() as work:

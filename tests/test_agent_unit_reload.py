@@ -32,6 +32,7 @@ def _values(level: str) -> dict:
             "mic_device": ["--mic-device", "hw:1,0"],
             "threshold": ["--threshold", "0.8"], "sensitivity": ["--sensitivity", "2.5"],
             "keywords": ["--keywords", "yes,no"], "confirm": ["--confirm", "0.95"], "asr": ["--asr"],
+            "phrase": ["--phrase"],
             "on_detect": ["--on-detect", "echo 'hi there' >> \"$HOME/log\"; logger -t kws"],
             "data": ["--data", "my data"], "strategy": ["--strategy", "lora"], "no_adapt": ["--no-adapt"],
             "adapt_every": ["--adapt-every", "600"], "aggregator": ["--aggregator", "http://127.0.0.1:18470"],
@@ -56,11 +57,12 @@ def _resolved(ns: argparse.Namespace, cwd: Path) -> dict:
 def test_print_unit_carries_every_option_given(tmp_path, level):
     parser = run_parser()
     values = _values(level)
-    other = "sensitivity" if level == "threshold" else "threshold"
+    # the options one run cannot take together: the other level, and one of the two second stages
+    other = {"sensitivity", "phrase"} if level == "threshold" else {"threshold", "asr"}
     dests = {a.dest for a in parser._actions} - SOURCES
     assert dests <= set(values), f"no test value for {sorted(dests - set(values))}"
     argv = ["--mic"]
-    for dest in sorted(dests - {other}):
+    for dest in sorted(dests - other):
         argv += values[dest]
     r = subprocess.run(CLI + ["device", "run", "--print-unit", *argv[1:]], capture_output=True, text=True,
                        cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
@@ -71,7 +73,7 @@ def test_print_unit_carries_every_option_given(tmp_path, level):
     assert words[at + 1] == "run"
     rest = words[at + 2:]
     # every option given appears, the audio source is the microphone
-    for dest in dests - {other}:
+    for dest in dests - other:
         assert values[dest][0] in rest, values[dest][0]
     assert "--mic" in rest and "--print-unit" not in rest
     back = parser.parse_args(rest)

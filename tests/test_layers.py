@@ -39,7 +39,10 @@ EDGE_THIRD_PARTY = {"numpy", "cryptography", "ai_edge_litert", "tflite_runtime",
                     "wyoming", "zeroconf",
                     # the base commands' recogniser second stage on a Pi (edge/confirm.py, the
                     # optional `asr` extra): PocketSphinx and its bundled US-English models
-                    "pocketsphinx"}
+                    "pocketsphinx",
+                    # the base commands' phrase second stage (edge/phrase_stage.py, the optional
+                    # `phrase` extra): TFLite Micro's audio front end, the C code ESPHome runs
+                    "pymicro_features"}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:

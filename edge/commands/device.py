@@ -59,9 +59,7 @@ def add_arguments(p) -> None:
                            help=f"hops (20 ms) between encoder runs, 1..{MAX_STRIDE}")
             s.add_argument("--confirm", type=arg_type("confirm"), default=0.9,
                            help="base-keyword detections at or above this score feed the replay buffer")
-            s.add_argument("--asr", action="store_true",
-                           help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword "
-                                "detection; first stage at 0.3 unless --threshold (pip install 'edgelearn[asr]')")
+            add_second_stage(s)
             s.add_argument("--no-replay", action="store_true", help="do not feed detections to the replay buffer")
         elif name == "calibrate":
             s.add_argument("--wav", type=Path, nargs="+", action="extend", required=True,
@@ -154,9 +152,7 @@ def add_arguments(p) -> None:
             s.add_argument("--keywords", default=None, help="comma-separated base keywords, or 'all'")
             s.add_argument("--confirm", type=arg_type("confirm"), default=0.9,
                            help="base-keyword detections at or above this score feed the replay buffer")
-            s.add_argument("--asr", action="store_true",
-                           help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword "
-                                "detection; first stage at 0.3 unless --threshold (pip install 'edgelearn[asr]')")
+            add_second_stage(s)
             s.add_argument("--on-detect", default=None, metavar="COMMAND",
                            help="shell command run for each detection (the event as JSON on stdin and in "
                                 "$EDGELEARN_EVENT; $EDGELEARN_KEYWORD, $EDGELEARN_SCORE, $EDGELEARN_TIME_S)")
@@ -226,7 +222,7 @@ def _run(args) -> int:
               else "none")
     cfg = AgentConfig(source=source,
                       on_detect=args.on_detect, keywords=_keywords(args.keywords), threshold=args.threshold,
-                      sensitivity=args.sensitivity, confirm=args.confirm, asr=args.asr, data=args.data,
+                      sensitivity=args.sensitivity, confirm=args.confirm, asr=second_stage(args), data=args.data,
                       strategy=args.strategy,
                       adapt_every_s=args.adapt_every, adapt=not args.no_adapt, aggregator=args.aggregator,
                       device_id=args.device_id, device_key=args.device_key, checkin_every_s=args.checkin_every,
@@ -258,13 +254,31 @@ def _run(args) -> int:
     return 0
 
 
+def add_second_stage(p) -> None:
+    """``--asr`` / ``--phrase``: the base commands' second stage (``device detect``, ``device run``,
+    ``wyoming``)."""
+    stage = p.add_mutually_exclusive_group()
+    stage.add_argument("--asr", action="store_true",
+                       help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword "
+                            "detection; first stage at 0.3 unless --threshold (pip install 'edgelearn[asr]')")
+    stage.add_argument("--phrase", action="store_true",
+                       help="the bundle's phrase model of each command confirms its detections (they hear "
+                            "other voices); first stage at the bundle's 0.3 unless --threshold "
+                            "(pip install 'edgelearn[phrase]')")
+
+
+def second_stage(args):
+    """``--asr`` / ``--phrase`` as ``Device.detect``'s ``asr``."""
+    return "phrase" if getattr(args, "phrase", False) else args.asr
+
+
 def _detect(args) -> int:
     kws = _keywords(args.keywords)
     events = _device(args).detect(None if args.mic else args.wav, mic=(args.mic_device or True) if args.mic else False,
                                   keywords=kws,
                                   threshold=args.threshold if args.sensitivity is None else None,
                                   sensitivity=args.sensitivity, stride=args.stride, confirm=args.confirm,
-                                  replay=not args.no_replay, asr=args.asr)
+                                  replay=not args.no_replay, asr=second_stage(args))
     for ev in events:
         print(json.dumps(ev) if args.json else f"{ev['time_s']:9.2f} s  {ev['keyword']:<16} {ev['score']:.2f}",
               flush=True)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from edge.commands.device import add_second_stage, second_stage
+
 
 def add_arguments(p) -> None:
     p.add_argument("--uri", default="tcp://0.0.0.0:10400",
@@ -32,9 +34,7 @@ def add_arguments(p) -> None:
     level.add_argument("--sensitivity", type=float, default=None, metavar="FA_PER_HOUR",
                        help="per-keyword thresholds from `device calibrate`")
     add_zeroconf_argument(p)
-    p.add_argument("--asr", action="store_true",
-                   help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword detection; "
-                        "first stage at 0.3 unless --threshold (pip install 'edgelearn[asr]')")
+    add_second_stage(p)
     p.add_argument("--keywords", default=None,
                    help="comma-separated base keywords to offer, or 'all' (default: the bundle's commands)")
 
@@ -54,7 +54,7 @@ def run(args) -> int:
         [w.strip() for w in args.keywords.split(",") if w.strip()]
     device = Device(args.state, args.bundle, backend=args.backend, trusted_keys=args.pubkey)
     server = WakeServer(device, args.uri, keywords=kws, threshold=args.threshold, sensitivity=args.sensitivity,
-                        zeroconf=args.zeroconf, asr=args.asr)
+                        zeroconf=args.zeroconf, asr=second_stage(args))
 
     def ready():
         out = {"uri": server.uri, "models": server.models()}

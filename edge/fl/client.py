@@ -101,9 +101,10 @@ class FLClient:
         atomic_write(self.dir / "fl_state.json", json.dumps({"seq": self.seq}).encode())
         return self.seq
 
-    # the aggregator's ReplayError for a frame names its last accepted seq in the problem text (no
-    # structured field: host/aggregator/errors.py sends error/problem/fix; edge.portable.wire_decode
-    # check_fresh words it); a check-in's ReplayError is about its clock time and does not match
+    # the aggregator's ReplayError for a frame carries its last accepted seq as the body's
+    # ``last_seq`` field (host/aggregator/uploads.py ``_fresh``); an aggregator from before that field
+    # only names it in the problem text (edge.portable.wire_decode check_fresh words it), read as a
+    # fallback. A check-in's ReplayError is about its clock time: no field, and the text does not match
     _LAST_SEQ = re.compile(r"not newer than the last accepted seq (\d+)")
 
     def _seq_behind(self, e: FLError):
@@ -111,6 +112,10 @@ class FLClient:
         state went back: a restored backup, a re-imaged card with the same id and key), else None."""
         if e.status != 409 or e.reason != "ReplayError":
             return None
+        last = getattr(e, "fields", {}).get("last_seq")
+        if last is not None:
+            ok = isinstance(last, int) and not isinstance(last, bool) and 0 <= last < 2 ** 32
+            return last if ok else None  # a field that is not a seq is not guessed from the text
         m = self._LAST_SEQ.search(e.problem)
         return int(m.group(1)) if m else None
 

@@ -1,5 +1,7 @@
 """HTTP to the aggregator: one keep-alive connection, reconnected once on a dropped connection, and
-the aggregator's refusals as ``FLError`` (status, reason, the problem and fix it sent).
+the aggregator's refusals as ``FLError`` (status, reason, the problem and fix it sent, and its
+machine-readable fields: a frame's 409 ``ReplayError`` has ``last_seq``); a revoked key's 403 is
+``DeviceRevoked``.
 
 Only standard-library HTTP (``http.client``), so a Pi needs nothing beyond the device runtime.
 Anything with ``request(method, path, body, headers) -> (status, body)`` can stand in for
@@ -19,11 +21,23 @@ from edge.errors import EdgelearnError
 
 
 class FLError(EdgelearnError):
-    """The aggregator refused a request or could not be reached."""
+    """The aggregator refused a request or could not be reached. ``fields``: the error body's other
+    members (``last_seq`` ...), {} when it sent none (an older aggregator) or was not reached."""
 
-    def __init__(self, problem, fix=None, status=None, reason=None):
+    def __init__(self, problem, fix=None, status=None, reason=None, fields=None):
         super().__init__(problem, fix)
         self.status, self.reason = status, reason
+        self.fields = dict(fields or {})
+
+
+class DeviceRevoked(FLError):
+    """The aggregator revoked this device's key (``edgelearn aggregator revoke``; HTTP 403
+    ``DeviceRevoked``): nothing signed with it is accepted again, and re-provisioning gives the
+    device a new key file. The agent backs off from it as from a 401
+    (``edge.agent_federation.refused_credentials``): retrying will not heal either."""
+
+    def __init__(self, problem, fix=None, fields=None):
+        super().__init__(problem, fix, status=403, reason="DeviceRevoked", fields=fields)
 
 
 class HttpTransport:
@@ -59,13 +73,19 @@ class HttpTransport:
 
 def call(http, method: str, path: str, body: bytes = b"", headers=None, ok=(200,)):
     """One request; ``(status, body)`` when the status is in ``ok``, else FLError with the
-    aggregator's problem, fix and reason (its JSON error body, or the start of whatever it sent)."""
+    aggregator's problem, fix, reason and other fields (its JSON error body, or the start of whatever
+    it sent); ``DeviceRevoked`` for a 403 ``DeviceRevoked``."""
     status, raw = http.request(method, path, body, headers)
     if status not in ok:
         try:
             err = json.loads(raw)
         except ValueError:
+            err = None
+        if not isinstance(err, dict):
             err = {"problem": raw[:200].decode(errors="replace")}
-        raise FLError(f"{method} {path} -> {status}: {err.get('problem')}", fix=err.get("fix"),
-                      status=status, reason=err.get("error"))
+        fields = {k: v for k, v in err.items() if k not in ("error", "problem", "fix")}
+        problem = f"{method} {path} -> {status}: {err.get('problem')}"
+        if status == 403 and err.get("error") == "DeviceRevoked":
+            raise DeviceRevoked(problem, fix=err.get("fix"), fields=fields)
+        raise FLError(problem, fix=err.get("fix"), status=status, reason=err.get("error"), fields=fields)
     return status, raw

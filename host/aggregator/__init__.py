@@ -4,6 +4,7 @@ in PostgreSQL shared by any number of replicas (``--db postgresql://...``, ``pgs
     $ edgelearn aggregator init --state agg/ --bundle models/kws-dscnn-s --signing-key keys/agg.key
     $ edgelearn aggregator provision --state agg/ --device pi-001 --out keys/
     $ edgelearn aggregator serve --state agg/ --port 8470
+    $ edgelearn aggregator revoke --state agg/ pi-001     # its key refused from now on
 
 Layers: ``store`` (SQLite tables, one writer; ``pgstore``: the same on PostgreSQL, one advisory
 lock per write transaction), ``policy`` (eligibility,

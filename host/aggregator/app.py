@@ -32,7 +32,7 @@ from edge.portable import wire_errors as we
 from edge.portable.chunks import parse_chunk
 from host.aggregator.checkin import find_non_finite, load_object
 from host.aggregator.config import AggregatorConfig
-from host.aggregator.errors import log_storage_error
+from host.aggregator.errors import log_storage_error, revoked, revoked_on
 from host.aggregator.metrics import metrics_registry
 from host.aggregator.models import ModelRegistry
 from host.aggregator.rounds import Reject, RoundManager
@@ -206,7 +206,8 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
         """(device, JSON object) of a body signed with the device key in X-Edgelearn-Mac."""
         dev = _device(request)
         body = await _body(request, limit)
-        key = rm.key_of(dev)
+        cred = rm.credentials(dev, fresh=True)  # `aggregator revoke`/`provision` may have changed it meanwhile
+        key = None if cred is None else cred[0]
         mac = request.headers.get("x-edgelearn-mac", "")
         want = hmac.new(key or b"\0" * 32, body, hashlib.sha256).hexdigest()
         if key is None:
@@ -215,6 +216,8 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
         if not hmac.compare_digest(mac.encode(), want.encode()):
             raise Reject(401, "AuthError", f"{what} MAC from {dev!r} does not match its body",
                          "sign the exact body bytes with the device key")
+        if cred[1] is not None:  # signed with the revoked key: its holder is told, in one sentence
+            raise revoked(dev, cred[1])
         obj = load_object(body, what)
         if what != "check-in":  # the check-in schema names the field of a non-finite number itself
             bad = find_non_finite(obj)
@@ -251,9 +254,12 @@ def build_app(state_dir, clock=time.time, tick_interval: float = 0.5, signing_ke
     async def chunks(request: Request):
         try:
             dev = _device(request)
-            if rm.key_of(dev) is None:
+            cred = rm.credentials(dev, fresh=True)
+            if cred is None:
                 raise Reject(401, "UnknownDevice", f"no key is provisioned for device {dev!r}",
                              "provision the device first")
+            if cred[1] is not None:  # chunks are not signed one by one: nothing of a revoked id is stored
+                raise revoked(dev, cred[1])
             chunk = await _body(request, cfg.chunk_size + 64 if cfg.chunk_size else cfg.max_frame_len)
             try:
                 fid, idx, count, flen, off, payload = parse_chunk(chunk, cfg.max_frame_len)
@@ -377,13 +383,15 @@ def read_status(state_dir, db=None) -> dict:
         view = SimpleNamespace(store=store, cfg=cfg, group=None,
                                rounds=SimpleNamespace(strategy=SimpleNamespace(name=name), round=row),
                                registry=SimpleNamespace(current=None if cur is None else int(cur)))
-        return status_of(view)
+        return status_of(view, revocations=True)
     finally:
         store.close()
 
 
-def status_of(agg: Aggregator, rounds_limit: int | None = 50) -> dict:
-    """The aggregator's state: the newest ``rounds_limit`` rounds (None: every one), every model."""
+def status_of(agg: Aggregator, rounds_limit: int | None = 50, revocations: bool = False) -> dict:
+    """The aggregator's state: the newest ``rounds_limit`` rounds (None: every one), every model; with
+    ``revocations`` (``aggregator status``; not the unauthenticated /v1/status, which names no device)
+    ``revoked``: every revoked device, [{"device_id", "revoked": UTC date}] by id."""
     s = agg.store
     rounds = [dict(zip(("round_id", "mode", "model_version", "status", "opened", "deadline", "target", "selected",
                         "accepted", "closed", "result_version", "accuracy", "bytes", "note"), r))
@@ -396,4 +404,13 @@ def status_of(agg: Aggregator, rounds_limit: int | None = 50) -> dict:
             "devices": s.one("SELECT COUNT(*) FROM devices")[0], "round": agg.rounds.round,
             "store": "postgresql" if s.shared else "sqlite",
             "group_commit": {"batches": agg.group.batches, "updates": agg.group.committed} if agg.group else None,
-            "rounds": rounds, "models": models}
+            "rounds": rounds, "models": models, **({"revoked": revoked_devices(s)} if revocations else {})}
+
+
+def revoked_devices(store) -> list:
+    """The revoked devices ([{"device_id", "revoked"}], by id); none in a database from before
+    revocations (opened read-only by ``status``, so its schema was never upgraded)."""
+    if not store.shared and "revoked" not in {r[1] for r in store.all("PRAGMA table_info(devices)")}:
+        return []
+    return [{"device_id": d, "revoked": revoked_on(t)}
+            for d, t in store.all("SELECT device_id, revoked FROM devices WHERE revoked IS NOT NULL ORDER BY device_id")]

@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 
+from edge.portable import wire_errors as we
 from host.aggregator.errors import STATUS, Reject  # noqa: F401  (re-exported: app, secure)
 from host.aggregator.selection import Selection
 from host.aggregator.uploads import Pending, Uploads  # noqa: F401
@@ -70,7 +71,7 @@ class RoundManager(Selection, Uploads):
         self.round = None
         self.acc = None
         self.added = set()   # devices whose update of the open round is in self.acc
-        self._synced = None  # the change counter this replica last re-read without the lock
+        self._synced = None  # the change counter this replica last re-read without the lock (SQLite: data_version)
         self._keys = {}
         self.secure = None
         if cfg.secure_aggregation:
@@ -110,7 +111,10 @@ class RoundManager(Selection, Uploads):
     def _add_rows(self, rows) -> None:
         prior = self._prior([dev for dev, _, _ in rows])
         for dev, frame, base in rows:
-            upd = decode_update(bytes(frame), self.key_of(dev))
+            try:
+                upd = decode_update(bytes(frame), self.key_of(dev))
+            except we.AuthError:  # the cached key was replaced (re-provisioned after a revocation): re-read it
+                upd = decode_update(bytes(frame), self.key_of(dev, fresh=True))
             self.acc.add({t.name: t.values for t in upd.tensors}, upd.header.num_examples,
                          self._weight(upd.header.num_examples, base, prior.get(dev, 0)))
             self.added.add(dev)
@@ -129,11 +133,19 @@ class RoundManager(Selection, Uploads):
     # --- replicas (shared store) ------------------------------------------------
     def sync(self) -> None:
         """Before deciding anything on a shared store: re-read the shared state if another replica
-        committed since (a read without the lock; every write transaction re-checks under it)."""
+        committed since (a read without the lock; every write transaction re-checks under it). On
+        SQLite, when another process committed (``aggregator revoke`` or ``provision`` beside this
+        ``serve``; ``PRAGMA data_version``): the running sum and the round's count follow the rows
+        (a revocation takes an accepted update back); closing the round re-checks it in its transaction."""
         if self.store.shared:
             n = self.store.changed()
             if n is not None and n != self._synced:
                 self.resync()
+                self._synced = n
+        elif self.secure is None and self.round is not None:
+            n = self.store.data_version()
+            if n != self._synced:
+                self._reconcile()
                 self._synced = n
 
     def resync(self) -> None:
@@ -157,10 +169,20 @@ class RoundManager(Selection, Uploads):
         if self.secure is not None:
             self.secure.load()
 
-    def _catch_up(self) -> None:
-        """Add to the running sum the open round's committed updates that another replica accepted."""
+    def _reconcile(self) -> None:
+        """Make the running sum hold exactly the open round's committed updates (inside the closing
+        transaction): add those another replica accepted, and when an update this process added is
+        gone (``aggregator revoke`` took a revoked device's back, possibly from another process)
+        rebuild the sum from the rows and re-read the round's count."""
         rid = self.round["round_id"]
         have = {d for (d,) in self.store.all("SELECT device_id FROM updates WHERE round_id=?", (rid,))}
+        if self.added - have:
+            self.acc = self.strategy.begin(self.reg.params())
+            self.added = set()
+            self._add_rows(self.store.all("SELECT device_id, frame, base_version FROM updates "
+                                          "WHERE round_id=? ORDER BY received", (rid,)))
+            self.round["accepted"] = self.store.one("SELECT accepted FROM rounds WHERE round_id=?", (rid,))[0]
+            return
         for dev in sorted(have - self.added):
             self._add_rows(self.store.all("SELECT device_id, frame, base_version FROM updates "
                                           "WHERE round_id=? AND device_id=?", (rid, dev)))
@@ -285,8 +307,11 @@ class RoundManager(Selection, Uploads):
             r = self.round
             if r["round_id"] != rid:
                 return  # another replica closed it meanwhile (resync, at the start of this transaction)
+            if aggregate and self.secure is None:  # (a secure round's sum is masked: secure.py)
+                self._reconcile()
+                if why == "quorum" and r["accepted"] < r["target"]:
+                    return  # a revocation took an update back: the round waits for another one
             if self.store.shared and aggregate:
-                self._catch_up()
                 self._merge_arrivals(rid)
             ok = self.acc.count >= (self.cfg.quorum_floor if why == "deadline" else 1)
             if r["selected"]:
@@ -365,11 +390,21 @@ class RoundManager(Selection, Uploads):
         return np.random.default_rng([int(seed), round_id])
 
     # --- uploads --------------------------------------------------------------
-    def key_of(self, device_id: str):
-        key = self._keys.get(device_id)
-        if key is None:
-            row = self.store.one("SELECT key FROM devices WHERE device_id=?", (device_id,))
+    def credentials(self, device_id: str, fresh: bool = False):
+        """(HMAC key, Unix time it was revoked or None) of a device, or None when it is not provisioned.
+        Cached; ``fresh`` reads the database, where ``aggregator revoke`` and ``provision`` (a new key
+        for a revoked device) change them while this process serves: signed check-ins and secure-
+        aggregation messages ask fresh (app.py), uploads use the cache and ``commit`` checks both
+        against the database inside its transaction (``_facts``)."""
+        c = None if fresh else self._keys.get(device_id)
+        if c is None:
+            row = self.store.one("SELECT key, revoked FROM devices WHERE device_id=?", (device_id,))
             if row is None:
+                self._keys.pop(device_id, None)
                 return None
-            key = self._keys[device_id] = bytes(row[0])  # keys are never replaced (setup.provision)
-        return key
+            c = self._keys[device_id] = (bytes(row[0]), None if row[1] is None else float(row[1]))
+        return c
+
+    def key_of(self, device_id: str, fresh: bool = False):
+        c = self.credentials(device_id, fresh)
+        return None if c is None else c[0]

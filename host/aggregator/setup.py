@@ -3,14 +3,17 @@
     init_state("agg/", AggregatorConfig(clients_per_round=5), bundle="models/kws-dscnn-s",
                heldout=(X_test, y_test))
     key = provision("agg/", "pi-001")          # 32 random bytes, registered in the database
+    revoke("agg/", "pi-001")                   # its key refused from now on (provision again: a new key)
     v = publish_version("agg/", head)         # an operator's rollout: the next version, outside rounds
 """
 
 from __future__ import annotations
 
+import hmac
 import os
 import secrets
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,8 @@ from edge.atomic import atomic_write, npz_bytes
 from host.aggregator.config import AggregatorConfig
 from host.aggregator.models import ModelRegistry
 from host.aggregator.store import Store, open_store
+
+BUSY_TIMEOUT_MS = 60_000  # how long provision/revoke wait for a running `serve`'s write transaction (SQLite)
 
 
 def init_state(state_dir, cfg: AggregatorConfig, bundle=None, signing_key=None, heldout=None,
@@ -171,7 +176,9 @@ def new_dp_seed() -> int:
 
 
 def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "linux", db=None) -> bytes:
-    """Register a device and its HMAC key (generated when not given); returns the key."""
+    """Register a device and its HMAC key (generated when not given); returns the key. A revoked
+    device (``revoke``) is re-enabled with the new key, which must differ from the revoked one; its
+    sequence number and check-in time start afresh (nothing signed with the old key verifies now)."""
     b = device_id.encode()
     if not 1 <= len(b) <= MAX_DEVICE_ID_LEN or any(c not in _ID_CHARS for c in b):
         raise EdgelearnError(f"device id {device_id!r} is not 1-{MAX_DEVICE_ID_LEN} characters of A-Z a-z 0-9 . _ : -",
@@ -182,13 +189,71 @@ def provision(state_dir, device_id: str, key: bytes | None = None, tier: str = "
     store = existing_store(state_dir, db)
     try:
         with store.tx() as c:
-            if c.execute("SELECT 1 FROM devices WHERE device_id=?", (device_id,)).fetchone():
+            row = c.execute("SELECT revoked, key FROM devices WHERE device_id=?", (device_id,)).fetchone()
+            if row is None:
+                c.execute("INSERT INTO devices(device_id, key, tier) VALUES(?,?,?)", (device_id, key, tier))
+            elif row[0] is None:
                 raise EdgelearnError(f"device {device_id!r} is already provisioned",
-                                     fix="choose another id; keys are never replaced silently")
-            c.execute("INSERT INTO devices(device_id, key, tier) VALUES(?,?,?)", (device_id, key, tier))
+                                     fix="choose another id, or `edgelearn aggregator revoke` it first; "
+                                         "keys are never replaced silently")
+            elif hmac.compare_digest(bytes(row[1]), key):
+                raise EdgelearnError(f"device {device_id!r} was revoked with this very key",
+                                     fix="let provision generate a new key (a revoked key never works again)")
+            else:  # re-enabled: frames and check-ins signed with the old key cannot verify any more
+                c.execute("UPDATE devices SET key=?, tier=?, revoked=NULL, last_seq=NULL, checkin_time=NULL "
+                          "WHERE device_id=?", (key, tier, device_id))
+    except store.Error as e:
+        raise _busy(store, e) from None
     finally:
         store.close()
     return key
+
+
+def revoke(state_dir, device_id: str, db=None, clock=time.time) -> dict:
+    """Revoke a device's key: from this transaction on, every request signed with it is refused
+    (403 ``DeviceRevoked``), by a ``serve`` running on this state as well (it reads the revocation
+    from the database: ``RoundManager.credentials``). Its update that the open round accepted but
+    has not aggregated is taken back in the same transaction (row, contribution, the round's count;
+    a serving process rebuilds its running sum from the rows before it closes the round:
+    ``RoundManager._reconcile``); rounds already closed keep it. Its half-sent chunks are dropped.
+    The key stays in the row (a request signed with it gets the revocation, not "unknown device")
+    until ``provision`` replaces it. Returns {"device_id", "revoked": Unix time, "already": whether
+    it was revoked before (nothing changed), "dropped": round ids whose accepted update was taken
+    back}; an unknown id is one EdgelearnError."""
+    store = existing_store(state_dir, db)
+    try:
+        with store.tx() as c:
+            row = c.execute("SELECT revoked FROM devices WHERE device_id=?", (device_id,)).fetchone()
+            if row is None:
+                raise EdgelearnError(f"device {device_id!r} is not provisioned on {store.url or state_dir}",
+                                     fix="check the id: it is the --device `edgelearn aggregator provision` was given")
+            if row[0] is not None:
+                return {"device_id": device_id, "revoked": float(row[0]), "already": True, "dropped": []}
+            now = float(clock())
+            c.execute("UPDATE devices SET revoked=? WHERE device_id=?", (now, device_id))
+            taken = c.execute("SELECT u.round_id, LENGTH(u.frame) FROM updates u JOIN rounds r ON "
+                              "r.round_id=u.round_id WHERE u.device_id=? AND r.status='open' ORDER BY u.round_id",
+                              (device_id,)).fetchall()
+            for rid, nbytes in taken:
+                c.execute("DELETE FROM updates WHERE round_id=? AND device_id=?", (rid, device_id))
+                c.execute("DELETE FROM contributions WHERE round_id=? AND device_id=?", (rid, device_id))
+                c.execute("UPDATE rounds SET accepted=accepted-1, bytes=bytes-? WHERE round_id=?", (int(nbytes), rid))
+            if taken:
+                c.execute("UPDATE devices SET rounds_joined=rounds_joined-? WHERE device_id=?", (len(taken), device_id))
+            c.execute("DELETE FROM chunks WHERE device_id=?", (device_id,))
+    except store.Error as e:
+        raise _busy(store, e) from None
+    finally:
+        store.close()
+    return {"device_id": device_id, "revoked": now, "already": False, "dropped": [int(r) for r, _ in taken]}
+
+
+def _busy(store, e) -> EdgelearnError:
+    """A write refused by the database (locked for longer than the busy timeout by a round that a
+    running ``serve`` closes, or a lost server) as one sentence; nothing was changed."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return EdgelearnError(f"{store.url or store.path}: the aggregator database refused the change ({first}); "
+                          "nothing was changed", fix="run the command again")
 
 
 def existing_store(state_dir, db=None):
@@ -201,6 +266,8 @@ def existing_store(state_dir, db=None):
     if path is not None and not path.is_file():  # checked first: opening it would create it
         raise EdgelearnError(f"{state_dir}: no aggregator here", fix="run `edgelearn aggregator init` first")
     store = open_store(db, state_dir)
+    if path is not None:  # beside a running `serve`, whose transaction (a round's close) may hold the write lock
+        store.db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     if path is None and not store.has_aggregator():  # PostgreSQL: an empty database would get the schema
         store.close()
         raise EdgelearnError(f"{store.url or state_dir}: no aggregator here",

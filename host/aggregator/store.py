@@ -239,6 +239,8 @@ class Store(MetaQueries):
         cols = {r[1] for r in self.db.execute("PRAGMA table_info(devices)")}
         if "checkin_time" not in cols:  # added after version 1 of the schema
             self.db.execute("ALTER TABLE devices ADD COLUMN checkin_time REAL")
+        if "revoked" not in cols:  # when `aggregator revoke` revoked the device's key (NULL: it is valid)
+            self.db.execute("ALTER TABLE devices ADD COLUMN revoked REAL")
 
     @contextmanager
     def tx(self):
@@ -267,6 +269,10 @@ class Store(MetaQueries):
     def all(self, sql: str, args=()):
         return self.db.execute(sql, args).fetchall()
 
+    def data_version(self) -> int:
+        """A number that changes when another connection (another process: ``aggregator revoke``,
+        ``provision``) commits to the database, and only then; no table is read."""
+        return self.db.execute("PRAGMA data_version").fetchone()[0]
 
     def close(self) -> None:
         self.db.close()

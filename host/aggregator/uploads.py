@@ -16,12 +16,12 @@ import numpy as np
 
 from edge.portable import wire_errors as we
 from edge.portable.wire_decode import check_fresh, parse_header, verify_tag
-from host.aggregator.errors import Reject
+from host.aggregator.errors import Reject, revoked
 from host.fl.strategies import StrategyError
 from host.wire_numpy import decode_update
 
 
-CHECK_CHUNK = 1000  # frames checked by one query: 5 parameters each, well under SQLite's and PostgreSQL's limits
+CHECK_CHUNK = 1000  # frames checked by one query: 6 parameters each, well under SQLite's and PostgreSQL's limits
 
 
 class Pending(NamedTuple):
@@ -30,6 +30,7 @@ class Pending(NamedTuple):
     frame: bytes
     digest: bytes
     delta: dict
+    key: bytes = b""  # the device key its tag verified with (``commit`` checks it is still the device's)
 
 
 class Uploads:
@@ -50,27 +51,46 @@ class Uploads:
         """What the state-dependent checks of each (header, digest) need, in one query (one round trip
         to a database server, whatever the batch): (the round of an identical committed frame or None,
         the device's last seq, whether it contributed to round ``r``, whether it was selected: for
-        ``r`` in sync mode, for its task's round in async mode, and how many of the window's earlier
-        rounds accepted its update: ``update_weight="device"``)."""
+        ``r`` in sync mode, for its task's round in async mode, how many of the window's earlier
+        rounds accepted its update: ``update_weight="device"``, when its key was revoked or None, and
+        whether the key the frame verified with is still its key: ``aggregator revoke`` and
+        ``provision`` change both while this process serves). ``items``: (header, digest, key)."""
         sync = self.cfg.mode == "sync"
         args = []
-        for i, (hdr, digest) in enumerate(items):
-            args += (i, hdr.device_id, hdr.seq, digest, r["round_id"] if sync else hdr.round_id)
+        for i, (hdr, digest, key) in enumerate(items):
+            args += (i, hdr.device_id, hdr.seq, digest, r["round_id"] if sync else hdr.round_id, key)
         return self.store.all(
-            f"WITH b(i, dev, seq, digest, task) AS (VALUES {','.join(['(?,?,?,?,?)'] * len(items))}) SELECT "
+            f"WITH b(i, dev, seq, digest, task, k) AS (VALUES {','.join(['(?,?,?,?,?,?)'] * len(items))}) SELECT "
             "(SELECT u.round_id FROM updates u WHERE u.device_id=b.dev AND u.seq=b.seq AND u.digest=b.digest), "
             "(SELECT d.last_seq FROM devices d WHERE d.device_id=b.dev), "
             "EXISTS(SELECT 1 FROM updates u WHERE u.round_id=? AND u.device_id=b.dev), "
             "EXISTS(SELECT 1 FROM selections s WHERE s.round_id=b.task AND s.device_id=b.dev), "
-            "(SELECT COUNT(*) FROM contributions k WHERE k.device_id=b.dev AND k.round_id > ? AND k.round_id < ?) "
+            "(SELECT COUNT(*) FROM contributions k WHERE k.device_id=b.dev AND k.round_id > ? AND k.round_id < ?), "
+            "(SELECT d.revoked FROM devices d WHERE d.device_id=b.dev), "
+            "EXISTS(SELECT 1 FROM devices d WHERE d.device_id=b.dev AND d.key=b.k) "
             "FROM b ORDER BY b.i",
             (*args, r["round_id"], r["round_id"] - self.cfg.fairness_window, r["round_id"]))
+
+    def _still_valid(self, hdr, revoked_at, key_ok):
+        """Refuse a frame whose device was revoked (403) or whose key was replaced (401) since its tag
+        was verified with the cached key; the cache forgets the device, so its next request reads both."""
+        if revoked_at is None and key_ok:
+            return
+        self._keys.pop(hdr.device_id, None)
+        if revoked_at is not None:
+            raise revoked(hdr.device_id, revoked_at)
+        raise Reject(401, "AuthError", f"frame from {hdr.device_id!r} is signed with a key that is no longer "
+                     "this device's (it was provisioned again)", "sign with the key file the last "
+                     "`edgelearn aggregator provision` wrote for this device")
 
     def _fresh(self, hdr, dup, last):
         """The duplicate answer for an identical resend, else None; raises ReplayError for an old seq."""
         if dup is not None:
             return {"status": "duplicate", "round_id": dup, "accepted": self.round["accepted"]}
-        check_fresh(hdr, last_seq=last)
+        try:
+            check_fresh(hdr, last_seq=last)
+        except we.ReplayError as e:  # the client continues above it: a field, so it need not parse the text
+            raise Reject.from_wire(e, last_seq=int(last)) from None
         return None
 
     def prepare(self, frame: bytes, claimed_device: str | None):
@@ -87,12 +107,15 @@ class Uploads:
             if claimed_device is not None and hdr.device_id != claimed_device:
                 raise Reject(403, "DeviceMismatch", f"device {claimed_device!r} sent a frame for device {hdr.device_id!r}",
                              "a device may only upload its own updates")
-            key = self.key_of(hdr.device_id)
-            verify_tag(frame, key if key is not None else (lambda _d: None), hdr.device_id)
+            key, revoked_at = self._verify(frame, hdr.device_id)
+            if revoked_at is not None:
+                raise revoked(hdr.device_id, revoked_at)
             digest = hashlib.sha256(frame).digest()
             if not self.store.shared:  # on a shared store commit() alone asks, under the lock: the round
-                dup, last, contributed, selected, prior = self._facts([(hdr, digest)], self.round)[0]  # read
-                ans = self._fresh(hdr, dup, last)  # here: may be gone by then, and each query is a round trip
+                dup, last, contributed, selected, prior, revoked_at, key_ok = self._facts(  # read here may
+                    [(hdr, digest, key)], self.round)[0]  # be gone by then, and each query is a round trip
+                self._still_valid(hdr, revoked_at, key_ok)
+                ans = self._fresh(hdr, dup, last)
                 if ans is not None:
                     return ans
                 self._admit(hdr, self.round, contributed, selected, prior)
@@ -112,7 +135,25 @@ class Uploads:
         if not norm <= self.cfg.max_update_norm:
             raise Reject(422, "UpdateNormTooLarge", f"update L2 norm {norm:.4g} exceeds {self.cfg.max_update_norm}",
                          "lower the learning rate or clip the update on the device")
-        return Pending(hdr, frame, digest, delta)
+        return Pending(hdr, frame, digest, delta, key)
+
+    def _verify(self, frame, device_id):
+        """(key, revoked time or None) of the device whose key verifies ``frame``'s tag; the cached
+        credentials first, read again from the database when they fail or say revoked (``aggregator
+        provision`` may have given the device a new key meanwhile). Raises the wire's AuthError."""
+        cred = self.credentials(device_id)
+        if cred is not None and cred[1] is None:
+            try:
+                verify_tag(frame, cred[0], device_id)
+                return cred
+            except we.AuthError:
+                pass
+        fresh = self.credentials(device_id, fresh=True)
+        if fresh is None or fresh != cred or cred[1] is None:
+            verify_tag(frame, fresh[0] if fresh is not None else (lambda _d: None), device_id)
+            return fresh
+        verify_tag(frame, cred[0], device_id)  # the same revoked key: its holder learns it is revoked
+        return cred
 
     def commit(self, batch: list) -> list:
         """Accept prepared frames with one transaction (group commit): one fsync for the whole batch.
@@ -133,13 +174,14 @@ class Uploads:
                     # statement per table (a round trip each on PostgreSQL, not four a frame)
                     while i < len(batch) and r["accepted"] + len(seg) < r["target"]:
                         chunk = batch[i:i + min(CHECK_CHUNK, r["target"] - r["accepted"] - len(seg))]
-                        for p, (dup, last, contributed, selected, prior) in zip(chunk, self._facts(
-                                [(p.hdr, p.digest) for p in chunk], r)):
+                        for p, (dup, last, contributed, selected, prior, revoked_at, key_ok) in zip(
+                                chunk, self._facts([(p.hdr, p.digest, p.key) for p in chunk], r)):
                             dev = p.hdr.device_id
                             if dev in taken:  # a device's second frame in one batch: as if its first were committed
                                 dup = r["round_id"] if taken[dev] == (p.hdr.seq, p.digest) else None
                                 last, contributed = taken[dev][0], True
                             try:
+                                self._still_valid(p.hdr, revoked_at, key_ok)
                                 ans = self._fresh(p.hdr, dup, last)
                                 if ans is None:
                                     seg.append((i, p, self._admit(p.hdr, r, contributed, selected, prior)))

@@ -4,6 +4,7 @@
     $ edgelearn aggregator provision --state agg/ --device pi-001 --out keys/
     $ edgelearn aggregator serve --state agg/ --port 8470
     $ edgelearn aggregator status --state agg/
+    $ edgelearn aggregator revoke --state agg/ pi-001      # a stolen Pi: its key refused from now on
 
 Replicas on PostgreSQL (any number of machines, one database; each replica its own --state):
 
@@ -71,7 +72,8 @@ def add_arguments(p) -> None:
                         "add up over rounds; current: against the version the round started from",
         "eval_shrink": "fractions (e.g. 0.5 0.25): an aggregate that fails the check is published moved only "
                        "the first of these parts of the way from the current version that passes"})
-    v = sub.add_parser("provision", help="register a device and write its HMAC key file")
+    v = sub.add_parser("provision", help="register a device and write its HMAC key file (a revoked device: "
+                                         "re-enabled with a new key)")
     v.add_argument("--state", required=True)
     v.add_argument("--db", help=DB_HELP)
     v.add_argument("--device", required=True)
@@ -85,9 +87,16 @@ def add_arguments(p) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=port_number, default=8470, help="TCP port, 1-65535 (default 8470; 0: any free port)")
     s.add_argument("--log-level", default="warning")
-    t = sub.add_parser("status", help="print rounds and versions as JSON (reads only; works while serving)")
+    t = sub.add_parser("status", help="print rounds, versions and revoked devices as JSON (reads only; works "
+                                      "while serving)")
     t.add_argument("--state", required=True)
     t.add_argument("--db", help=DB_HELP)
+    r = sub.add_parser("revoke", help="revoke a device's key: every request signed with it is refused (403) from "
+                                      "now on, by a running serve too; its update in the open round is taken back; "
+                                      "`provision` re-enables it with a new key")
+    r.add_argument("--state", required=True)
+    r.add_argument("--db", help=DB_HELP)
+    r.add_argument("device_id", metavar="DEVICE_ID", help="the --device it was provisioned as")
 
 
 def run(args) -> int:
@@ -216,6 +225,21 @@ def serve(args) -> int:
     return 0
 
 
+def revoke(args) -> int:
+    from host.aggregator.errors import revoked_on
+    from host.aggregator.setup import revoke as revoke_device
+
+    r = revoke_device(args.state, args.device_id, db=args.db)
+    when = revoked_on(r["revoked"])
+    if r["already"]:
+        print(f"{args.device_id} was already revoked on {when}; nothing changed")
+        return 0
+    taken = "".join(f"; its update in open round {rid} was taken back" for rid in r["dropped"])
+    print(f"revoked {args.device_id} on {when}: every request signed with its key is refused from now on{taken} "
+          f"(`edgelearn aggregator provision --device {args.device_id}` re-enables it with a new key)")
+    return 0
+
+
 def status(args) -> int:
     from host.aggregator.app import read_status
 
@@ -223,4 +247,4 @@ def status(args) -> int:
     return 0
 
 
-ACTIONS = {"init": init, "provision": provision, "serve": serve, "status": status}
+ACTIONS = {"init": init, "provision": provision, "serve": serve, "status": status, "revoke": revoke}

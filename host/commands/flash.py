@@ -46,14 +46,20 @@ def run(args) -> int:
         rig = PtyRig(fs_dir=args.fs)
     else:
         rig = open_rig(args.port if args.port.startswith("serial:") else "serial:" + args.port)
+    shown = []
+
+    def progress(i, n, name):
+        shown.append(i)
+        sys.stderr.write(f"\rflash: {i}/{n} {name:40s}")
+
     with rig:
         t = rig.transport()
         try:
-            lines = flash(t, args.bundle, args.device_id, key, trusted_keys=args.pubkey,
-                          progress=lambda i, n, name: sys.stderr.write(f"\rflash: {i}/{n} {name:40s}"))
+            lines = flash(t, args.bundle, args.device_id, key, trusted_keys=args.pubkey, progress=progress)
         finally:
             t.close()
-    sys.stderr.write("\n")
+            if shown:  # the progress line ends before the result, or before a refusal's one sentence
+                sys.stderr.write("\n")
     for line in lines:
         print(line)
     if key is None:

@@ -354,18 +354,19 @@ def write_export(out_dir, phrase: str, data: bytes, cutoff: float, cfg: ExportCo
 
 
 def export_esphome(phrase: str, wavs, out_dir, cfg: ExportConfig | None = None, corpus="cached",
-                   voices=None, clips=None) -> ExportResult:
+                   voices=None, clips=None, min_clips: int = MIN_CLIPS) -> ExportResult:
     """The whole recipe: read the clips, build the data, train, convert, check, write model + manifest.
 
     ``corpus``: "cached" (default) is the synthetic corpus (``edgelearn data synth``, rendered on
     first use), None trains on the clips and noise alone (tests); ``clips`` (int16/float arrays)
-    may replace ``wavs``."""
+    may replace ``wavs``; ``min_clips``: 0 trains from the corpus's voices alone (the bundle's phrase
+    models of the base commands, ``scripts/build_phrase_stage.py``)."""
     cfg = cfg or ExportConfig()
     phrase = " ".join(phrase.lower().split())
     slug(phrase)
     user = read_clips(wavs) if clips is None else [np.asarray(c, np.float32) for c in clips]
-    if clips is not None and len(user) < MIN_CLIPS:
-        raise EdgelearnError(f"{len(user)} clip(s) of the phrase given, {MIN_CLIPS} or more are needed")
+    if clips is not None and len(user) < min_clips:
+        raise EdgelearnError(f"{len(user)} clip(s) of the phrase given, {min_clips} or more are needed")
     t_cpu = time.process_time()
     if isinstance(corpus, str):
         from host.data.corpus import build_corpus

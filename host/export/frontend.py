@@ -26,22 +26,11 @@ INPUT_ZERO_POINT = -128
 def features(pcm: np.ndarray) -> np.ndarray:
     """Front-end features of 16 kHz int16 audio from a fresh front end: (frames, 40) float32.
 
-    Fed 10 ms at a time, as ``pymicro_wakeword.MicroWakeWordFeatures`` feeds it."""
-    from pymicro_features import MicroFrontend
+    Fed 10 ms at a time, as ``pymicro_wakeword.MicroWakeWordFeatures`` feeds it; the device's
+    phrase second stage computes them with the same function (``edge.phrase_stage.features``)."""
+    from edge.phrase_stage import features as device_features
 
-    data = np.ascontiguousarray(pcm, dtype="<i2").tobytes()
-    fe = MicroFrontend()
-    out, i, step = [], 0, STEP_SAMPLES * 2
-    while i + step <= len(data):
-        r = fe.process_samples(data[i:i + step])
-        i += r.samples_read * 2
-        if r.features:
-            out.append(r.features)
-        if r.samples_read == 0:
-            break
-    if not out:
-        return np.zeros((0, CHANNELS), np.float32)
-    return np.asarray(out, np.float32)
+    return device_features(pcm)
 
 
 def frame_of_sample(n: int) -> int:
@@ -50,5 +39,7 @@ def frame_of_sample(n: int) -> int:
 
 
 def quantize(feats: np.ndarray) -> np.ndarray:
-    """Features as the model's int8 input (ESPHome's mapping)."""
-    return np.clip(np.round(feats / INPUT_SCALE) + INPUT_ZERO_POINT, -128, 127).astype(np.int8)
+    """Features as the model's int8 input (ESPHome's mapping; ``edge.phrase_stage.quantize``)."""
+    from edge.phrase_stage import quantize as device_quantize
+
+    return device_quantize(feats)

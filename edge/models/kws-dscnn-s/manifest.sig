@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 05567ea7709459c9 Xjr4Khmbq0dkDEiACaY4ougnOvQHJs2I+esZFVZhiSkLku2PoCBpt71J4dDWnpp+J4cCqcmJNzIQaIIweFIIAw==
+edgelearn-ed25519-signature 05567ea7709459c9 xP+5XL/Sw4OEQazMUb+A8409Kxdu5RKxwT6XAQAxCKy0zsT66qZ9QQcsUazhC8n2EEpWJnDP5HMooI8wv1N2Ag==

@@ -1,0 +1,171 @@
+"""A second stage for the base commands that hears other voices: one phrase model per command.
+
+Why: the shipped encoder, trained on synthetic voices, peaks at 0.3-0.5 on voices it never heard,
+while real speech reaches the same posteriors on words that start like a command. A second model
+with another front end, another network and other training data confuses other words: the
+ESPHome export's recipe (``host/export``: TFLite Micro's audio front end with its noise reduction
+and PCAN, a streaming network with a 1 s receptive field, each command said by the corpus's 48
+training voices against word runs, sentences, near misses and mined hard negatives), trained once
+per command with no user clip. The bundle ships the ten models (``phrase_<command>.tflite``, ~59 KB
+each) and ``extra.phrase_stage``: the first-stage threshold the stage runs under, the snippet
+around a candidate, and each command's cutoff, all chosen on development data only
+(``scripts/build_phrase_stage.py``; docs/edge-runtime.md, "Phrase models as the base commands'
+second stage"). Like ``edge.confirm.AsrConfirm`` it decides the Detector's base-keyword candidates
+(``Detector(..., asr=PhraseConfirm(bundle))``): each candidate's audio, from ``before_s`` before its
+keyword end to ``after_s`` after, goes through a fresh front end and the command's model (LiteRT,
+fresh state), and the event stands if the highest sliding-window mean (ESPHome's window of 5
+outputs) whose window ends from ``LO_S`` before the keyword end to ``after_s`` after reaches the
+command's cutoff. Only on candidates: a few seconds of audio a minute of speech. Unlike
+PocketSphinx (``--asr``) it judges the command's sound, not the words: a word that starts with the
+command ("yesterday", "stopwatch") passes it as the command itself does.
+
+The front end is ``pymicro-features`` (the same C code ESPHome runs; ``pip install
+'edgelearn[phrase]'``), the models run under LiteRT (``ai-edge-litert``, the device runtime).
+
+    >>> det = Detector(km, threshold=stage.first_stage, asr=PhraseConfirm(bundle))   # edge.detect
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge.errors import EdgelearnError
+
+SAMPLE_RATE = 16000
+STEP, WINDOW_SAMPLES, STRIDE = 160, 480, 3   # the front end's 10 ms step and 30 ms window; frames per inference
+RECEPTIVE_S = 1.01                            # the network's receptive field (101 frames)
+SLIDING = 5                                   # ESPHome's sliding window of outputs
+LO_S = 0.3                                    # a window may end this long before the keyword end
+FEATURE_MAX = 26.0                            # host/export/frontend.py: features in [0, 26], int8 as ESPHome maps them
+INPUT_SCALE, INPUT_ZERO = FEATURE_MAX / 255.0, -128
+
+
+def available() -> bool:
+    try:
+        import pymicro_features  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require() -> None:
+    """One sentence, before any model loads, where the front end is missing."""
+    if not available():
+        raise EdgelearnError("the phrase second stage needs pymicro-features (the TFLite Micro audio front end), "
+                             "which is not installed", fix="pip install 'edgelearn[phrase]' (or run without --phrase)")
+
+
+def config(bundle) -> dict:
+    """The bundle's ``extra.phrase_stage`` (checked), or one sentence where it has none."""
+    cfg = (bundle.manifest.get("extra") or {}).get("phrase_stage")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("models"), dict) or not cfg["models"]:
+        raise EdgelearnError(f"bundle {bundle.model_id} v{bundle.version} has no phrase models",
+                             fix="use the shipped bundle (or one `scripts/build_phrase_stage.py` added them to), "
+                                 "or run without --phrase")
+    return cfg
+
+
+def features(pcm: np.ndarray) -> np.ndarray:
+    """Front-end features of 16 kHz int16 audio from a fresh front end: (frames, 40) float32, one
+    row per 10 ms after the first 30 ms (``host.export.frontend.features``, which trains on them)."""
+    from pymicro_features import MicroFrontend
+
+    data = np.ascontiguousarray(pcm, dtype="<i2").tobytes()
+    fe, out, i, step = MicroFrontend(), [], 0, STEP * 2
+    while i + step <= len(data):
+        r = fe.process_samples(data[i:i + step])
+        i += r.samples_read * 2
+        if r.features:
+            out.append(r.features)
+        if r.samples_read == 0:
+            break
+    return np.asarray(out, np.float32).reshape(-1, 40)
+
+
+def quantize(feats: np.ndarray) -> np.ndarray:
+    """Features as the models' int8 input (ESPHome's mapping)."""
+    return np.clip(np.round(feats / INPUT_SCALE) + INPUT_ZERO, -128, 127).astype(np.int8)
+
+
+class PhraseModel:
+    """One command's streaming model (int8 [1, 3, 40] in, uint8 [1, 1] out, state in resource
+    variables), run over a snippet from a fresh state."""
+
+    def __init__(self, data: bytes, name: str):
+        from edge.backends.litert import check_available
+
+        check_available()
+        from ai_edge_litert.interpreter import Interpreter
+
+        self.interpreter_cls, self.data, self.name = Interpreter, data, name
+
+    def outputs(self, feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(each inference's output in [0, 1], the time its window ends, s from the snippet's start)."""
+        it = self.interpreter_cls(model_content=self.data, num_threads=1)
+        it.allocate_tensors()
+        i_in, i_out = it.get_input_details()[0]["index"], it.get_output_details()[0]["index"]
+        q = quantize(feats)
+        out = np.zeros(len(q) // STRIDE, np.float32)
+        for k in range(len(out)):
+            it.set_tensor(i_in, q[None, STRIDE * k:STRIDE * k + STRIDE])
+            it.invoke()
+            out[k] = float(it.get_tensor(i_out).reshape(-1)[0]) / 255.0
+        ends = ((STRIDE * np.arange(len(out)) + STRIDE - 1) * STEP + WINDOW_SAMPLES) / SAMPLE_RATE
+        return out, ends
+
+    def peak(self, pcm: np.ndarray, keyword_end_s: float, after_s: float) -> float:
+        """The highest sliding-window mean whose window ends within [keyword end - LO_S, keyword end
+        + after_s] (s from the snippet's start) and past the network's warm-up; 0 where none does."""
+        return self.peak_features(features(pcm), keyword_end_s, after_s)
+
+    def peak_features(self, feats: np.ndarray, keyword_end_s: float, after_s: float) -> float:
+        """``peak`` of a snippet's front-end frames (the first frame's window starting at its start)."""
+        out, ends = self.outputs(feats)
+        if len(out) < SLIDING:
+            return 0.0
+        mean = np.convolve(out, np.ones(SLIDING) / SLIDING, mode="valid")
+        e = ends[SLIDING - 1:]
+        ok = (e >= RECEPTIVE_S + (SLIDING - 1) * STRIDE * STEP / SAMPLE_RATE) & (e >= keyword_end_s - LO_S) \
+            & (e <= keyword_end_s + after_s)
+        return float(mean[ok].max()) if ok.any() else 0.0
+
+
+class PhraseConfirm:
+    """``says(word, pcm) -> bool`` for ``edge.detect.Detector``'s ``asr`` hook: does ``word``'s phrase
+    model reach its cutoff on the candidate's snippet (int16, ``before_s`` + ``after_s`` s ending
+    ``after_s`` after the keyword end)? A word without a phrase model passes. ``decoded`` and
+    ``seconds`` count the snippets and their audio; ``last`` is the last peak."""
+
+    def __init__(self, bundle):
+        require()
+        cfg = config(bundle)
+        self.first_stage = float(cfg["first_stage"])
+        self.before_s, self.after_s = float(cfg["before_s"]), float(cfg["after_s"])
+        self.cutoffs = {w: float(c) for w, c in cfg["cutoffs"].items()}
+        self.models = {w: PhraseModel(bundle.path(f).read_bytes(), w) for w, f in cfg["models"].items()}
+        self.decoded, self.seconds, self.last = 0, 0.0, None
+
+    def peak(self, word: str, pcm, keyword_end_s: float | None = None) -> float | None:
+        """``word``'s model's peak on ``pcm`` (None: no model); ``keyword_end_s``: where the keyword
+        ends in it (default: ``after_s`` before its end, a snippet cut as the Detector cuts it)."""
+        model = self.models.get(word)
+        if model is None:
+            return None
+        pcm = np.asarray(pcm, np.int16)
+        self.decoded += 1
+        self.seconds += len(pcm) / SAMPLE_RATE
+        end = len(pcm) / SAMPLE_RATE - self.after_s if keyword_end_s is None else float(keyword_end_s)
+        short = int(round((end + self.after_s) * SAMPLE_RATE)) - len(pcm)
+        if short > 0:  # the stream ended sooner: what follows is silence, as after a command said last
+            pcm = np.concatenate([pcm, np.zeros(short, np.int16)])
+        self.last = model.peak(pcm, end, self.after_s)
+        return self.last
+
+    def says_at(self, word: str, pcm, keyword_end_s: float) -> bool:
+        """``says`` for a snippet whose keyword ends ``keyword_end_s`` into it (the Detector passes it:
+        a stream that ended less than ``after_s`` after the keyword gives a shorter snippet)."""
+        p = self.peak(word, pcm, keyword_end_s)
+        return p is None or p >= self.cutoffs.get(word, 1.0)
+
+    def says(self, word: str, pcm) -> bool:
+        return self.says_at(word, pcm, len(pcm) / SAMPLE_RATE - self.after_s)

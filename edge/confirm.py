@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.errors import EdgelearnError
+from edge.errors import EdgelearnError, importable
 
 FIRST_STAGE = 0.3      # the base commands' first-stage threshold under this second stage
 BEFORE_S, AFTER_S = 1.1, 0.4
@@ -37,11 +37,7 @@ SAMPLE_RATE = 16000
 
 
 def available() -> bool:
-    try:
-        import pocketsphinx  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importable("pocketsphinx")
 
 
 def require() -> None:
@@ -54,7 +50,9 @@ def require() -> None:
 class AsrConfirm:
     """``says(word, pcm) -> bool``: is PocketSphinx's full-vocabulary decode of ``pcm`` (int16,
     16 kHz) ``word`` alone? ``decoded`` and ``seconds`` count the snippets and their audio;
-    ``last`` is the last decode."""
+    ``last`` is the last decode. ``first_stage``: the threshold the first stage runs at under it."""
+
+    first_stage = FIRST_STAGE
 
     def __init__(self, decoder=None):
         if decoder is None:

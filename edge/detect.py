@@ -112,8 +112,8 @@ class Detector:
         self.stride, self.smooth = stride, smooth
         self.refractory = refractory_s
         self.peak_hops = max(1, int(round(peak_window_s * F.SAMPLE_RATE / F.HOP_LENGTH / stride)))
-        # audio the recogniser may need: its snippet, the peak window's delay, and a margin
-        # the recogniser's snippet (``before_s``/``after_s`` of its own, e.g. edge.phrase_stage's, else edge.confirm's)
+        # audio the second stage may need: its snippet (``before_s``/``after_s`` of its own, e.g.
+        # edge.phrase_stage's, else edge.confirm's), the peak window's delay, and a margin
         self._before = float(getattr(asr, "before_s", BEFORE_S))
         self._after = float(getattr(asr, "after_s", AFTER_S))
         self._keep = int((self._before + self._after + 0.5) * F.SAMPLE_RATE) + self.peak_hops * stride * F.HOP_LENGTH

@@ -130,11 +130,9 @@ def second_stage(asr, bundle):
     if asr is None or asr is False:
         return None
     if asr is True or asr == "pocketsphinx":
-        from edge.confirm import FIRST_STAGE, AsrConfirm
+        from edge.confirm import AsrConfirm
 
-        stage = AsrConfirm()
-        stage.first_stage = FIRST_STAGE
-        return stage
+        return AsrConfirm()
     if asr == "phrase":
         from edge.phrase_stage import PhraseConfirm
 

@@ -16,6 +16,18 @@ class EdgelearnError(Exception):
         super().__init__(f"{problem}; {fix}" if fix else problem)
 
 
+def importable(module: str) -> bool:
+    """Whether an optional package imports: what a command checks before any model loads, so that
+    a missing extra is one sentence (``edge.confirm``, ``edge.phrase_stage``)."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 class BundleError(EdgelearnError):
     """A bundle is missing, tampered with, unsigned or for another model."""
 

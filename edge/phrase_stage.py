@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.errors import EdgelearnError
+from edge.errors import EdgelearnError, importable
 
 SAMPLE_RATE = 16000
 STEP, WINDOW_SAMPLES, STRIDE = 160, 480, 3   # the front end's 10 ms step and 30 ms window; frames per inference
@@ -41,11 +41,7 @@ INPUT_SCALE, INPUT_ZERO = FEATURE_MAX / 255.0, -128
 
 
 def available() -> bool:
-    try:
-        import pymicro_features  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importable("pymicro_features")
 
 
 def require() -> None:

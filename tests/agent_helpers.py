@@ -146,3 +146,31 @@ def adapting_agent(state, pcm, data, sysfs, stderr=None):
         p.wait()
         raise
     return p
+
+
+def run_refused_agent(state: Path, aggregator: dict, key_file, pcm: np.ndarray, chunks: int = 80, mid_at: int = 70):
+    """The agent on ``state`` against ``aggregator`` (tests/test_agent.py's fixture) with ``key_file``,
+    on a simulated clock (one second per ``pcm`` chunk, each check-in awaited), ``chunks`` chunks:
+    (the agent after its run, the clock times of its check-ins, agent.json at chunk ``mid_at``). For
+    the tests of a key the aggregator refuses (a wrong one, a revoked one): the check-ins back off."""
+    from edge.agent import Agent, AgentConfig, read_status
+
+    now, tries, seen = [0.0], [], {}
+
+    def audio():
+        for i in range(chunks):
+            yield pcm
+            if agent._fl_thread is not None:
+                agent._fl_thread.join(120)
+            now[0] += 1.0
+            if i == mid_at:
+                seen["mid"] = read_status(state)
+
+    agent = Agent(state, AgentConfig(source=audio(), aggregator=aggregator["url"], device_id="pi-0",
+                                     device_key=key_file, checkin_every_s=1, status_every_s=0, adapt=False),
+                  trusted_keys=aggregator["trusted"], clock=lambda: now[0])
+    round_ = agent._round
+    agent._round = lambda: (tries.append(now[0]), round_())
+    agent._emit = lambda ev: None
+    agent.run()
+    return agent, tries, seen["mid"]

@@ -32,6 +32,7 @@ from host.aggregator.inprocess import make_state, small_params
 from host.aggregator.models import load_params
 from host.aggregator.store import open_store
 from host.netutil import free_port
+from agent_helpers import run_refused_agent
 from pg_helpers import db_url, fedavg, frame, pg  # noqa: F401 (pg: the fixture)
 from test_aggregator_cli_checks import edgelearn, one_sentence
 from test_agent import aggregator  # noqa: F401 (fixture: a real aggregator on loopback, device pi-0)
@@ -273,33 +274,15 @@ def test_the_agent_of_a_revoked_device_records_it_and_backs_off(tmp_path, aggreg
     its key: agent.json's ``federation`` records the revocation and check-ins back off exponentially
     (capped at 10 intervals), as for any refused key; detection goes on. A simulated clock, one
     second per chunk, each check-in awaited (tests/test_qa4_agent.py's refused-key test)."""
-    from edge.agent import Agent, AgentConfig, read_status
     from edge.device import Device
 
     res = edgelearn("aggregator", "revoke", "--state", str(aggregator["state"]), "pi-0", cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     state = tmp_path / "st"
     Device(state)
-    now, tries, seen = [0.0], [], {}
     pcm = (np.random.default_rng(0).standard_normal(1600) * 100).astype(np.int16)
-
-    def audio():
-        for i in range(80):
-            yield pcm
-            if agent._fl_thread is not None:
-                agent._fl_thread.join(120)
-            now[0] += 1.0
-            if i == 70:
-                seen["mid"] = read_status(state)
-
-    agent = Agent(state, AgentConfig(source=audio(), aggregator=aggregator["url"], device_id="pi-0",
-                                     device_key=aggregator["key"], checkin_every_s=1, status_every_s=0, adapt=False),
-                  trusted_keys=aggregator["trusted"], clock=lambda: now[0])
-    round_ = agent._round
-    agent._round = lambda: (tries.append(now[0]), round_())
-    agent._emit = lambda ev: None
-    agent.run()
-    fed = seen["mid"]["federation"]
+    agent, tries, mid = run_refused_agent(state, aggregator, aggregator["key"], pcm)
+    fed = mid["federation"]
     assert "-> 403: device 'pi-0' was revoked on 20" in fed["error"] and fed["refusals"] >= 3, fed
     gaps = np.diff(tries)
     assert len(tries) <= 12, tries  # every second without the back-off: 80

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from agent_helpers import CLI, ROOT
+from agent_helpers import CLI, ROOT, run_refused_agent
 from devstate_helpers import make_data
 from test_agent import aggregator  # noqa: F401 (fixture: a real aggregator on loopback)
 
@@ -145,26 +145,7 @@ def test_a_refused_device_key_is_recorded_and_checkins_back_off(tmp_path, aggreg
     state = tmp_path / "st"
     Device(state)
     bad = write_device_key(tmp_path / "bad", "pi-0", os.urandom(32))
-    now, tries, seen = [0.0], [], {}
-    pcm = _noise(0.1)
-
-    def audio():
-        for i in range(80):
-            yield pcm
-            if agent._fl_thread is not None:
-                agent._fl_thread.join(120)
-            now[0] += 1.0
-            if i == 70:
-                seen["mid"] = read_status(state)
-
-    agent = Agent(state, AgentConfig(source=audio(), aggregator=aggregator["url"], device_id="pi-0", device_key=bad,
-                                     checkin_every_s=1, status_every_s=0, adapt=False),
-                  trusted_keys=aggregator["trusted"], clock=lambda: now[0])
-    round_ = agent._round
-    agent._round = lambda: (tries.append(now[0]), round_())
-    agent._emit = lambda ev: None
-    agent.run()
-    mid = seen["mid"]
+    agent, tries, mid = run_refused_agent(state, aggregator, bad, _noise(0.1))
     assert mid["state"] == "running" and "401" in mid["federation"]["error"], mid
     assert mid["federation"]["refusals"] >= 3 and "--device-key" in mid["federation"]["fix"]
     gaps = np.diff(tries)

@@ -95,6 +95,7 @@ class AgentConfig:
     #                                (edge/confirm.py); "phrase", the bundle's phrase models (edge/phrase_stage.py)
     data: Path | None = None       # labelled clips DIR/<label>/*.wav: adaptation, federated examples, health check
     strategy: str = "bias-only"
+    keep_versions: int | None = None  # adapted versions kept besides current and previous (None: 10)
     adapt_every_s: float = 3600.0  # how often to ask the scheduler for an adaptation run
     adapt: bool = True             # False: never adapt locally (detect, and federate with --data's clips)
     aggregator: str | None = None  # http://host:port

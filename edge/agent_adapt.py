@@ -77,6 +77,8 @@ class Adaptation:
             cmd += ["--bundle", str(root)]
         if self.trusted_keys is not None:
             cmd += ["--pubkey", str(self.trusted_keys)]
+        if self.cfg.keep_versions is not None:
+            cmd += ["--keep-versions", str(self.cfg.keep_versions)]
         return cmd
 
     def _adapt_inputs(self, replay_only: bool = False) -> dict:

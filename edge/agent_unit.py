@@ -88,6 +88,8 @@ def unit_options(cfg, *, bundle=None, trusted_keys=None, backend: str = "auto", 
         opt("--data", _path(cfg.data))
     if cfg.strategy != d.strategy:
         opt("--strategy", str(cfg.strategy))
+    if cfg.keep_versions is not None:
+        opt("--keep-versions", str(cfg.keep_versions))
     if not cfg.adapt:
         out.append("--no-adapt")
     if cfg.adapt_every_s != d.adapt_every_s:

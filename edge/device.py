@@ -128,7 +128,7 @@ class Device(Detection, Enrolment):
               distill: float = 0.5, context: str = DEFAULT_CONTEXT, dw4: str = "auto", ambient=None,
               augment: int | None = None, balance: bool | None = None, negative_share: float | None = None,
               negative_distill: float | None = None, verify: bool | None = None, noisy_ambient: bool | None = None,
-              lr: float | None = None, seed: int = 0, force: bool = False) -> dict:
+              lr: float | None = None, seed: int = 0, force: bool = False, keep_versions: int | None = None) -> dict:
         """Train the float conv tail on the frozen int8 backbone with replay, and commit it as the
         next version of ``context`` (which becomes active).
 
@@ -149,7 +149,9 @@ class Device(Detection, Enrolment):
         options out of range (``lr`` <= 0, ``steps`` or ``rank`` < 1, ...: ``edge.options``) are
         one EdgelearnError before anything is read. ``dw4``: train the tail's depthwise
         layer too (``auto``: frozen for bias-only). ``distill``: weight of the bundle's own outputs
-        in the replay examples' targets. Returns the run's result (status, steps, version, losses)
+        in the replay examples' targets. ``keep_versions``: how many of the context's newest versions the
+        commit leaves besides its current and previous ones (None: ``edge.adapt.store.KEEP_VERSIONS``,
+        10; older ones are pruned). Returns the run's result (status, steps, version, losses)
         with the recipe, strategy, trained tensors, bytes one step holds, examples (``n``) and the
         commands given a second stage (``verified``)."""
         import numpy as np
@@ -169,13 +171,15 @@ class Device(Detection, Enrolment):
         # every numeric option in its range before anything is read or written (edge.options)
         check_adapt(steps=steps, rank=rank, memory_budget=memory_budget, replay_bytes=replay_bytes, distill=distill,
                     augment=augment, negative_share=negative_share, negative_distill=negative_distill, lr=lr,
-                    seed=seed)
+                    seed=seed, keep_versions=keep_versions)
         r = resolve(recipe, strategy=strategy, optimizer=optimizer, steps=steps, augment=augment, balance=balance,
                     negative_share=negative_share, negative_distill=negative_distill, verify=verify,
                     noisy_ambient=noisy_ambient)
         bundle = self.bundle
         sched = self.scheduler()
         store = self.recover(sched)
+        if keep_versions is not None:
+            store.keep = keep_versions
         km = self.keyword_model()
         windows, y = load_labelled(km, data)
         amb = ambient_of(ambient)

@@ -49,6 +49,8 @@ RULES = {
     "negative_distill": ("negative_distill", False, lambda v: _finite(v) and 0 <= v <= 1, "outside 0..1",
                          "pass a weight between 0 and 1"),
     "seed": ("seed", True, lambda v: v >= 0, "not a seed of 0 or more", "pass e.g. seed=0"),
+    "keep_versions": ("--keep-versions", True, lambda v: v >= 1, "not a number of versions to keep (1 or more)",
+                      "pass e.g. --keep-versions 10 (the default; the current and previous versions are kept too)"),
     # detection (Device.detect / `device detect`, `device run`)
     "threshold": ("--threshold", False, lambda v: _finite(v) and 0 <= v <= 1, "not a score threshold in [0, 1]",
                   "pass e.g. --threshold 0.7 (scores are probabilities)"),

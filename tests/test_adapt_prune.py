@@ -169,3 +169,30 @@ def test_a_kill_while_pruning_leaves_each_version_whole_or_gone(world, tmp_path,
         # the next commit prunes what the killed one left
         assert json.loads(run_device(adapt_args(world, st)))["version"] == 14
         assert on_disk(st, "default") == list(range(5, 15))  # 12, now previous, among the newest
+
+
+def test_keep_versions_from_the_cli_and_the_agents_child(world, tmp_path):
+    """``device adapt --keep-versions N`` (and ``Device.adapt(keep_versions=N)``, which the agent's
+    ``device run --keep-versions N`` passes to its adaptation child) keeps the newest N besides the
+    current and previous ones; 0 is argparse's one-line error and changes nothing."""
+    from edge.agent import AgentConfig
+    from edge.agent_unit import unit_options
+
+    st = history(world, tmp_path / "st", {"default": (8, 8, 7)})
+    res = subprocess.run([sys.executable, "-m", "edge.cli", "device", *adapt_args(world, st, "--keep-versions", "0")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2 and "--keep-versions: 0 is not a number of versions" in res.stderr, res.stderr
+    assert on_disk(st, "default") == list(range(1, 9))
+    res = json.loads(run_device(adapt_args(world, st, "--keep-versions", "2")))
+    assert res["status"] == "done" and res["version"] == 9
+    assert on_disk(st, "default") == [8, 9]  # the newest 2: the current (9) and the previous (8)
+    cfg = AgentConfig(source="mic", data=Path("d"), keep_versions=3)
+    assert "--keep-versions 3" in " ".join(unit_options(cfg))
+    from types import SimpleNamespace
+
+    from edge.agent_adapt import Adaptation
+
+    agent = SimpleNamespace(state_dir=st, cfg=cfg, backend="auto", sysfs_root=Path("/"), trusted_keys=None,
+                            device=SimpleNamespace(bundle=None))
+    cmd = Adaptation._adapt_cmd(agent)  # the agent's adaptation child
+    assert cmd[cmd.index("--keep-versions") + 1] == "3"

@@ -129,6 +129,9 @@ def add_arguments(p) -> None:
             s.add_argument("--context", default="default", help="name of this adapted context")
             s.add_argument("--sysfs-root", type=Path, default=Path("/"))
             s.add_argument("--force", action="store_true", help="train now, ignoring the scheduler")
+            s.add_argument("--keep-versions", type=arg_type("keep_versions"), default=None, metavar="N",
+                           help="adapted versions of the context kept besides its current and previous ones "
+                                "(default 10; older ones are deleted after the commit)")
             s.add_argument("--rollback", action="store_true", help="restore the context's previous version")
             s.add_argument("--use", default=None, help="switch the active context ('base' for none)")
         elif name == "run":
@@ -160,6 +163,8 @@ def add_arguments(p) -> None:
                            help="labelled clips DIR/<label>/*.wav: local adaptation, federated examples, "
                                 "the health check of new versions")
             s.add_argument("--strategy", default="bias-only", help="what local adaptation trains")
+            s.add_argument("--keep-versions", type=arg_type("keep_versions"), default=None, metavar="N",
+                           help="adapted versions kept besides the current and previous ones (default 10)")
             s.add_argument("--no-adapt", action="store_true",
                            help="never adapt locally: --data's clips serve the federated rounds and the "
                                 "health check only")
@@ -223,7 +228,7 @@ def _run(args) -> int:
     cfg = AgentConfig(source=source,
                       on_detect=args.on_detect, keywords=_keywords(args.keywords), threshold=args.threshold,
                       sensitivity=args.sensitivity, confirm=args.confirm, asr=second_stage(args), data=args.data,
-                      strategy=args.strategy,
+                      strategy=args.strategy, keep_versions=args.keep_versions,
                       adapt_every_s=args.adapt_every, adapt=not args.no_adapt, aggregator=args.aggregator,
                       device_id=args.device_id, device_key=args.device_key, checkin_every_s=args.checkin_every,
                       network=args.network, wyoming=args.wyoming, zeroconf=args.zeroconf,
@@ -335,7 +340,8 @@ def _adapt(args) -> int:
                     steps=args.steps, rank=args.rank, memory_budget=args.memory_budget,
                     replay_bytes=args.replay_bytes, distill=args.distill, context=args.context,
                     dw4=args.dw4, ambient=args.ambient, augment=args.augment,
-                    negative_share=args.negative_share, verify=args.verify, lr=args.lr, force=args.force)
+                    negative_share=args.negative_share, verify=args.verify, lr=args.lr, force=args.force,
+                    keep_versions=args.keep_versions)
     print(json.dumps(res))
     if res.get("status") == "diverged":  # nothing was committed: a script must see it failed
         print(f"edgelearn device adapt: {res.get('reason', 'training diverged')}", file=sys.stderr)

@@ -150,7 +150,7 @@ class Device(Detection, Enrolment):
         one EdgelearnError before anything is read. ``dw4``: train the tail's depthwise
         layer too (``auto``: frozen for bias-only). ``distill``: weight of the bundle's own outputs
         in the replay examples' targets. ``keep_versions``: how many of the context's newest versions the
-        commit leaves besides its current and previous ones (None: ``edge.adapt.store.KEEP_VERSIONS``,
+        commit leaves besides its current and previous ones (None: ``edge.adapt.prune.KEEP_VERSIONS``,
         10; older ones are pruned). Returns the run's result (status, steps, version, losses)
         with the recipe, strategy, trained tensors, bytes one step holds, examples (``n``) and the
         commands given a second stage (``verified``)."""

@@ -90,12 +90,16 @@ def calibrate(negatives, hours: float, cmds, first: float, target: float) -> tup
 
 
 def model_card_section(cfg: dict) -> str:
+    from host.model_card import voice_counts
+
+    n = voice_counts()  # the corpus's split rule: the voices export_esphome renders the phrase with
     cuts = ", ".join(f"{w} {c:g}" for w, c in cfg["cutoffs"].items())
     return (
         "\n## Phrase models (the base commands' second stage)\n\n"
         f"`phrase_<command>.tflite`, one per command ({cfg['bytes_each']} bytes each): the ESPHome export's recipe "
         "(TFLite Micro's audio front end, a streaming int8 network with a 1 s receptive field) trained on the "
-        "synthetic corpus's training voices (46 espeak-ng and 2 Festival voices; the phrase by each, word runs, "
+        f"synthetic corpus's training voices ({n[('train', 'espeak')]} espeak-ng and {n[('train', 'festival')]} "
+        "Festival voices; the phrase by each, word runs, "
         "sentences, near misses and mined hard negatives), no user clip and no recording of a person. `device detect --phrase` runs them on the encoder's candidates at "
         f"{cfg['first_stage']:g}; cutoffs chosen on development data only ({cfg['chosen_on']}): {cuts}. "
         "See docs/edge-runtime.md, \"Phrase models as the base commands' second stage\".\n")

@@ -93,7 +93,7 @@ def test_keep_is_a_setting_of_the_store(world, tmp_path):
     st = history(world, tmp_path / "st", {"default": (6, 6, 5)})
     b = bundle()
     for bad in (0, -1, True, 2.5, "3"):
-        with pytest.raises(EdgelearnError, match="number of versions to keep"):
+        with pytest.raises(EdgelearnError, match="--keep-versions .* is not a (whole number|number of versions)"):
             AdaptStore(st, b, keep=bad)
     store = AdaptStore(st, b, keep=3)
     assert store.prune() == [st / "adapt" / "default" / f"v{v}.npz" for v in (1, 2, 3)]

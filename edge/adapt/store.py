@@ -21,13 +21,7 @@ the temp files of interrupted atomic writes). So a crash at any point leaves eit
 before the run or the state after it, never a mix: no orphan version, no stale checkpoint on top
 of a saved version, energy charged exactly once.
 
-Old versions are pruned after each commit (``prune``, under the same lock): each context keeps its
-current version, the one ``rollback`` goes to (``previous``), its newest ``keep`` versions
-(``KEEP_VERSIONS`` unless the store is made with another ``keep``) and any version something else
-names (a commit's staged moves, ``agent.json``'s running model, the calibration in
-``operating.json``); the rest are deleted one file at a time, oldest first (``edge.atomic.remove``:
-a kill leaves each version whole or gone, and the next commit prunes what is left). Only versions
-the pointer cannot reach are removed: ``rollback`` goes to ``previous`` only.
+Old versions are pruned after each commit (``prune``, under the same lock: edge/adapt/prune.py).
 
 What a version may hold, and its bytes, is ``edge.adapt.delta``. Every file is read by a validated loader: a damaged pointer or version is one ``EdgelearnError``
 naming the file (nothing is deleted); a damaged checkpoint is a cache of computation: it is
@@ -51,27 +45,13 @@ import numpy as np
 from edge import atomic
 from edge.adapt.delta import READ_ERRORS, check_delta, delta_shapes, npz_arrays, npz_info
 from edge.atomic import atomic_write, npz_bytes
+from edge.adapt.prune import KEEP_VERSIONS, check_keep  # noqa: F401 (KEEP_VERSIONS: importable from here)
 from edge.errors import EdgelearnError
 
 log = logging.getLogger("edgelearn.adapt")
 _CONTEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 _VERSION = re.compile(r"^v([1-9][0-9]{0,8})\.npz$")
 META, CHECKPOINT, PENDING = "active.json", "checkpoint.npz", "pending"
-# Versions of each context kept besides its current and previous ones (``AdaptStore.prune``): enough
-# to go back by hand a while (a bias-only version is ~2 KB, a full-tail one far more); at least 1.
-KEEP_VERSIONS = 10
-
-
-def check_keep(keep) -> int:
-    """``keep`` (None: ``KEEP_VERSIONS``) if it is a whole number of versions, at least 1."""
-    if keep is None:
-        return KEEP_VERSIONS
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise EdgelearnError(f"keep {keep!r} is not a number of versions to keep",
-                             fix="pass a whole number, at least 1 (the newest version is always kept)")
-    return keep
-
-
 def _version_number(v, what: str):
     if v is None:
         return None
@@ -235,63 +215,18 @@ class AdaptStore:
             self.prune()
         return version
 
-    # -- pruning ----------------------------------------------------------------------------------
+    # -- pruning (edge/adapt/prune.py) -------------------------------------------------------------
     def versions(self, context: str | None = None) -> list[int]:
         """The version numbers of ``context`` (the active one by default) on disk, oldest first."""
-        context = context or self.meta.get("active")
-        if context is None or not _CONTEXT.match(context):
-            return []
-        return sorted(int(m[1]) for p in (self.root / context).glob("v*.npz") if (m := _VERSION.match(p.name)))
+        from edge.adapt.prune import versions
 
-    def _referenced(self) -> set:
-        """(context, version) of every version something names: each context's current and previous
-        one, a commit's staged moves, the model ``agent.json`` says the agent runs, the one the
-        calibration in ``operating.json`` was made for. (A paused run's checkpoint names the version
-        it started from, which is the current one: the roll-forward removes any other.)"""
-        refs = set()
-        for name, entry in self.meta["contexts"].items():
-            refs |= {(name, entry.get(k)) for k in ("current", "previous") if entry.get(k) is not None}
-        for _, target in (self.meta.get("pending") or {}).get("moves", []):
-            parts = Path(target).parts
-            if len(parts) == 3 and parts[0] == "adapt" and (m := _VERSION.match(parts[2])):
-                refs.add((parts[1], int(m[1])))
-        for file, path in (("agent.json", ("model",)), ("operating.json", ("for",))):
-            try:
-                doc = json.loads((self.state / file).read_bytes()[: 1 << 20])
-                for k in path:
-                    doc = doc.get(k)
-                c, v = doc.get("context"), doc.get("context_version")
-            except (OSError, ValueError, AttributeError):
-                continue  # none, or unreadable: it names nothing
-            if isinstance(c, str) and isinstance(v, int) and not isinstance(v, bool):
-                refs.add((c, v))
-        return refs
+        return versions(self, context)
 
     def prune(self, keep: int | None = None) -> list[Path]:
-        """Delete old versions (``keep``: None, the store's ``keep``): of each context, all but its
-        newest ``keep``, its current and previous ones and any version something names
-        (``_referenced``). Oldest first, one file at a time (``edge.atomic.remove``, the directory
-        fsynced), under the store's lock: a kill leaves every version whole or gone, and the next
-        commit prunes the rest. A file that cannot be removed (a read-only state) is left, with a
-        log line: the commit before it stands. Returns the files removed."""
-        keep = self.keep if keep is None else check_keep(keep)
-        gone = []
-        with self._locked():
-            refs = self._referenced()
-            for context in sorted(self.meta["contexts"]):
-                have = self.versions(context)
-                for v in have[:-keep]:
-                    if (context, v) in refs:
-                        continue
-                    path = self.root / context / f"v{v}.npz"
-                    try:
-                        if atomic.remove(path):
-                            gone.append(path)
-                    except OSError as e:
-                        log.warning("could not remove %s (%s): kept", path, e.strerror or e)
-        if gone:
-            log.info("pruned %d old adapted versions", len(gone))
-        return gone
+        """Delete old versions (``edge.adapt.prune.prune``; ``keep``: None, the store's ``keep``)."""
+        from edge.adapt.prune import prune
+
+        return prune(self, keep)
 
     def _roll_forward(self) -> None:
         """The commit's renames and its checkpoint's removal (idempotent: a crash may repeat it)."""

@@ -169,6 +169,12 @@ def test_read_status_knows_a_dead_a_zombie_a_live_and_another_boots_agent(tmp_pa
 
     other = subprocess.Popen(["sleep", "60"])  # another program under the pid (a reboot, a wrap)
     try:
+        # between fork and exec the child's cmdline is still this Python's: wait until it is sleep's
+        for _ in range(1000):
+            with open(f"/proc/{other.pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"sleep"):
+                    break
+            time.sleep(0.01)
         assert written(pid=other.pid)["state"] == "ended"
     finally:
         other.kill()

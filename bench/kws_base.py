@@ -15,8 +15,12 @@ transcribed). Reported per operating point:
   on (``host.data.realneg``: the Russian prompts and Allison's Mexican Spanish ones, ~47 min,
   without prompts holding a word that sounds like a command): every event there is false.
 
-Operating points: the bundle's own (manifest ``extra.operating``, chosen on development data by
-host/recipe.py; per command, 0.62-0.93, since version 2), the fixed 0.7 of version 1, and per-keyword thresholds
+Operating points: the default, what ``device detect`` runs given no option (since 2026-12-06,
+session 43: where the bundle ships phrase models, its first stage at 0.3 and each candidate judged
+by the command's phrase model, ``edge.device_detect.default_stage``; cutoffs chosen on development
+data by scripts/build_phrase_stage.py), the first stage alone at the bundle's own thresholds
+(``--no-phrase``; manifest ``extra.operating``, chosen on development data by host/recipe.py; per
+command, 0.62-0.93, since version 2), the fixed 0.7 of version 1, and per-keyword thresholds
 calibrated (``edge.operating.calibrate``) to <= 0.5 false accepts per hour on negative
 speech that is never reported: the *development* half of the prompts plus synthetic
 sentences by the corpus's training voices. Nothing is chosen on the Flite positives or on
@@ -73,6 +77,7 @@ from bench._speaker_rows import (  # noqa: F401 (those not called here: re-expor
 from bench._variant_rows import VARIANT_THRESHOLDS, Ensemble, KerasVariant, curve, variant  # noqa: F401
 from bench.common import row, write_results
 from edge.detect import Detector, bundle_thresholds, detect_pcm
+from edge.device_detect import default_stage
 from edge.operating import calibrate, stream_scores
 from host.data.words import COMMANDS10
 
@@ -112,10 +117,16 @@ def operating_point(km, dev, syn) -> dict:
     return {"thresholds": thr, "dev_fa_h": cal["fa_h"], "dev_hours": hours, "synthetic_hours": hours2}
 
 
+def detector(km, setting) -> Detector:
+    """The Detector of one operating point: thresholds (one, or {keyword: threshold}), or a callable
+    that builds it from ``km`` (the default operating point's two stages)."""
+    return setting(km) if callable(setting) else Detector(km, threshold=setting)
+
+
 def positives(km, thresholds, streams) -> dict:
     out = {}
     for (voice, snr), (pcm, spans, clips) in streams.items():
-        evs = detect_pcm(Detector(km, threshold=thresholds), pcm)
+        evs = detect_pcm(detector(km, thresholds), pcm)
         out[(voice, snr)] = B.score_positives(evs, spans, clips, noisy=snr is not None)
     return out
 
@@ -123,7 +134,7 @@ def positives(km, thresholds, streams) -> dict:
 def real_fa(km, thresholds, test) -> dict:
     pcm, spans = R.concat(test)
     t0 = time.process_time()
-    evs = detect_pcm(Detector(km, threshold=thresholds), pcm)
+    evs = detect_pcm(detector(km, thresholds), pcm)
     cpu = time.process_time() - t0
     return {**B.false_accepts(evs, spans, test), "cpu_ms_per_s": 1000 * cpu / (len(pcm) / 16000)}
 
@@ -134,18 +145,11 @@ OTHER_REAL = ("ru", "es")  # never trained on: host.data.realneg, train_variant 
 def other_real_stream(langs=OTHER_REAL):
     """(int16 stream, hours, what) of ``langs``' installed prompts (host.data.realneg), or None
     without them."""
-    from host.data import realneg
-
-    langs = [lg for lg in langs if not realneg.missing([lg])]
-    prompts = [R.Prompt(name, text, (), "test", pcm) for lg in langs for name, text, pcm in realneg.prompts(lg)]
-    if not prompts:
-        return None
-    pcm, _ = R.concat(prompts)
-    return pcm, len(pcm) / 16000 / 3600, "+".join(langs)
+    return R.other_speakers(langs)
 
 
 def other_real_fa(km, thresholds, other) -> dict:
-    evs = detect_pcm(Detector(km, threshold=thresholds), other[0])
+    evs = detect_pcm(detector(km, thresholds), other[0])
     return {"fa_per_hour": len(evs) / other[1], "hours": other[1],
             "by_keyword": dict(Counter(e["keyword"] for e in evs).most_common())}
 
@@ -276,10 +280,17 @@ def _run(a) -> int:
     syn = synthetic_negatives()
     op = operating_point(km, dev, syn)
     own = bundle_thresholds(bundle.manifest)  # the bundle's own operating point (host/recipe.py), if it has one
-    default = (f"default operating point (the bundle's per-command thresholds, {min(own.values()):g}-"
-               f"{max(own.values()):g})" if own else "fixed 0.7")
-    points = {default: own or 0.7, **({"fixed 0.7": 0.7} if own else {}),
-              f"calibrated <= {TARGET_FA_H} FA/h (dev)": op["thresholds"]}
+    first = (f"the bundle's per-command thresholds, {min(own.values()):g}-{max(own.values()):g}" if own
+             else "fixed 0.7")
+    stage = default_stage(bundle)  # the default's second stage (edge.device_detect), where the bundle ships it
+    if stage is not None:  # what `device detect` runs given no option: both stages
+        default = f"default operating point (first stage at {stage.first_stage:g} + the bundle's phrase models)"
+        points = {default: lambda km: Detector(km, threshold=stage.first_stage, asr=default_stage(bundle)),
+                  f"first stage alone ({first}; --no-phrase)": own or 0.7}
+    else:
+        default = f"default operating point ({first})"
+        points = {default: own or 0.7}
+    points.update({**({"fixed 0.7": 0.7} if own else {}), f"calibrated <= {TARGET_FA_H} FA/h (dev)": op["thresholds"]})
     rows, report, other = [], {"operating_point": op}, other_real_stream()
     for name, thr in points.items():
         pos, fa = summarise(positives(km, thr, streams)), real_fa(km, thr, test)

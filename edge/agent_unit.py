@@ -80,7 +80,9 @@ def unit_options(cfg, *, bundle=None, trusted_keys=None, backend: str = "auto", 
         opt("--confirm", _num(cfg.confirm))
     if cfg.asr == "phrase":
         out.append("--phrase")
-    elif cfg.asr:
+    elif cfg.asr is False or cfg.asr is None:
+        out.append("--no-phrase")
+    elif cfg.asr != "auto":
         out.append("--asr")
     if cfg.on_detect is not None:
         opt("--on-detect", cfg.on_detect)

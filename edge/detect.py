@@ -23,7 +23,10 @@ keyword end has arrived, then the stage judges that audio (from ``BEFORE_S``, or
 before the keyword end) and the event stands only if it heard the command (``says``;
 ``edge.confirm``: the command alone; ``edge.phrase_stage``: the command's phrase model reaches its
 cutoff); a rejected one, like a custom keyword's, gives no event and no refractory period. The
-event keeps its ``time_s`` and comes up to ``after_s`` later.
+event keeps its ``time_s`` and comes up to ``after_s`` later. Where custom keywords are enrolled
+too, a base candidate is decided only a refractory period past its keyword end, and a custom
+keyword crossing its threshold before then takes it over (``_custom_first``): the lowered first
+stage would otherwise let a command the user's phrase starts like ("left" in "lights on") win.
 
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
@@ -40,6 +43,9 @@ import numpy as np
 
 from edge import features as F
 from edge.confirm import AFTER_S, BEFORE_S
+# the Detector's trigger replayed on precomputed scores (for scoring many operating points): its own
+# module to keep this one about the streaming Detector; importable from here as before
+from edge.detect_replay import count_events, trigger  # noqa: F401
 from edge.errors import EdgelearnError
 
 NON_KEYWORDS = ("_silence_", "_unknown_")
@@ -116,6 +122,11 @@ class Detector:
         # edge.phrase_stage's, else edge.confirm's), the peak window's delay, and a margin
         self._before = float(getattr(asr, "before_s", BEFORE_S))
         self._after = float(getattr(asr, "after_s", AFTER_S))
+        # a base candidate is judged as soon as its snippet is whole; with enrolled keywords beside the
+        # base ones, one the stage passed is held (``_accepted``) until the time its refractory period
+        # would silence has passed, so that an enrolled keyword crossing its threshold there takes it
+        # over (``_custom_first``); one the stage rejects frees the detector at once
+        self._wait = max(self._after, refractory_s if custom is not None and len(custom.thresholds) else 0.0)
         self._keep = int((self._before + self._after + 0.5) * F.SAMPLE_RATE) + self.peak_hops * stride * F.HOP_LENGTH
         self.reset()
 
@@ -132,6 +143,7 @@ class Detector:
         self.rejected = 0
         self.verified = 0      # windows the second stage ran on
         self.pending = None    # a base keyword's candidate waiting for the recogniser's audio
+        self._accepted = False  # ...or, passed by it, for the enrolled keywords' chance (``_wait``)
         self.audio = np.zeros(0, np.int16)  # the last seconds of audio, with asr
         self.samples = 0       # samples pushed since reset
 
@@ -143,7 +155,7 @@ class Detector:
         events = []
         self.samples += len(pcm)  # the clock a second stage's snippets are cut by (continue_from carries it)
         if self.asr is not None:  # the recogniser's copy (int16, as the audio came); the front end gets pcm as is
-            raw = np.clip(np.asarray(pcm), -32768, 32767).astype(np.int16)
+            raw = np.clip(np.asarray(pcm).reshape(-1), -32768, 32767).astype(np.int16)  # (a block of rows: in order)
             self.audio = np.concatenate([self.audio, raw])[-(self._keep + len(raw)):]
         for fr in self.stream.push(pcm):
             i = self.n_frames % F.N_FRAMES
@@ -154,14 +166,24 @@ class Detector:
                 ev = self._step()
                 if ev is not None:
                     events.append(ev)
-            if self.pending is not None and self.samples >= self._pending_end(self.pending[2]):
+            ev = None
+            if self.pending is not None and not self._accepted and self.samples >= self._pending_end(self.pending[2]):
                 ev = self._confirm()
-                if ev is not None:
-                    events.append(ev)
+            if self._accepted and self.samples >= int(round((self.pending[2] + self._wait) * F.SAMPLE_RATE)):
+                ev = self._release()
+            if ev is not None:
+                events.append(ev)
         return events
 
-    def _confirm(self):
-        """Decide the pending base-keyword candidate with the recogniser on its audio so far."""
+    def _release(self):
+        """The held base-keyword event (the stage passed it; no enrolled keyword took it over)."""
+        score, k, t, peak = self.pending
+        self.pending, self._accepted = None, False
+        return self._event(score, k, t, peak)
+
+    def _confirm(self, final: bool = False):
+        """Decide the pending base-keyword candidate with the recogniser on its audio so far: the
+        event, None when rejected, or None while a passed one is held for ``_wait`` (not ``final``)."""
         score, k, t, peak = self.pending
         self.pending = None
         start = self.samples - len(self.audio)  # absolute index of audio[0]
@@ -173,7 +195,11 @@ class Detector:
         if not ok:
             self.rejected += 1
             return None
-        return self._event(score, k, t, peak)
+        self.pending = (score, k, t, peak)
+        if self._wait > self._after and not final:
+            self._accepted = True
+            return None
+        return self._release()
 
     def _pending_end(self, t: float) -> int:
         """The sample the recogniser's audio for a keyword ending at ``t`` s runs to."""
@@ -188,6 +214,8 @@ class Detector:
         when its audio has come, as ``old`` would have (deciding it now would cut its snippet short)."""
         ev = old._emit() if old.candidate is not None else None  # a base keyword's is held: old.pending
         events = [ev] if ev else []
+        if old._accepted:  # passed by old's stage, waiting only for old's enrolled keywords: out now
+            events.append(old._release())
         held, old.pending = old.pending, None
         if held is not None and (self.asr is None or old.names[held[1]] not in self.names[:len(self.base_idx)]):
             old.pending, held = held, None  # nowhere to go: decided on the audio there is
@@ -204,8 +232,10 @@ class Detector:
     def flush(self) -> list[dict]:
         """End of stream: emit a candidate still waiting for its peak window to close."""
         ev = self._emit() if self.candidate is not None else None
-        if self.pending is not None:
-            ev = self._confirm()
+        if self._accepted:
+            ev = self._release()
+        elif self.pending is not None:
+            ev = self._confirm(final=True)
         return [ev] if ev else []
 
     def scores(self, feats: np.ndarray):
@@ -237,6 +267,10 @@ class Detector:
         end_s = ((self.n_frames - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
         over = sm - self.thresholds
         k = int(np.argmax(over))
+        if self._custom_first(over, end_s):
+            k = len(self.base_idx) + int(np.argmax(over[len(self.base_idx):]))
+            self.candidate = self.pending = None
+            self._accepted = False
         out = None
         if self.candidate is not None:
             score, ck, t, left = self.candidate
@@ -255,6 +289,18 @@ class Detector:
             if self._passes_now(k, cur):
                 out = self._pass()
         return out
+
+    def _custom_first(self, over, end_s: float) -> bool:
+        """With a second stage on the base commands (their first stage lowered, e.g. to 0.3), does an
+        enrolled keyword crossing its own threshold take over a base candidate that is open or waits
+        for the stage (``_wait``)? It does: the user's own phrase ("lights on") is not lost to a
+        command it starts like ("left"), which the lowered first stage opens first and the stage,
+        judging sound, may pass (tests/test_keywords_rebuild.py's enrolled "lights on" was, 2026-12-06)."""
+        nb = len(self.base_idx)
+        if self.asr is None or len(over) == nb or end_s < self.quiet_until:
+            return False
+        held = (self.candidate is not None and self.candidate[1] < nb) or self.pending is not None
+        return held and float(over[nb:].max()) >= 0
 
     def _searches(self, k: int) -> bool:
         """Is keyword ``k`` a custom keyword whose second stage tries every window (version 6 on)?"""
@@ -314,88 +360,3 @@ def detect_pcm(det: Detector, pcm: np.ndarray, chunk: int = 1600) -> list[dict]:
     for start in range(0, len(pcm), chunk):
         events.extend(det.push(pcm[start : start + chunk]))
     return events + det.flush()
-
-
-def trigger(scores, ends, thresholds, names, smooth: int = 2, peak_hops: int = 5,
-            refractory_s: float = 1.0) -> list[dict]:
-    """The Detector's events from its precomputed first-stage scores, every keyword at once.
-
-    ``Detector._step`` run for run on ``edge.operating.stream_scores``'s (T, K) scores and (T, 2)
-    (window end, keyword end) times: smoothing over ``smooth`` runs; outside the refractory period
-    the keyword furthest over its threshold (``thresholds``: (K,)) opens a candidate, which follows
-    its peak for ``peak_hops`` runs or until its score falls under its threshold; the event is the
-    peak's, at its keyword end, and silences every keyword for ``refractory_s`` from there. Base
-    keywords only (no second stage). For scoring one stream at many operating points."""
-    sc = np.asarray(scores, np.float32)
-    thr = np.broadcast_to(np.asarray(thresholds, np.float32), (sc.shape[1],))
-    # the mean of the last min(j + 1, smooth) runs, in float32 as the Detector's history is
-    sm = np.empty_like(sc)
-    for j in range(min(smooth - 1, len(sc))):
-        sm[j] = sc[:j + 1].mean(axis=0)
-    if len(sc) >= smooth:
-        sm[smooth - 1:] = np.stack([sc[i:len(sc) - smooth + 1 + i] for i in range(smooth)]).mean(axis=0)
-    over = sm - thr
-    events, quiet, cand = [], -np.inf, None
-    for j in range(len(sm)):
-        if cand is None:
-            k = int(np.argmax(over[j]))
-            if over[j, k] >= 0 and ends[j, 0] >= quiet:
-                cand = [float(sm[j, k]), k, float(ends[j, 1]), peak_hops]
-            continue
-        score, ck, t, left = cand
-        if sm[j, ck] > score:
-            cand = [float(sm[j, ck]), ck, float(ends[j, 1]), left - 1]
-        else:
-            cand[3] = left - 1
-        if cand[3] <= 0 or sm[j, ck] < thr[ck]:
-            events.append({"keyword": names[ck], "time_s": round(cand[2], 3), "score": round(cand[0], 4)})
-            quiet, cand = cand[2] + refractory_s, None
-    if cand is not None:  # the stream ended inside a candidate: Detector.flush reports it
-        events.append({"keyword": names[cand[1]], "time_s": round(cand[2], 3), "score": round(cand[0], 4)})
-    return events
-
-
-def count_events(scores, thr, ends, smooth=2, peak_hops=5, refractory_s=1.0, times=None, peaks=None,
-                 verify=None, search=False, candidates=None):
-    """The Detector's trigger, step for step, on one keyword's precomputed score series.
-
-    For evaluating many keyword models on one long stream without rerunning the encoder.
-    ``ends``: (T, 2) window end and keyword-end times per run. Smoothing over ``smooth`` runs, a candidate opens at the threshold
-    outside the refractory period, follows its peak for ``peak_hops`` runs or until the score falls
-    below the threshold, and the event starts ``refractory_s`` from its keyword end. Only runs at or
-    above the threshold can open a candidate, so the loop visits those and the candidates' windows.
-    ``verify(run) -> bool``: the second stage on a run's window, asked for the peak run when the
-    candidate closes; with ``search`` (``CustomKeywords.searches``) for each run as it arrives
-    instead, and the first that passes is the event (the peak so far). ``candidates``: a list that
-    gets every candidate's runs, the peak's first (to score a second stage offline: with ``verify``
-    rejecting all there is no refractory period)."""
-    sm = np.convolve(scores, np.ones(smooth) / smooth)[: len(scores)]
-    sm[: smooth - 1] = np.cumsum(scores[: smooth - 1]) / np.arange(1, smooth)
-    events, quiet, nxt, n = 0, -1.0, 0, len(sm)
-    for j in np.nonzero(sm >= thr)[0]:
-        if j < nxt or ends[j, 0] < quiet:
-            continue
-        early = search and verify is not None  # each run checked as it arrives; the first to pass is the event
-        score, t, left, i, pk = sm[j], ends[j, 1], peak_hops, j, j
-        passed = early and verify(j)
-        while not passed and i + 1 < n:
-            i += 1
-            left -= 1
-            if sm[i] > score:
-                score, t, pk = sm[i], ends[i, 1], i
-            if early and verify(i):
-                passed = True
-            elif left <= 0 or sm[i] < thr:
-                break
-        if candidates is not None:
-            candidates.append([int(pk)] + [r for r in range(j, i + 1) if r != pk])
-        if verify is not None and not (passed if early else verify(pk)):
-            nxt = i + 1  # rejected by the second stage: no event and no refractory period
-            continue
-        events += 1
-        if peaks is not None:
-            peaks.append(int(pk))
-        if times is not None:
-            times.append(round(float(t), 3))  # the event's time_s, as the Detector reports it
-        quiet, nxt = t + refractory_s, i + 1
-    return events

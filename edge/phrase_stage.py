@@ -19,8 +19,10 @@ command's cutoff. Only on candidates: a few seconds of audio a minute of speech.
 PocketSphinx (``--asr``) it judges the command's sound, not the words: a word that starts with the
 command ("yesterday", "stopwatch") passes it as the command itself does.
 
-The front end is ``pymicro-features`` (the same C code ESPHome runs; ``pip install
-'edgelearn[phrase]'``), the models run under LiteRT (``ai-edge-litert``, the device runtime).
+It is the default operating point's second stage wherever the bundle ships the models
+(``edge.device_detect.default_stage``; since 2026-12-06, session 43). The front end is
+``pymicro-features`` (the same C code ESPHome runs; a dependency on x86_64 and aarch64, as LiteRT
+is), the models run under LiteRT (``ai-edge-litert``, the device runtime).
 
     >>> det = Detector(km, threshold=stage.first_stage, asr=PhraseConfirm(bundle))   # edge.detect
 """
@@ -48,17 +50,22 @@ def require() -> None:
     """One sentence, before any model loads, where the front end is missing."""
     if not available():
         raise EdgelearnError("the phrase second stage needs pymicro-features (the TFLite Micro audio front end), "
-                             "which is not installed", fix="pip install 'edgelearn[phrase]' (or run without --phrase)")
+                             "which is not installed", fix="pip install 'edgelearn[phrase]' (or run with --no-phrase)")
+
+
+def has_models(bundle) -> bool:
+    """Does the bundle ship phrase models (``extra.phrase_stage``)?"""
+    cfg = (bundle.manifest.get("extra") or {}).get("phrase_stage")
+    return isinstance(cfg, dict) and isinstance(cfg.get("models"), dict) and bool(cfg["models"])
 
 
 def config(bundle) -> dict:
     """The bundle's ``extra.phrase_stage`` (checked), or one sentence where it has none."""
-    cfg = (bundle.manifest.get("extra") or {}).get("phrase_stage")
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("models"), dict) or not cfg["models"]:
+    if not has_models(bundle):
         raise EdgelearnError(f"bundle {bundle.model_id} v{bundle.version} has no phrase models",
                              fix="use the shipped bundle (or one `scripts/build_phrase_stage.py` added them to), "
-                                 "or run without --phrase")
-    return cfg
+                                 "or run with --no-phrase")
+    return bundle.manifest["extra"]["phrase_stage"]
 
 
 def features(pcm: np.ndarray) -> np.ndarray:

@@ -97,13 +97,14 @@ class WakeServer:
 
     ``keywords``: the base keywords offered (None: the bundle's commands, as ``device detect``);
     ``threshold`` / ``sensitivity`` / ``asr``: as ``Device.detect`` (``asr``: a second stage confirms
-    each base-keyword detection: True, PocketSphinx, ``edge.confirm``; "phrase", the bundle's phrase
-    models, ``edge.phrase_stage``). The enrolled keywords are always offered.
+    each base-keyword detection: "auto", the default operating point's; True, PocketSphinx,
+    ``edge.confirm``; "phrase", the bundle's phrase models, ``edge.phrase_stage``; False, none). The
+    enrolled keywords are always offered.
     ``zeroconf``: False (default), True (announce under the default name) or a name (an
     ``edge.wyoming_mdns.Announcement``; while serving its ``service`` is ``NAME._wyoming._tcp.local.``)."""
 
     def __init__(self, device, uri: str = "tcp://0.0.0.0:10400", *, keywords=None, threshold=None,
-                 sensitivity: float | None = None, zeroconf=False, asr: bool | str = False):
+                 sensitivity: float | None = None, zeroconf=False, asr: bool | str = "auto"):
         if threshold is not None and sensitivity is not None:
             raise EdgelearnError("the server takes a threshold or a sensitivity, not both",
                                  fix="pass --threshold T, or --sensitivity FA_PER_HOUR after `device calibrate`")
@@ -119,7 +120,7 @@ class WakeServer:
             from edge.phrase_stage import config, require
             require()
             config(device.bundle)
-        elif asr:  # a missing PocketSphinx is one sentence here, not at the first stream
+        elif asr and asr != "auto":  # a missing PocketSphinx is one sentence here, not at the first stream
             from edge.confirm import require
             require()
         self._server = None

@@ -172,13 +172,15 @@ def build_manifest(work: Path, version: int, scale, train_m: dict, quant_m: dict
 
 def rebuild(out: Path, work: Path = Path("build") / "kws", key: Path = DEFAULT_KEY,
             pubkey_out: Path = Path("models") / "keys", version: int = VERSION, epochs: int = EPOCHS,
-            reuse: bool = False, supplement=None, threshold=None) -> Path:
+            reuse: bool = False, supplement=None, threshold=None, phrase: bool = True) -> Path:
     """Rebuild the shipped bundle into ``out`` (intermediate products in ``work``; ``reuse``: skip
     steps whose outputs are already there), signed with ``key`` (created if missing, its public
     half written to ``pubkey_out``); returns the key it signed with. ``supplement``: what is added
     to the corpus's training split (``host.data.supplement.Supplement``, default the shipped
     recipe's); ``threshold``: the commands' default operating point written to the manifest (one
-    number, {command: threshold}, or None: ``OPERATING``)."""
+    number, {command: threshold}, or None: ``OPERATING``); ``phrase``: add the base commands'
+    phrase second stage (``host.phrase_stage``; models trained in ``work/phrase``, kept for
+    ``reuse``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from host import model_card
     from host.bundle import build_bundle
@@ -235,4 +237,8 @@ def rebuild(out: Path, work: Path = Path("build") / "kws", key: Path = DEFAULT_K
                                    "backbone_int8.tflite", PREFIX_FILE, "phones_int8.tflite", "tail.npz",
                                    "negatives.npy", "MODEL_CARD.md")}
     build_bundle(out, files, manifest, key)
+    if phrase:
+        from host import phrase_stage
+
+        phrase_stage.build(out, work / "phrase", key)  # on the corpus alone, as the shipped models (session 42)
     return key

@@ -13,7 +13,7 @@ the command's streaming model (LiteRT, state fresh), the highest sliding-window 
 window of 5) whose window ends from ``LO_S`` before the keyword end to ``POST_S`` after, then two
 rules: the phrase model's peak >= P; or the geometric mean of the first stage's peak and it >= T.
 
-    $ .venv/bin/python scripts/base_phrase_cascade.py [SEED] [--continuous] [--bench]   # --bench: kws_base's streams, once
+    $ .venv/bin/python scripts/base_phrase_cascade.py [SEED] [--continuous] [--bench] [--post=S]   # --bench: kws_base's streams, once
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import _base_streams as B  # noqa: E402
 from bench import _realspeech as R  # noqa: E402
 from bench.kws_base import other_real_stream, summarise, synthetic_negatives  # noqa: E402
-from build_phrase_stage import calibrate  # noqa: E402
+from host.phrase_stage import calibrate  # noqa: E402
 from curve_variants import BENCH_SEEDS, BUDGETS, DEV_SEEDS, best_at, load  # noqa: E402
 from edge.detect import Detector, trigger  # noqa: E402
 from edge.kws import DEFAULT_BUNDLE  # noqa: E402
@@ -52,6 +52,8 @@ bench = "--bench" in sys.argv
 continuous = "--continuous" in sys.argv   # the front end on the whole stream (a device would run it always)
 seed = int(args[0]) if args else 0
 tag = next((a[len("--tag="):] for a in sys.argv[1:] if a.startswith("--tag=")), "")   # base_phrase_dev.py's TAG
+# --post=S: how long after the keyword end the snippet (and the windows judged) reach: the detection's wait
+POST_S = float(next((a[len("--post="):] for a in sys.argv[1:] if a.startswith("--post=")), POST_S))
 root = Path(__file__).resolve().parents[1] / "build" / f"base_phrase_s{seed}{tag}"
 names = list(COMMANDS10)
 
@@ -150,5 +152,6 @@ best = best_at(pts, BUDGETS, 3.65)
 for b, p in best.items():
     print(f"  <= {b}: " + ("-" if p is None else " / ".join(f"{v:.3f}" for v in p["recall"].values())
                           + f" ({p['point']}, {p['real_fa_h']:g})"))
-(root / f"cascade{'_bench' if bench else ''}{'_cont' if continuous else ''}.json").write_text(json.dumps({"points": pts, "best": best}, indent=1,
+(root / f"cascade{'_bench' if bench else ''}{'_cont' if continuous else ''}"
+ f"{'' if POST_S == 0.5 else f'_post{POST_S:g}'}.json").write_text(json.dumps({"points": pts, "best": best}, indent=1,
                                                                             default=str) + "\n")

@@ -32,7 +32,7 @@ def _values(level: str) -> dict:
             "mic_device": ["--mic-device", "hw:1,0"],
             "threshold": ["--threshold", "0.8"], "sensitivity": ["--sensitivity", "2.5"],
             "keywords": ["--keywords", "yes,no"], "confirm": ["--confirm", "0.95"], "asr": ["--asr"],
-            "phrase": ["--phrase"],
+            "phrase": ["--phrase"], "no_phrase": ["--no-phrase"],
             "on_detect": ["--on-detect", "echo 'hi there' >> \"$HOME/log\"; logger -t kws"],
             "data": ["--data", "my data"], "strategy": ["--strategy", "lora"], "keep_versions": ["--keep-versions", "4"],
             "no_adapt": ["--no-adapt"],
@@ -58,8 +58,9 @@ def _resolved(ns: argparse.Namespace, cwd: Path) -> dict:
 def test_print_unit_carries_every_option_given(tmp_path, level):
     parser = run_parser()
     values = _values(level)
-    # the options one run cannot take together: the other level, and one of the two second stages
-    other = {"sensitivity", "phrase"} if level == "threshold" else {"threshold", "asr"}
+    # the options one run cannot take together: the other level, and two of the three second-stage
+    # choices (--no-phrase: test_phrase_stage_wiring.py's unit test)
+    other = {"sensitivity", "phrase", "no_phrase"} if level == "threshold" else {"threshold", "asr", "no_phrase"}
     dests = {a.dest for a in parser._actions} - SOURCES
     assert dests <= set(values), f"no test value for {sorted(dests - set(values))}"
     argv = ["--mic"]

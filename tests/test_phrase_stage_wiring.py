@@ -27,25 +27,36 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(),
 
 # -- 4. second_stage ------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def bare_bundle(tmp_path_factory):
-    """The shipped bundle without its phrase models or extra.phrase_stage, signed with a throwaway key."""
-    from edge.bundle import load_bundle
+def strip_phrase_stage(tmp, models_to=None):
+    """(bundle directory, private key, the removed ``extra.phrase_stage``): a copy of the shipped bundle
+    in ``tmp`` without its phrase models or ``extra.phrase_stage``, signed with a throwaway key whose
+    .pub is beside it; ``models_to``: the models moved there as ``<command>.tflite`` (else deleted)."""
     from host.bundle import sign_bundle
     from host.keys import generate_keypair
 
-    tmp = tmp_path_factory.mktemp("bare")
-    priv, pub = generate_keypair(tmp / "keys", "throwaway")
+    priv, _ = generate_keypair(tmp / "keys", "throwaway")
     b = tmp / "kws-bare"
     shutil.copytree(DEFAULT_BUNDLE, b)
     (b / "manifest.sig").unlink()
     m = json.loads((b / "manifest.json").read_text())
-    del m["extra"]["phrase_stage"]
+    cfg = m["extra"].pop("phrase_stage")
     (b / "manifest.json").write_text(json.dumps(m))
-    for f in b.glob("phrase_*.tflite"):
-        f.unlink()
+    for c, f in cfg["models"].items():
+        if models_to is None:
+            (b / f).unlink()
+        else:
+            shutil.move(b / f, models_to / f"{c}.tflite")
     sign_bundle(b, priv, refresh=True)
-    return load_bundle(b, trusted_keys=pub)
+    return b, priv, cfg
+
+
+@pytest.fixture(scope="module")
+def bare_bundle(tmp_path_factory):
+    """The shipped bundle without its phrase models or extra.phrase_stage, signed with a throwaway key."""
+    from edge.bundle import load_bundle
+
+    b, priv, _ = strip_phrase_stage(tmp_path_factory.mktemp("bare"))
+    return load_bundle(b, trusted_keys=priv.with_suffix(".pub"))
 
 
 def _one_sentence(e: EdgelearnError) -> str:
@@ -80,7 +91,7 @@ def test_a_bundle_without_phrase_models_is_one_sentence_naming_it(bare_bundle, t
             call()
         msg = _one_sentence(e.value)
         assert f"bundle {bare_bundle.model_id} v{bare_bundle.version} has no phrase models" in msg, msg
-        assert "--phrase" in e.value.fix
+        assert "--no-phrase" in e.value.fix
     # the same bundle detects as before without the stage
     det, _ = edge.Device(tmp_path / "st", bare_bundle).detector(replay=False)
     assert det.asr is None
@@ -150,7 +161,7 @@ def test_device_detect_phrase_prints_json_events(bundle, renders, tmp_path):
     assert all(set(e) == {"keyword", "time_s", "score"} and e["score"] >= 0.3 for e in events)
     # the same as Device.detect(asr="phrase"); without the stage the same stream gives more
     assert list(edge.Device(tmp_path / "st2").detect(str(wav), replay=False, asr="phrase")) == events
-    plain = list(edge.Device(tmp_path / "st2").detect(str(wav), replay=False))
+    plain = list(edge.Device(tmp_path / "st2").detect(str(wav), replay=False, asr=False))
     assert len(plain) > len(events) and {(e["keyword"], e["time_s"]) for e in events} <= \
         {(e["keyword"], e["time_s"]) for e in plain}
 
@@ -227,6 +238,30 @@ def test_the_agents_unit_carries_phrase(tmp_path):
     assert "--phrase" in rest and "--asr" not in rest and "--mic" in rest, rest
     back = _run_parser().parse_args(rest)  # the unit's options parse back to a phrase-stage run
     assert back.phrase and not back.asr and back.mic
+
+
+def test_the_default_second_stage_is_auto_and_no_phrase_is_carried(tmp_path):
+    """Given no option the agent, `device detect` and the Wyoming server run the default operating
+    point's stage ("auto"); ``--no-phrase`` (False) turns it off and the unit carries it."""
+    import inspect
+
+    import edge
+    from edge.agent import AgentConfig, service_unit
+    from edge.agent_unit import unit_options
+    from edge.commands.device import second_stage
+    from edge.wyoming import WakeServer
+
+    assert AgentConfig().asr == "auto"
+    assert inspect.signature(WakeServer).parameters["asr"].default == "auto"
+    assert inspect.signature(edge.Device.detect).parameters["asr"].default == "auto"
+    assert "--no-phrase" in unit_options(AgentConfig(asr=False))
+    assert not {"--asr", "--phrase", "--no-phrase"} & set(unit_options(AgentConfig(asr="auto")))
+    unit = service_unit(tmp_path, AgentConfig(asr=False), exe="edgelearn")
+    words = shlex.split(next(line for line in unit.splitlines() if line.startswith("ExecStart=")))
+    back = _run_parser().parse_args(words[words.index("run") + 1:])
+    assert back.no_phrase and not back.phrase and not back.asr and second_stage(back) is False
+    assert second_stage(_run_parser().parse_args(["--state", "st", "--mic"])) == "auto"
+    assert second_stage(_run_parser().parse_args(["--state", "st", "--mic", "--asr"])) is True
 
 
 def _run_parser():

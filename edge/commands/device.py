@@ -260,21 +260,28 @@ def _run(args) -> int:
 
 
 def add_second_stage(p) -> None:
-    """``--asr`` / ``--phrase``: the base commands' second stage (``device detect``, ``device run``,
-    ``wyoming``)."""
+    """``--asr`` / ``--phrase`` / ``--no-phrase``: the base commands' second stage (``device detect``,
+    ``device run``, ``wyoming``); given none, the default operating point's (``Device.detect``'s
+    ``asr="auto"``)."""
     stage = p.add_mutually_exclusive_group()
     stage.add_argument("--asr", action="store_true",
                        help="a recogniser trained on real speech (PocketSphinx) confirms each base-keyword "
                             "detection; first stage at 0.3 unless --threshold (pip install 'edgelearn[asr]')")
     stage.add_argument("--phrase", action="store_true",
-                       help="the bundle's phrase model of each command confirms its detections (they hear "
-                            "other voices); first stage at the bundle's 0.3 unless --threshold "
-                            "(pip install 'edgelearn[phrase]')")
+                       help="the bundle's phrase model of each command confirms its detections also with "
+                            "--threshold, --sensitivity or an adapted model (without them it is the default "
+                            "wherever the bundle ships phrase models)")
+    stage.add_argument("--no-phrase", action="store_true",
+                       help="the first stage alone at the bundle's own thresholds (no second stage)")
 
 
 def second_stage(args):
-    """``--asr`` / ``--phrase`` as ``Device.detect``'s ``asr``."""
-    return "phrase" if getattr(args, "phrase", False) else args.asr
+    """``--asr`` / ``--phrase`` / ``--no-phrase`` as ``Device.detect``'s ``asr`` (none given: "auto")."""
+    if getattr(args, "phrase", False):
+        return "phrase"
+    if args.asr:
+        return True
+    return False if getattr(args, "no_phrase", False) else "auto"
 
 
 def _detect(args) -> int:

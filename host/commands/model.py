@@ -3,8 +3,10 @@
 Corpus (+ RHVoice's and SVOX Pico's voices and real speech of other languages as ``_unknown_``,
 ``host.data.supplement``; Debian non-free: scripts/model_deps.sh installs them) -> train -> int8
 TFLite + ONNX -> the verifier's phone model -> negative bank -> model card -> signed bundle
-(``host.recipe.rebuild``). Intermediate products go to ``--work`` (default ``build/kws``);
-``--reuse`` skips steps whose outputs are already there.
+(``host.recipe.rebuild``) -> the base commands' phrase models and their cutoffs, chosen on real
+development speech (``host.phrase_stage``; skipped, with a word, where Debian's Allison prompts are
+not installed, or with ``--no-phrase-models``). Intermediate products go to ``--work`` (default
+``build/kws``); ``--reuse`` skips steps whose outputs are already there.
 
     $ edgelearn model --out models/kws-dscnn-s --key ~/.config/edgelearn/release.key
 """
@@ -31,6 +33,9 @@ def add_arguments(p) -> None:
                         "JSON file of {command: threshold} (default: host/recipe.py's OPERATING, chosen on "
                         "development data for the shipped weights)")
     p.add_argument("--reuse", action="store_true", help="reuse training/quantisation outputs in --work")
+    p.add_argument("--no-phrase-models", action="store_true",
+                   help="do not train the base commands' phrase models (~15 min of CPU): the bundle then runs "
+                        "its first stage alone by default")
 
 
 def threshold_arg(text):
@@ -58,6 +63,6 @@ def threshold_arg(text):
 
 def run(args) -> int:
     key = rebuild(args.out, args.work, args.key, args.pubkey_out, version=args.version, epochs=args.epochs,
-                  reuse=args.reuse, threshold=threshold_arg(args.threshold))
+                  reuse=args.reuse, threshold=threshold_arg(args.threshold), phrase=not args.no_phrase_models)
     print(f"model: wrote {args.out} (version {args.version}), signed with {key}")
     return 0

@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 05567ea7709459c9 xP+5XL/Sw4OEQazMUb+A8409Kxdu5RKxwT6XAQAxCKy0zsT66qZ9QQcsUazhC8n2EEpWJnDP5HMooI8wv1N2Ag==
+edgelearn-ed25519-signature 05567ea7709459c9 sADcizAz2yRRsQZSMhLY5In8sVkx97Fz+aRK1APkOus/oczbhZ0p2MsBPzCTEhwrmDwdiZUFxAy/xFfm+XtIDA==

@@ -1,0 +1,225 @@
+"""The base commands' phrase second stage, built into a bundle (issue 17; ``edge/phrase_stage.py`` runs it).
+
+1. One phrase model per command, the ESPHome export's recipe with no user clip (``host.export.
+   esphome.export_esphome(..., min_clips=0)``: the command said by the corpus's training voices, word
+   runs, sentences, near misses, mined hard negatives; ~1.5 min of CPU each; ``train``).
+2. Each command's cutoff chosen on development data only (``choose``): the bundle's first stage at
+   ``FIRST_STAGE`` over the English prompts' development half (``host.data.realspeech``), synthetic
+   word pairs by the corpus's training voices (another draw than bench ``kws_base``'s), and three
+   other speakers' prompts (``host.data.realneg.TRANSLATED``); every candidate judged as
+   ``edge.phrase_stage.PhraseConfirm`` judges it; per command the lowest cutoff whose false accepts
+   stay within its share of ``TARGET_FA_H``.
+3. The models copied in as ``phrase_<command>.tflite``, ``extra.phrase_stage`` written, the model
+   card's section, the file table refreshed and the manifest signed again (``add_to_bundle``). The
+   encoder and the version do not change, so device states stay bound to it.
+
+``edgelearn model`` runs all three on the bundle it builds (``host.recipe.rebuild``);
+``scripts/build_phrase_stage.py`` on an existing one. Moved from that script (session 42) in session
+43, when the stage became the default operating point: the product's own command now builds what
+its default runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+FIRST_STAGE = 0.3        # chosen on development data (docs/edge-runtime.md): 0.2-0.5 measured
+# the snippet around a candidate; AFTER_S is also how long after the keyword's end the event waits.
+# 0.3 since session 43 (2026-12-06), chosen on development data (`base_phrase_cascade.py 0 --post=S`):
+# 0.5 52.2 / 45.0 / 24.4 %, 0.3 52.2 / 44.4 / 24.4 %, 0.2 50.6 / 37.2 / 20.6 %, each at 0 FA/h
+BEFORE_S, AFTER_S = 2.0, 0.3
+TARGET_FA_H = 0.5
+GRID = tuple(sorted(set(np.round(np.arange(0.5, 1.0, 0.005), 3)) | {0.996, 0.998, 1.0}))
+SEEDS = (101, 55, {"n": 600, "seed": 31})   # scripts/curve_variants.py's development draws
+CARD_HEADING = "\n## Phrase models (the base commands' second stage)\n"
+
+
+def train(cmds, out: Path, seed: int = 0, corpus=None) -> dict:
+    """{command: model file}: each command's model in ``out/<command>/<command>.tflite``, trained
+    where it is not there yet (a run stopped half way goes on where it was)."""
+    from host.data.corpus import build_corpus
+    from host.export import esphome as E
+
+    files = {c: Path(out) / c / f"{c}.tflite" for c in cmds}
+    for c in cmds:
+        if not files[c].exists():
+            corpus = build_corpus(progress=False) if corpus is None else corpus
+            E.export_esphome(c, None, Path(out) / c, E.ExportConfig(seed=seed), corpus=corpus, clips=[],
+                             min_clips=0)
+    return files
+
+
+class Stage:
+    """``PhraseConfirm``'s peak from model files, before a bundle holds them."""
+
+    def __init__(self, files: dict, before_s: float = BEFORE_S, after_s: float = AFTER_S):
+        from edge.phrase_stage import PhraseModel
+
+        self.before_s, self.after_s = before_s, after_s
+        self.models = {c: PhraseModel(Path(f).read_bytes(), c) for c, f in files.items()}
+
+    def peak(self, word, pcm):
+        m = self.models.get(word)
+        return None if m is None else m.peak(np.asarray(pcm, np.int16), len(pcm) / 16000 - self.after_s,
+                                             self.after_s)
+
+
+def candidates(bundle, stage, pcm, first: float) -> list[dict]:
+    """The first stage's candidates over ``pcm`` (no refractory period: the Detector starts one only at an
+    accepted event), each with its phrase model's peak as ``stage`` computes it."""
+    from edge.detect import Detector, trigger
+    from edge.kws import KeywordModel
+    from edge.operating import stream_scores
+
+    det = Detector(KeywordModel(bundle))
+    sc, ends, _ = stream_scores(det, pcm)
+    evs = trigger(sc, ends, first, det.names, refractory_s=0.0)
+    sr = 16000
+    for e in evs:
+        t = e["time_s"]
+        a, b = max(0, int(round((t - stage.before_s) * sr))), min(len(pcm), int(round((t + stage.after_s) * sr)))
+        e["phrase"] = stage.peak(e["keyword"], pcm[a:b])
+    return evs
+
+
+def refractory(events: list[dict], seconds: float = 1.0) -> list[dict]:
+    """One event per utterance, as the Detector's refractory period gives."""
+    kept = []
+    for e in sorted(events, key=lambda e: e["time_s"]):
+        if not kept or e["time_s"] - kept[-1]["time_s"] >= seconds:
+            kept.append(e)
+    return kept
+
+
+def accepted(evs, first: float, cutoffs: dict) -> list[dict]:
+    return refractory([e for e in evs if e["score"] >= first and (e["phrase"] is None or
+                       e["phrase"] >= cutoffs.get(e["keyword"], 1.0))], 1.0)
+
+
+def calibrate(negatives, hours: float, cmds, first: float, target: float) -> tuple[dict, dict]:
+    """({command: cutoff}, {command: false accepts per hour at it}) on ``negatives``: [(candidates,
+    is_false(event) or None)]."""
+    cut, rate = {}, {}
+    for c in cmds:
+        cut[c], rate[c] = 1.0, None
+        for x in GRID:
+            n = sum(1 for evs, false in negatives for e in accepted(evs, first, {c: x})
+                    if e["keyword"] == c and (false is None or false(e)))
+            if n / hours <= target / len(cmds):
+                cut[c], rate[c] = float(x), round(n / hours, 3)
+                break
+    return cut, rate
+
+
+def development_negatives():
+    """[(int16 stream, is_false(event) or None)] and what they are: the real prompts' development
+    half (an event on a prompt that says its keyword as a word is not false), synthetic word pairs,
+    three other speakers' prompts; None where Debian's Allison prompts are not installed."""
+    from host.data import realneg, realspeech
+    from host.data.negatives import word_pairs
+
+    dev = realspeech.load_prompts(which="dev")
+    if not dev:
+        return None
+    dev_pcm, dev_spans = realspeech.concat(dev)
+
+    def false_on_dev(e) -> bool:
+        return not any(a - 0.3 <= e["time_s"] <= b + 1.0 and p.says(e["keyword"]) for (a, b), p in zip(dev_spans, dev))
+
+    streams = [(dev_pcm, false_on_dev), (word_pairs(**SEEDS[2]), None)]
+    others = realspeech.other_speakers(realneg.TRANSLATED)
+    if others is not None:
+        streams.append((others[0], None))
+    what = ("the English prompts' development half, synthetic word pairs"
+            + (", Colombian Spanish, French and Italian prompts" if others is not None else ""))
+    return streams, what
+
+
+def choose(bundle, files: dict, negatives, what: str, after_s: float = AFTER_S) -> dict:
+    """``extra.phrase_stage`` for ``files`` behind ``bundle``'s first stage, cutoffs chosen on
+    ``negatives`` ([(int16 stream, is_false or None)])."""
+    stage = Stage(files, after_s=after_s)
+    cmds = list(files)
+    negs = [(candidates(bundle, stage, pcm, FIRST_STAGE), false) for pcm, false in negatives]
+    hours = sum(len(pcm) for pcm, _ in negatives) / 16000 / 3600
+    cut, rate = calibrate(negs, hours, cmds, FIRST_STAGE, TARGET_FA_H)
+    return {"models": {c: f"phrase_{c}.tflite" for c in cmds}, "cutoffs": cut, "first_stage": FIRST_STAGE,
+            "before_s": BEFORE_S, "after_s": after_s, "target_fa_h": TARGET_FA_H, "dev_fa_h": rate,
+            "chosen_on": f"{hours * 60:.0f} min of development negatives: {what}",
+            "bytes_each": max(Path(f).stat().st_size for f in files.values())}
+
+
+def add_to_bundle(d: Path, files: dict, cfg: dict, key: Path, recipe: dict | None = None) -> None:
+    """The models and ``cfg`` into the bundle directory ``d``, its model card's section, the file
+    table refreshed and signed again with ``key``; verified as a device would load it."""
+    d = Path(d)
+    for c, f in files.items():
+        shutil.copyfile(f, d / f"phrase_{c}.tflite")
+    m = json.loads((d / "manifest.json").read_text())
+    m["extra"]["phrase_stage"] = {**cfg, **({"recipe": recipe} if recipe is not None else {})}
+    (d / "manifest.json").write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    write_card(d, m["extra"]["phrase_stage"], key)
+
+
+def write_card(d: Path, cfg: dict, key: Path) -> None:
+    """The model card's phrase-model section from ``cfg``, the file table refreshed, signed again."""
+    from edge.bundle import load_bundle
+    from host.bundle import refresh_files, sign_bundle
+
+    card = (d / "MODEL_CARD.md").read_text()
+    card = card.split(CARD_HEADING)[0].rstrip("\n") + "\n"
+    (d / "MODEL_CARD.md").write_text(card + card_section(cfg))
+    refresh_files(d)
+    sign_bundle(d, key)
+    load_bundle(d, trusted_keys=_public_half(key))  # verifies as a device would
+
+
+def _public_half(key: Path) -> Path:
+    """The signing key's public half: ``host.keys.generate_keypair`` writes NAME.pub beside NAME.key."""
+    return Path(key).with_suffix(".pub")
+
+
+def card_section(cfg: dict) -> str:
+    from host.model_card import voice_counts
+
+    n = voice_counts()  # the corpus's split rule: the voices export_esphome renders the phrase with
+    cuts = ", ".join(f"{w} {c:g}" for w, c in cfg["cutoffs"].items())
+    return (
+        f"{CARD_HEADING}\n"
+        f"`phrase_<command>.tflite`, one per command ({cfg['bytes_each']} bytes each): the ESPHome export's recipe "
+        "(TFLite Micro's audio front end, a streaming int8 network with a 1 s receptive field) trained on the "
+        f"synthetic corpus's training voices ({n[('train', 'espeak')]} espeak-ng and {n[('train', 'festival')]} "
+        "Festival voices; the phrase by each, word runs, sentences, near misses and mined hard negatives), no user "
+        "clip and no recording of a person. The default operating point (`device detect` given no option; "
+        f"`--phrase` with any other) runs them on the encoder's candidates at {cfg['first_stage']:g}, each judged "
+        f"on its audio from {cfg['before_s']:g} s before its keyword's end to {cfg['after_s']:g} s after; cutoffs "
+        f"chosen on development data only ({cfg['chosen_on']}): {cuts}. "
+        "See docs/edge-runtime.md, \"Phrase models as the base commands' second stage\".\n")
+
+
+def build(bundle_dir: Path, work: Path, key: Path, seed: int = 0, corpus=None, files: dict | None = None,
+          after_s: float = AFTER_S) -> dict | None:
+    """Train (into ``work``, or take ``files``), choose and add the phrase stage to the bundle at
+    ``bundle_dir``; returns its ``extra.phrase_stage``, or None (said on stderr) where the development
+    prompts are not installed: the bundle then runs its first stage alone."""
+    from edge.bundle import load_bundle
+
+    negatives = development_negatives()
+    if negatives is None:
+        from host.data.realspeech import missing_reason
+
+        sys.stderr.write(f"model: no phrase second stage: its cutoffs are chosen on real development speech, and "
+                         f"{missing_reason() or 'no prompt was found'}\n")
+        return None
+    bundle = load_bundle(bundle_dir, trusted_keys=_public_half(key))
+    cmds = [w for w in bundle.manifest["extra"]["labels12"] if not w.startswith("_")]
+    files = train(cmds, work, seed, corpus) if files is None else files
+    cfg = choose(bundle, files, *negatives, after_s=after_s)
+    add_to_bundle(bundle_dir, files, cfg, key,
+                  recipe={"host.export.esphome.ExportConfig": "defaults", "seed": seed, "user_clips": 0})
+    return cfg

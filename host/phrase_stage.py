@@ -1,8 +1,9 @@
 """The base commands' phrase second stage, built into a bundle (issue 17; ``edge/phrase_stage.py`` runs it).
 
-1. One phrase model per command, the ESPHome export's recipe with no user clip (``host.export.
-   esphome.export_esphome(..., min_clips=0)``: the command said by the corpus's training voices, word
-   runs, sentences, near misses, mined hard negatives; ~1.5 min of CPU each; ``train``).
+1. Two phrase models per command, the ESPHome export's recipe with no user clip and seeds ``SEEDS_TRAIN``
+   (``host.export.esphome.export_esphome(..., min_clips=0)``: the command said by the corpus's training
+   voices, word runs, sentences, near misses, mined hard negatives; ~1.5 min of CPU each; ``train``);
+   the device averages the two models' outputs (``edge.phrase_stage.PhraseModel``).
 2. Each command's cutoff chosen on development data only (``choose``): the bundle's first stage at
    ``FIRST_STAGE`` over the English prompts' development half (``host.data.realspeech``), synthetic
    word pairs by the corpus's training voices (another draw than bench ``kws_base``'s), and three
@@ -28,7 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-FIRST_STAGE = 0.3        # chosen on development data (docs/edge-runtime.md): 0.2-0.5 measured
+# chosen on development data (docs/edge-runtime.md; `base_phrase_cascade.py 0 --post=0.3 --ensemble=s0,s1`):
+# the two seeds' mean at 0.2 63.3 / 48.3 / 31.1 %, at 0.3 60.0 / 46.1 / 27.8 %, each at 0 development FA/h;
+# seed 0 alone (session 43's first default) 52.2 / 44.4 / 24.4 % at 0.3
+FIRST_STAGE = 0.2
+SEEDS_TRAIN = (0, 1)
 # the snippet around a candidate; AFTER_S is also how long after the keyword's end the event waits.
 # 0.3 since session 43 (2026-12-06), chosen on development data (`base_phrase_cascade.py 0 --post=S`):
 # 0.5 52.2 / 45.0 / 24.4 %, 0.3 52.2 / 44.4 / 24.4 %, 0.2 50.6 / 37.2 / 20.6 %, each at 0 FA/h
@@ -39,29 +44,35 @@ SEEDS = (101, 55, {"n": 600, "seed": 31})   # scripts/curve_variants.py's develo
 CARD_HEADING = "\n## Phrase models (the base commands' second stage)\n"
 
 
-def train(cmds, out: Path, seed: int = 0, corpus=None) -> dict:
-    """{command: model file}: each command's model in ``out/<command>/<command>.tflite``, trained
-    where it is not there yet (a run stopped half way goes on where it was)."""
+def train(cmds, out: Path, seeds=SEEDS_TRAIN, corpus=None) -> dict:
+    """{command: [model file per seed]}: seed s's model of each command in
+    ``out/s<s>/<command>/<command>.tflite``, trained where it is not there yet (a run stopped half way
+    goes on where it was)."""
     from host.data.corpus import build_corpus
     from host.export import esphome as E
 
-    files = {c: Path(out) / c / f"{c}.tflite" for c in cmds}
+    files = {c: [Path(out) / f"s{s}" / c / f"{c}.tflite" for s in seeds] for c in cmds}
     for c in cmds:
-        if not files[c].exists():
-            corpus = build_corpus(progress=False) if corpus is None else corpus
-            E.export_esphome(c, None, Path(out) / c, E.ExportConfig(seed=seed), corpus=corpus, clips=[],
-                             min_clips=0)
+        for s, f in zip(seeds, files[c]):
+            if not f.exists():
+                corpus = build_corpus(progress=False) if corpus is None else corpus
+                E.export_esphome(c, None, f.parent, E.ExportConfig(seed=s), corpus=corpus, clips=[], min_clips=0)
     return files
 
 
+def bundle_names(c: str, n: int) -> list[str]:
+    """The bundle's file names of command ``c``'s ``n`` models (the first keeps session 42's name)."""
+    return [f"phrase_{c}.tflite"] + [f"phrase_{c}_{i}.tflite" for i in range(1, n)]
+
+
 class Stage:
-    """``PhraseConfirm``'s peak from model files, before a bundle holds them."""
+    """``PhraseConfirm``'s peak from model files ({command: [files]}), before a bundle holds them."""
 
     def __init__(self, files: dict, before_s: float = BEFORE_S, after_s: float = AFTER_S):
         from edge.phrase_stage import PhraseModel
 
         self.before_s, self.after_s = before_s, after_s
-        self.models = {c: PhraseModel(Path(f).read_bytes(), c) for c, f in files.items()}
+        self.models = {c: PhraseModel([Path(f).read_bytes() for f in fs], c) for c, fs in files.items()}
 
     def peak(self, word, pcm):
         m = self.models.get(word)
@@ -148,18 +159,23 @@ def choose(bundle, files: dict, negatives, what: str, after_s: float = AFTER_S) 
     negs = [(candidates(bundle, stage, pcm, FIRST_STAGE), false) for pcm, false in negatives]
     hours = sum(len(pcm) for pcm, _ in negatives) / 16000 / 3600
     cut, rate = calibrate(negs, hours, cmds, FIRST_STAGE, TARGET_FA_H)
-    return {"models": {c: f"phrase_{c}.tflite" for c in cmds}, "cutoffs": cut, "first_stage": FIRST_STAGE,
-            "before_s": BEFORE_S, "after_s": after_s, "target_fa_h": TARGET_FA_H, "dev_fa_h": rate,
-            "chosen_on": f"{hours * 60:.0f} min of development negatives: {what}",
-            "bytes_each": max(Path(f).stat().st_size for f in files.values())}
+    return {"models": {c: bundle_names(c, len(fs)) for c, fs in files.items()}, "cutoffs": cut,
+            "first_stage": FIRST_STAGE, "before_s": BEFORE_S, "after_s": after_s, "target_fa_h": TARGET_FA_H,
+            "dev_fa_h": rate, "chosen_on": f"{hours * 60:.0f} min of development negatives: {what}",
+            "bytes_each": max(Path(f).stat().st_size for fs in files.values() for f in fs)}
 
 
 def add_to_bundle(d: Path, files: dict, cfg: dict, key: Path, recipe: dict | None = None) -> None:
     """The models and ``cfg`` into the bundle directory ``d``, its model card's section, the file
     table refreshed and signed again with ``key``; verified as a device would load it."""
     d = Path(d)
-    for c, f in files.items():
-        shutil.copyfile(f, d / f"phrase_{c}.tflite")
+    names = {c: bundle_names(c, len(fs)) for c, fs in files.items()}
+    for old in d.glob("phrase_*.tflite"):  # an earlier stage's files that this one does not name
+        if old.name not in {n for ns in names.values() for n in ns}:
+            old.unlink()
+    for c, fs in files.items():
+        for f, name in zip(fs, names[c]):
+            shutil.copyfile(f, d / name)
     m = json.loads((d / "manifest.json").read_text())
     m["extra"]["phrase_stage"] = {**cfg, **({"recipe": recipe} if recipe is not None else {})}
     (d / "manifest.json").write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
@@ -191,8 +207,10 @@ def card_section(cfg: dict) -> str:
     cuts = ", ".join(f"{w} {c:g}" for w, c in cfg["cutoffs"].items())
     return (
         f"{CARD_HEADING}\n"
-        f"`phrase_<command>.tflite`, one per command ({cfg['bytes_each']} bytes each): the ESPHome export's recipe "
-        "(TFLite Micro's audio front end, a streaming int8 network with a 1 s receptive field) trained on the "
+        f"`phrase_<command>[_<i>].tflite`, {len(next(iter(cfg['models'].values())))} per command "
+        f"({cfg['bytes_each']} bytes each), whose outputs the device averages: the ESPHome export's recipe "
+        f"(TFLite Micro's audio front end, a streaming int8 network with a 1 s receptive field; seeds "
+        f"{', '.join(str(s) for s in (cfg.get('recipe') or {}).get('seeds', SEEDS_TRAIN))}) trained on the "
         f"synthetic corpus's training voices ({n[('train', 'espeak')]} espeak-ng and {n[('train', 'festival')]} "
         "Festival voices; the phrase by each, word runs, sentences, near misses and mined hard negatives), no user "
         "clip and no recording of a person. The default operating point (`device detect` given no option; "
@@ -202,7 +220,7 @@ def card_section(cfg: dict) -> str:
         "See docs/edge-runtime.md, \"Phrase models as the base commands' second stage\".\n")
 
 
-def build(bundle_dir: Path, work: Path, key: Path, seed: int = 0, corpus=None, files: dict | None = None,
+def build(bundle_dir: Path, work: Path, key: Path, seeds=SEEDS_TRAIN, corpus=None, files: dict | None = None,
           after_s: float = AFTER_S) -> dict | None:
     """Train (into ``work``, or take ``files``), choose and add the phrase stage to the bundle at
     ``bundle_dir``; returns its ``extra.phrase_stage``, or None (said on stderr) where the development
@@ -218,8 +236,8 @@ def build(bundle_dir: Path, work: Path, key: Path, seed: int = 0, corpus=None, f
         return None
     bundle = load_bundle(bundle_dir, trusted_keys=_public_half(key))
     cmds = [w for w in bundle.manifest["extra"]["labels12"] if not w.startswith("_")]
-    files = train(cmds, work, seed, corpus) if files is None else files
+    files = train(cmds, work, seeds, corpus) if files is None else files
     cfg = choose(bundle, files, *negatives, after_s=after_s)
     add_to_bundle(bundle_dir, files, cfg, key,
-                  recipe={"host.export.esphome.ExportConfig": "defaults", "seed": seed, "user_clips": 0})
+                  recipe={"host.export.esphome.ExportConfig": "defaults", "seeds": list(seeds), "user_clips": 0})
     return cfg

@@ -13,7 +13,8 @@ the command's streaming model (LiteRT, state fresh), the highest sliding-window 
 window of 5) whose window ends from ``LO_S`` before the keyword end to ``POST_S`` after, then two
 rules: the phrase model's peak >= P; or the geometric mean of the first stage's peak and it >= T.
 
-    $ .venv/bin/python scripts/base_phrase_cascade.py [SEED] [--continuous] [--bench] [--post=S]   # --bench: kws_base's streams, once
+    $ .venv/bin/python scripts/base_phrase_cascade.py [SEED] [--continuous] [--bench] [--post=S] [--ensemble=s0,s1]
+      # --bench: kws_base's streams, once
 """
 
 from __future__ import annotations
@@ -58,17 +59,33 @@ root = Path(__file__).resolve().parents[1] / "build" / f"base_phrase_s{seed}{tag
 names = list(COMMANDS10)
 
 
-class Phrase:
-    """The command's exported model as ``edge.phrase_stage.PhraseConfirm`` runs it (fresh state per snippet)."""
+# --ensemble=TAG,TAG: the mean of several trained sets' per-inference outputs (build/base_phrase_s<SEED><TAG>
+# for "s1", "s0_more", ...) before ESPHome's sliding window: what one model averaging them would give
+ensemble = next((a[len("--ensemble="):].split(",") for a in sys.argv[1:] if a.startswith("--ensemble=")), None)
 
-    def __init__(self, path: Path):
-        self.model = PhraseModel(path.read_bytes(), path.stem)
+
+class Phrase:
+    """The command's exported model(s) as ``edge.phrase_stage.PhraseConfirm`` runs it (fresh state per snippet)."""
+
+    def __init__(self, paths):
+        self.models = [PhraseModel(p.read_bytes(), p.stem) for p in paths]
 
     def peak(self, feats: np.ndarray, t_rel: float) -> float:
-        return self.model.peak_features(feats, t_rel, POST_S)
+        if len(self.models) == 1:
+            return self.models[0].peak_features(feats, t_rel, POST_S)
+        from edge.phrase_stage import RECEPTIVE_S, SLIDING, STEP, STRIDE
+        outs = [m.outputs(feats) for m in self.models]
+        out, ends = np.mean([o for o, _ in outs], axis=0), outs[0][1]
+        if len(out) < SLIDING:
+            return 0.0
+        mean = np.convolve(out, np.ones(SLIDING) / SLIDING, mode="valid")
+        e = ends[SLIDING - 1:]
+        ok = (e >= RECEPTIVE_S + (SLIDING - 1) * STRIDE * STEP / SR) & (e >= t_rel - LO_S) & (e <= t_rel + POST_S)
+        return float(mean[ok].max()) if ok.any() else 0.0
 
 
-phrase = {c: Phrase(root / c / f"{c}.tflite") for c in names}
+roots = [root] if ensemble is None else [root.parent / f"base_phrase_{t}" for t in ensemble]
+phrase = {c: Phrase([r / c / f"{c}.tflite" for r in roots]) for c in names}
 _, shipped = load(str(DEFAULT_BUNDLE))
 det = Detector(shipped)
 seeds, stream_seed, syn_args = BENCH_SEEDS if bench else DEV_SEEDS
@@ -153,5 +170,5 @@ for b, p in best.items():
     print(f"  <= {b}: " + ("-" if p is None else " / ".join(f"{v:.3f}" for v in p["recall"].values())
                           + f" ({p['point']}, {p['real_fa_h']:g})"))
 (root / f"cascade{'_bench' if bench else ''}{'_cont' if continuous else ''}"
- f"{'' if POST_S == 0.5 else f'_post{POST_S:g}'}.json").write_text(json.dumps({"points": pts, "best": best}, indent=1,
+ f"{'' if POST_S == 0.5 else f'_post{POST_S:g}'}{'' if ensemble is None else '_ens_' + '+'.join(ensemble)}.json").write_text(json.dumps({"points": pts, "best": best}, indent=1,
                                                                             default=str) + "\n")

@@ -1,13 +1,14 @@
 """Build the base commands' phrase second stage into an existing bundle (issue 17; edge/phrase_stage.py).
 
-``host.phrase_stage`` does the work (``edgelearn model`` runs it on the bundle it builds): one phrase
-model per command (the ESPHome export's recipe with no user clip, ~1.5 min of CPU each; or
-``--models DIR`` where ``scripts/base_phrase_dev.py`` trained them, DIR/<command>/<command>.tflite),
+``host.phrase_stage`` does the work (``edgelearn model`` runs it on the bundle it builds): two phrase
+models per command (the ESPHome export's recipe with no user clip, seeds 0 and 1, ~1.5 min of CPU
+each; or ``--models DIR,DIR`` where ``scripts/base_phrase_dev.py SEED`` trained them,
+DIR/<command>/<command>.tflite, one directory per seed),
 each command's cutoff chosen on development data only, the models and ``extra.phrase_stage`` written
 into the bundle and the manifest signed again with the release key. ``--card-only`` rewrites the
 model card's section from the bundle's ``extra.phrase_stage`` and signs again.
 
-    $ .venv/bin/python scripts/build_phrase_stage.py --models build/base_phrase_s0 \
+    $ .venv/bin/python scripts/build_phrase_stage.py --models build/base_phrase_s0,build/base_phrase_s1 \
           --bundle edge/models/kws-dscnn-s --key ~/.config/edgelearn/release.key [--after S] [--card-only]
 """
 
@@ -26,9 +27,9 @@ from host.phrase_stage import AFTER_S  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="build_phrase_stage", description=__doc__.splitlines()[0])
-    ap.add_argument("--models", type=Path, default=None, help="trained models (DIR/<command>/<command>.tflite)")
+    ap.add_argument("--models", default=None,
+                    help="trained models, one directory per seed, comma-separated (DIR/<command>/<command>.tflite)")
     ap.add_argument("--train", type=Path, default=None, help="train them into this directory instead")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bundle", type=Path, required=True, help="the bundle directory to add them to (edited in place)")
     ap.add_argument("--key", type=Path, required=True, help="the private key that signs the bundle (NAME.pub beside it)")
     ap.add_argument("--card-only", action="store_true",
@@ -47,12 +48,13 @@ def main(argv=None) -> int:
         from edge.bundle import load_bundle
 
         labels = load_bundle(a.bundle, trusted_keys=a.key.with_suffix(".pub")).manifest["extra"]["labels12"]
-        files = {c: a.models / c / f"{c}.tflite" for c in labels if not c.startswith("_")}
-        missing = [str(f) for f in files.values() if not f.is_file()]
+        dirs = [Path(p) for p in a.models.split(",")]
+        files = {c: [d / c / f"{c}.tflite" for d in dirs] for c in labels if not c.startswith("_")}
+        missing = [str(f) for fs in files.values() for f in fs if not f.is_file()]
         if missing:
             raise SystemExit(f"build_phrase_stage: no model at {missing[0]}; train them (--train DIR) first")
-    cfg = P.build(a.bundle, a.train or Path(tempfile.mkdtemp(prefix="phrase_models_")), a.key, seed=a.seed,
-                  files=files, after_s=a.after)
+    cfg = P.build(a.bundle, a.train or Path(tempfile.mkdtemp(prefix="phrase_models_")), a.key, files=files,
+                  after_s=a.after)
     if cfg is None:
         return 1
     print(json.dumps({"cutoffs": cfg["cutoffs"], "fa_h": cfg["dev_fa_h"], "chosen_on": cfg["chosen_on"]}))

@@ -85,7 +85,7 @@ def test_only_the_bundles_own_encoder_gets_the_default_stage(bundle):
 @pytest.fixture(scope="module")
 def lights_on(tmp_path_factory):
     """A state with "lights on" enrolled from 5 renders of Flite rms, and a stream of 2 held-out
-    renders: the shipped first stage at 0.3 opens "left" on "lights" before the keyword crosses its
+    renders: the lowered first stage (0.3 then) opens "left" on "lights" before the keyword crosses its
     threshold, and "left"'s phrase model passes it (2026-12-06)."""
     from host.data import synth
 

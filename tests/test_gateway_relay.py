@@ -4,8 +4,9 @@ The board (the unix port behind a pseudo-terminal, flashed like a real one)
 enrols a keyword from 5 clips streamed over serial, adapts on feedback,
 and the gateway relays its signed check-in and its update to a real
 aggregator (uvicorn on 127.0.0.1), which accepts it. A resend is a duplicate;
-a tampered frame, a second update in the same round and an unprovisioned
-board are refused with the aggregator's reason, and the board keeps its state.
+a tampered frame, a second update in the same round, an unprovisioned
+board and a revoked one are refused with the aggregator's reason, and the
+board keeps its state.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ DEVICE = "esp32-gw"
 def setup(tmp_path_factory):
     from host.flash import flash
     tmp = tmp_path_factory.mktemp("gw")
-    agg = LiveAggregator(mcu_aggregator_state(tmp, {DEVICE: KEY}))
+    state = mcu_aggregator_state(tmp, {DEVICE: KEY})
+    agg = LiveAggregator(state)
+    agg.state_dir = state  # (test_a_revoked_board_...: `aggregator revoke` on it)
     rig = open_rig("pty")
     t = rig.transport()
     lines = flash(t, DEFAULT_BUNDLE, DEVICE, KEY)
@@ -98,3 +101,28 @@ def test_unprovisioned_board_is_refused_at_checkin(setup, tmp_path):
         Gateway(OtherBoard(), agg.url).relay()
     assert e.value.status == 401
     assert json.loads(link.command("checkin").split(" body=", 1)[1])["device_id"] == DEVICE
+
+
+def test_a_revoked_board_is_refused_with_the_reason_and_keeps_its_state(setup):
+    """`edgelearn aggregator revoke` on the board's id (a stolen board): its check-in and an update it
+    signs are refused 403 DeviceRevoked through the gateway, with the fix (provision again, flash the
+    new key), nothing of it is stored (its update in the open round is taken back), and the board
+    keeps its state. Last in this file: the revocation
+    holds for the module's aggregator."""
+    from host.aggregator.setup import revoke
+    from host.gateway import Gateway, RelayRefused
+    agg, link = setup
+    before, stored = link.command("status"), agg.updates()
+    rnd = stored[0][2] if stored else 1
+    assert not revoke(agg.state_dir, DEVICE)["already"]
+    stored = agg.updates()  # its update in the open round taken back (host.aggregator.setup.revoke)
+    assert not any(dev == DEVICE for dev, _, _ in stored)
+    gw = Gateway(link, agg.url)
+    frame = link.collect_update(rnd + 1)
+    for call in (gw.relay, lambda: gw._post("/v1/updates", frame, {"X-Edgelearn-Device": DEVICE})):
+        with pytest.raises(RelayRefused) as e:
+            call()
+        assert e.value.status == 403 and e.value.error == "DeviceRevoked", e.value
+        assert f"aggregator provision --device {DEVICE}" in e.value.fix and "\n" not in str(e.value)
+    assert agg.updates() == stored
+    assert link.command("status").split("heap_free")[0] == before.split("heap_free")[0]

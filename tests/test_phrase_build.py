@@ -32,7 +32,8 @@ def world(tmp_path_factory):
     models = tmp / "models"
     models.mkdir()
     bare, priv, cfg = strip_phrase_stage(tmp, models_to=models)
-    files = {c: models / f"{c}.tflite" for c in cfg["models"]}
+    files = {c: [models / f"{c}{'_%d' % i if i else ''}.tflite" for i in range(len(names))]
+             for c, names in cfg["models"].items()}
     parts = []
     for v in ("en-us+m1", "en-gb+f4"):
         for clip in render(Voice("espeak", v), [(w, 1.0, 1.0) for w in NEAR_MISSES]):
@@ -86,7 +87,13 @@ def test_the_stage_goes_into_the_bundle_signed_and_loads_as_a_device_loads_it(wo
     assert (d / "MODEL_CARD.md").read_text().count(P.CARD_HEADING.strip()) == 1
     stage = default_stage(b)
     assert isinstance(stage, PhraseConfirm) and stage.cutoffs == cfg["cutoffs"]
-    assert all((d / f"phrase_{c}.tflite").read_bytes() == f.read_bytes() for c, f in world["files"].items())
+    assert all((d / name).read_bytes() == f.read_bytes() for c, fs in world["files"].items()
+               for name, f in zip(P.bundle_names(c, len(fs)), fs))
+    assert all(len(fs) == 2 for fs in world["files"].values())
+    one = {c: fs[:1] for c, fs in world["files"].items()}  # one seed each now: the second files go
+    P.add_to_bundle(d, one, {**cfg, "models": {c: P.bundle_names(c, 1) for c in one}}, world["key"])
+    assert not list(d.glob("phrase_*_1.tflite")) and len(list(d.glob("phrase_*.tflite"))) == 10
+    assert load_bundle(d, trusted_keys=pub).manifest["extra"]["phrase_stage"]["models"]["yes"] == ["phrase_yes.tflite"]
 
 
 def test_build_uses_the_development_negatives_and_without_them_changes_nothing(world, tmp_path, monkeypatch,

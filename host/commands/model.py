@@ -34,7 +34,7 @@ def add_arguments(p) -> None:
                         "development data for the shipped weights)")
     p.add_argument("--reuse", action="store_true", help="reuse training/quantisation outputs in --work")
     p.add_argument("--no-phrase-models", action="store_true",
-                   help="do not train the base commands' phrase models (~15 min of CPU): the bundle then runs "
+                   help="do not train the base commands' phrase models (~30 min of CPU): the bundle then runs "
                         "its first stage alone by default")
 
 

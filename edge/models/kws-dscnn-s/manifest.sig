@@ -1,1 +1,1 @@
-edgelearn-ed25519-signature 05567ea7709459c9 sADcizAz2yRRsQZSMhLY5In8sVkx97Fz+aRK1APkOus/oczbhZ0p2MsBPzCTEhwrmDwdiZUFxAy/xFfm+XtIDA==
+edgelearn-ed25519-signature 05567ea7709459c9 44QVfyPI4ESexSGcUdFVA0X6wWKcycZ9qSyvwbkzX1AkNcW5RS4JZ21NYapIjodwMiyxzstJS4nuc/FDLZTOBg==

@@ -24,9 +24,10 @@ before the keyword end) and the event stands only if it heard the command (``say
 ``edge.confirm``: the command alone; ``edge.phrase_stage``: the command's phrase model reaches its
 cutoff); a rejected one, like a custom keyword's, gives no event and no refractory period. The
 event keeps its ``time_s`` and comes up to ``after_s`` later. Where custom keywords are enrolled
-too, a base candidate is decided only a refractory period past its keyword end, and a custom
-keyword crossing its threshold before then takes it over (``_custom_first``): the lowered first
-stage would otherwise let a command the user's phrase starts like ("left" in "lights on") win.
+too, a base event the stage passed comes out only a refractory period past its keyword end, and a
+custom keyword crossing its threshold before then takes it over (``_custom_first``): the lowered
+first stage would otherwise let a command the user's phrase starts like ("left" in "lights on")
+win. A rejected candidate frees the detector at once, as without enrolled keywords.
 
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
@@ -291,9 +292,9 @@ class Detector:
         return out
 
     def _custom_first(self, over, end_s: float) -> bool:
-        """With a second stage on the base commands (their first stage lowered, e.g. to 0.3), does an
-        enrolled keyword crossing its own threshold take over a base candidate that is open or waits
-        for the stage (``_wait``)? It does: the user's own phrase ("lights on") is not lost to a
+        """With a second stage on the base commands (their first stage lowered, e.g. to 0.2), does an
+        enrolled keyword crossing its own threshold take over a base candidate that is open, waits
+        for the stage, or was passed by it and is held (``_wait``)? It does: the user's own phrase ("lights on") is not lost to a
         command it starts like ("left"), which the lowered first stage opens first and the stage,
         judging sound, may pass (tests/test_keywords_rebuild.py's enrolled "lights on" was, 2026-12-06)."""
         nb = len(self.base_idx)

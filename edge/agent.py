@@ -91,9 +91,8 @@ class AgentConfig:
     threshold: object = None
     sensitivity: float | None = None
     confirm: float = 0.9
-    asr: bool | str = "auto"       # the base commands' second stage: "auto", the default operating point's
-    #                                (edge.device_detect.default_stage); True, PocketSphinx (edge/confirm.py);
-    #                                "phrase", the bundle's phrase models (edge/phrase_stage.py); False, none
+    asr: bool | str = "auto"       # the base commands' second stage: "auto" (the default's, edge.device_detect),
+    #                                True (PocketSphinx, edge/confirm.py), "phrase" (edge/phrase_stage.py), False
     data: Path | None = None       # labelled clips DIR/<label>/*.wav: adaptation, federated examples, health check
     strategy: str = "bias-only"
     keep_versions: int | None = None  # adapted versions kept besides current and previous (None: 10)

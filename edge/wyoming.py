@@ -97,9 +97,8 @@ class WakeServer:
 
     ``keywords``: the base keywords offered (None: the bundle's commands, as ``device detect``);
     ``threshold`` / ``sensitivity`` / ``asr``: as ``Device.detect`` (``asr``: a second stage confirms
-    each base-keyword detection: "auto", the default operating point's; True, PocketSphinx,
-    ``edge.confirm``; "phrase", the bundle's phrase models, ``edge.phrase_stage``; False, none). The
-    enrolled keywords are always offered.
+    each base-keyword detection: "auto", the default's; True, PocketSphinx; "phrase", the bundle's
+    phrase models; False, none). The enrolled keywords are always offered.
     ``zeroconf``: False (default), True (announce under the default name) or a name (an
     ``edge.wyoming_mdns.Announcement``; while serving its ``service`` is ``NAME._wyoming._tcp.local.``)."""
 

@@ -23,11 +23,13 @@ its default runs.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from edge.atomic import atomic_write
+from host.bundle import PUBLIC  # a bundle's files are world-readable (keys and device state are 0600)
 
 # chosen on development data (docs/edge-runtime.md; `base_phrase_cascade.py 0 --post=0.3 --ensemble=s0,s1`):
 # the two seeds' mean at 0.2 63.3 / 48.3 / 31.1 %, at 0.3 60.0 / 46.1 / 27.8 %, each at 0 development FA/h;
@@ -175,10 +177,10 @@ def add_to_bundle(d: Path, files: dict, cfg: dict, key: Path, recipe: dict | Non
             old.unlink()
     for c, fs in files.items():
         for f, name in zip(fs, names[c]):
-            shutil.copyfile(f, d / name)
+            atomic_write(d / name, Path(f).read_bytes(), mode=PUBLIC)
     m = json.loads((d / "manifest.json").read_text())
     m["extra"]["phrase_stage"] = {**cfg, **({"recipe": recipe} if recipe is not None else {})}
-    (d / "manifest.json").write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
+    atomic_write(d / "manifest.json", (json.dumps(m, indent=1, sort_keys=True) + "\n").encode(), mode=PUBLIC)
     write_card(d, m["extra"]["phrase_stage"], key)
 
 
@@ -189,7 +191,7 @@ def write_card(d: Path, cfg: dict, key: Path) -> None:
 
     card = (d / "MODEL_CARD.md").read_text()
     card = card.split(CARD_HEADING)[0].rstrip("\n") + "\n"
-    (d / "MODEL_CARD.md").write_text(card + card_section(cfg))
+    atomic_write(d / "MODEL_CARD.md", (card + card_section(cfg)).encode(), mode=PUBLIC)
     refresh_files(d)
     sign_bundle(d, key)
     load_bundle(d, trusted_keys=_public_half(key))  # verifies as a device would

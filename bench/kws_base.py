@@ -16,9 +16,11 @@ transcribed). Reported per operating point:
   without prompts holding a word that sounds like a command): every event there is false.
 
 Operating points: the default, what ``device detect`` runs given no option (since 2026-12-06,
-session 43: where the bundle ships phrase models, its first stage at 0.3 and each candidate judged
-by the command's phrase model, ``edge.device_detect.default_stage``; cutoffs chosen on development
-data by scripts/build_phrase_stage.py), the first stage alone at the bundle's own thresholds
+session 43: where the bundle ships phrase models, its first stage at 0.2 and each candidate judged
+by the command's phrase models, ``edge.device_detect.default_stage``; cutoffs chosen on development
+data by host/phrase_stage.py), the same two stages with each command's cutoff calibrated to <= 0.5
+false accepts per hour on the negatives below as ``device calibrate`` calibrates them
+(``edge.phrase_calibrate``; what ``--sensitivity 0.5`` then runs, since session 44), the first stage alone at the bundle's own thresholds
 (``--no-phrase``; manifest ``extra.operating``, chosen on development data by host/recipe.py; per
 command, 0.62-0.93, since version 2), the fixed 0.7 of version 1, and per-keyword thresholds
 calibrated (``edge.operating.calibrate``) to <= 0.5 false accepts per hour on negative
@@ -115,6 +117,23 @@ def operating_point(km, dev, syn) -> dict:
     cal = calibrate(negs, hours + hours2, TARGET_FA_H, det.names)
     thr = cal["thresholds"]
     return {"thresholds": thr, "dev_fa_h": cal["fa_h"], "dev_hours": hours, "synthetic_hours": hours2}
+
+
+def phrase_point(km, stage, dev, syn) -> dict:
+    """Both stages calibrated as ``device calibrate`` does it (``edge.phrase_calibrate``), on the same
+    negatives as ``operating_point``: the stage's first-stage threshold, each command's cutoff."""
+    from edge import phrase_calibrate as PC
+
+    pcm, spans = R.concat(dev)
+
+    def false_on_dev(e) -> bool:  # an event on a dev prompt that says the keyword is not false
+        return not any(a - 0.3 <= e["time_s"] <= b + 1.0 and p.says(e["keyword"]) for (a, b), p in zip(spans, dev))
+
+    evs = PC.record(lambda rec: Detector(km, threshold=stage.first_stage, asr=rec), stage, [[pcm], [syn]])
+    hours = (len(pcm) + len(syn)) / 16000 / 3600
+    cut, rate = PC.cutoffs([(evs[0], false_on_dev), (evs[1], None)], hours, list(stage.cutoffs),
+                           stage.first_stage, TARGET_FA_H)
+    return {"first_stage": stage.first_stage, "cutoffs": cut, "dev_fa_h": rate, "hours": hours}
 
 
 def detector(km, setting) -> Detector:
@@ -285,8 +304,18 @@ def _run(a) -> int:
     stage = default_stage(bundle)  # the default's second stage (edge.device_detect), where the bundle ships it
     if stage is not None:  # what `device detect` runs given no option: both stages
         default = f"default operating point (first stage at {stage.first_stage:g} + the bundle's phrase models)"
+        both = phrase_point(km, stage, dev, syn)
+
+        def calibrated_both(km):
+            st = default_stage(bundle)
+            st.cutoffs = dict(both["cutoffs"])
+            return Detector(km, threshold=both["first_stage"], asr=st)
+
         points = {default: lambda km: Detector(km, threshold=stage.first_stage, asr=default_stage(bundle)),
-                  f"first stage alone ({first}; --no-phrase)": own or 0.7}
+                  f"first stage alone ({first}; --no-phrase)": own or 0.7,
+                  f"both stages calibrated <= {TARGET_FA_H} FA/h (dev; `device calibrate`, `--sensitivity "
+                  f"{TARGET_FA_H}`)": calibrated_both}
+        op["phrase"] = both
     else:
         default = f"default operating point ({first})"
         points = {default: own or 0.7}

@@ -144,6 +144,7 @@ class Detector:
         self.rejected = 0
         self.verified = 0      # windows the second stage ran on
         self.pending = None    # a base keyword's candidate waiting for the recogniser's audio
+        self.judging = None    # the last candidate put to the recogniser (_confirm)
         self._accepted = False  # ...or, passed by it, for the enrolled keywords' chance (``_wait``)
         self.audio = np.zeros(0, np.int16)  # the last seconds of audio, with asr
         self.samples = 0       # samples pushed since reset
@@ -191,6 +192,8 @@ class Detector:
         a = max(0, int(round((t - self._before) * F.SAMPLE_RATE)) - start)
         b = max(a, min(len(self.audio), self._pending_end(t) - start))
         says_at = getattr(self.asr, "says_at", None)  # a stage that needs the keyword end in the snippet
+        # the candidate judged now (``edge.phrase_calibrate.Recorder`` reads it)
+        self.judging = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
         ok = (says_at(self.names[k], self.audio[a:b], (t * F.SAMPLE_RATE - start - a) / F.SAMPLE_RATE)
               if says_at is not None else self.asr.says(self.names[k], self.audio[a:b]))
         if not ok:

@@ -264,11 +264,16 @@ class Device(Detection, Enrolment):
         EdgelearnError and nothing written). Saved under the state
         lock as the state's operating points for
         the active model and context (``detect(sensitivity=R)`` uses them); returns the table
-        ({"for", "hours", "files", "points": [{"target_fa_h", "thresholds", ...}]})."""
+        ({"for", "hours", "files", "points": [{"target_fa_h", "thresholds", ...}]}). Where detection
+        runs the phrase second stage by default (``edge.device_detect.default_stage``), each point
+        also holds the stage's cutoffs for its rate (``"phrase"``, ``edge.phrase_calibrate``), so a
+        sensitivity keeps both stages; the thresholds are the first stage's alone (``--no-phrase``)."""
+        from edge import phrase_calibrate as PC
         from edge.audio import open_wav
         from edge.detect import Detector
-        from edge.operating import (TARGETS, SoundMeter, calibrate, check_length, check_targets, save_points,
-                                    stream_scores)
+        from edge.device_detect import _own_encoder, default_stage
+        from edge.operating import (TARGETS, SoundMeter, calibrate, check_length, check_targets, held_at_default,
+                                    save_points, stream_scores)
         from edge.options import check_paths
 
         targets = check_targets(TARGETS if targets is None else targets)  # finite, above 0
@@ -277,15 +282,21 @@ class Device(Detection, Enrolment):
         bundle = self.bundle
         km, head = self.models()
         det = Detector(km, head=head)
+        stage = default_stage(bundle) if _own_encoder(km, head) else None
+        both = PC.Collector(lambda rec: Detector(km, head=head, threshold=stage.first_stage, asr=rec), stage)
         streams, hours, meter = [], 0.0, SoundMeter()
         for path in wavs:
             with open_wav(path, min_samples=16000) as w:  # read in pieces: an hour of audio is fine
-                sc, ends, h = stream_scores(det, meter.tee(w.chunks(16000 * 60)))
+                chunks = meter.tee(w.chunks(16000 * 60))
+                sc, ends, h = stream_scores(det, chunks if stage is None else both.tee(chunks))
             streams.append((sc, ends, None))
             hours += h
         check_length(hours)  # far too little audio: refused, the earlier calibration kept
         meter.check(str(wavs[0]) if len(wavs) == 1 else "the audio given")  # silence, a tone: refused too
-        points = [_held_at_default(calibrate(streams, hours, t, det.names), det) for t in targets]
+        points = [held_at_default(calibrate(streams, hours, t, det.names), det) for t in targets]
+        if stage is not None:
+            for p, ph in zip(points, PC.device_points(stage, both.streams, hours, targets)):
+                p["phrase"] = ph
         table = {"for": calibrated_for(bundle, self.state_dir), "hours": hours,
                  "files": [str(p) for p in wavs], "points": points}
         save_points(self.state_dir, table)
@@ -385,20 +396,3 @@ class Device(Detection, Enrolment):
                            "yet (check the --state path if you expected a device)")
         return out
 
-
-def _held_at_default(point: dict, det) -> dict:
-    """A calibrated point no more permissive than the detector's default thresholds (the bundle's own
-    operating point) where the audio cannot show its target: when a single false accept would already
-    exceed a keyword's share of the target rate, no event at all is all the audio can say, and the
-    lowest threshold on the grid passes that on half a minute of a quiet room (the strictest
-    sensitivity then fired the most). Those keywords keep the default (``held_at_default``)."""
-    share = point["target_fa_h"] / len(det.names)
-    if point["hours"] * share >= 1:
-        return point
-    default = {n: round(float(t), 4) for n, t in zip(det.names, det.thresholds)}
-    held = sorted(n for n, t in point["thresholds"].items() if t < default[n])
-    for n in held:
-        point["thresholds"][n] = default[n]
-    if held:
-        point["held_at_default"] = held
-    return point

@@ -102,8 +102,17 @@ class Detection:
         if sensitivity is not None:
             from edge.operating import load_points
 
-            threshold = load_points(self.state_dir, calibrated_for(bundle, self.state_dir)).thresholds(sensitivity)
-            if keywords is not None:
+            point = load_points(self.state_dir, calibrated_for(bundle, self.state_dir)).point(sensitivity)
+            threshold = dict(point["thresholds"])
+            if point.get("phrase") and asr in (AUTO, "phrase") and keywords != [] and _own_encoder(km, head):
+                # both stages at the rate asked for (``edge.phrase_calibrate``): the first at the stage's
+                # threshold (raised for a command the place says a sound-alike of), each command's cutoff
+                # calibrated on the place's audio
+                recogniser = default_stage(bundle) if recogniser is None else recogniser
+                if recogniser is not None:
+                    recogniser.cutoffs = {**recogniser.cutoffs, **point["phrase"]["cutoffs"]}
+                    threshold = dict(point["phrase"]["first_stage"])
+            if keywords is not None and isinstance(threshold, dict):
                 threshold = {w: t for w, t in threshold.items() if w in keywords}
         if threshold is None:  # the version's own operating point (an adapted tail ends in its head too)
             thr = version_thresholds(bundle)

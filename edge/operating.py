@@ -178,6 +178,24 @@ def calibrate(streams, hours: float, target_fa_h: float, names, grid=GRID, smoot
     return {"target_fa_h": target_fa_h, "hours": hours, "thresholds": out, "fa_h": rates}
 
 
+def held_at_default(point: dict, det) -> dict:
+    """A calibrated point no more permissive than the detector's default thresholds (the bundle's own
+    operating point) where the audio cannot show its target: when a single false accept would already
+    exceed a keyword's share of the target rate, no event at all is all the audio can say, and the
+    lowest threshold on the grid passes that on half a minute of a quiet room (the strictest
+    sensitivity then fired the most). Those keywords keep the default (``held_at_default``)."""
+    share = point["target_fa_h"] / len(det.names)
+    if point["hours"] * share >= 1:
+        return point
+    default = {n: round(float(t), 4) for n, t in zip(det.names, det.thresholds)}
+    held = sorted(n for n, t in point["thresholds"].items() if t < default[n])
+    for n in held:
+        point["thresholds"][n] = default[n]
+    if held:
+        point["held_at_default"] = held
+    return point
+
+
 def matched(scores, ends, reference, names, grid=GRID, smooth: int = 2) -> dict:
     """Per keyword, the lowest threshold on ``grid`` at which it fires on this negative stream no
     more often than ``reference`` says (its event count, e.g. another model's at 0.7 on the same
@@ -200,12 +218,16 @@ class OperatingPoints:
             raise EdgelearnError("operating-point table has a target that is not a rate above 0", fix="recalibrate")
         self.points = sorted(pts, key=lambda p: p["target_fa_h"])
 
-    def thresholds(self, fa_h: float) -> dict:
+    def point(self, fa_h: float) -> dict:
+        """The point calibrated to the largest rate at or under ``fa_h``."""
         ok = [p for p in self.points if p["target_fa_h"] <= fa_h]
         if not ok:
             raise EdgelearnError(f"no operating point at or under {fa_h} false accepts per hour",
                                  fix=f"ask for one of {[p['target_fa_h'] for p in self.points]}")
-        return dict(ok[-1]["thresholds"])
+        return ok[-1]
+
+    def thresholds(self, fa_h: float) -> dict:
+        return dict(self.point(fa_h)["thresholds"])
 
 
 POINTS_FILE = "operating.json"
@@ -232,6 +254,10 @@ class StaleCalibration(EdgelearnError):
     the model's own thresholds until it matches again; ``device detect --sensitivity`` refuses it."""
 
 
+def _unit(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+
+
 def _read_points(path) -> tuple[dict, OperatingPoints]:
     """(table, points) of an existing operating.json, or one EdgelearnError: it is damaged."""
     import json
@@ -242,8 +268,9 @@ def _read_points(path) -> tuple[dict, OperatingPoints]:
         table = json.loads(path.read_bytes())
         points = OperatingPoints(table)
         for p in points.points:
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
-                       for v in p["thresholds"].values()):
+            phrase = p.get("phrase", {"first_stage": {}, "cutoffs": {}})  # both stages', since session 44
+            if not all(_unit(v) for v in [*p["thresholds"].values(), *phrase["first_stage"].values(),
+                                          *phrase["cutoffs"].values()]):
                 raise TypeError("a threshold is not a number")
     except (ValueError, TypeError, KeyError, AttributeError, EdgelearnError, RecursionError, UnicodeDecodeError):
         raise EdgelearnError(f"{path} is damaged", fix="run `edgelearn device calibrate` again") from None
@@ -292,7 +319,8 @@ def calibration_status(state_dir, bundle) -> dict | None:
     except EdgelearnError:  # a damaged adapt pointer: status reports it where it shows the contexts
         now = None
     out = {"targets": [p["target_fa_h"] for p in points.points], "hours": table.get("hours"),
-           "for": table.get("for"), "current": None if now is None else table.get("for") == now}
+           "for": table.get("for"), "current": None if now is None else table.get("for") == now,
+           "phrase_stage": all("phrase" in p for p in points.points)}  # both stages calibrated (session 44)
     if out["current"] is False:
         out["stale"] = f"calibrated for {table.get('for')}, and detection runs {now}"
         out["fix"] = "run `edgelearn device calibrate` again to use a sensitivity with this model and context"

@@ -149,6 +149,17 @@ class PhraseModel:
         return float(mean[ok].max()) if ok.any() else 0.0
 
 
+def snippet_peak(model: PhraseModel, pcm, keyword_end_s: float | None, after_s: float) -> float:
+    """``model``'s peak on a candidate's snippet whose keyword ends ``keyword_end_s`` into it (None:
+    ``after_s`` before its end, a snippet cut as the Detector cuts it mid-stream)."""
+    pcm = np.asarray(pcm, np.int16)
+    end = len(pcm) / SAMPLE_RATE - after_s if keyword_end_s is None else float(keyword_end_s)
+    short = int(round((end + after_s) * SAMPLE_RATE)) - len(pcm)
+    if short > 0:  # the stream ended sooner: what follows is silence, as after a command said last
+        pcm = np.concatenate([pcm, np.zeros(short, np.int16)])
+    return model.peak(pcm, end, after_s)
+
+
 class PhraseConfirm:
     """``says(word, pcm) -> bool`` for ``edge.detect.Detector``'s ``asr`` hook: does ``word``'s phrase
     model reach its cutoff on the candidate's snippet (int16, ``before_s`` + ``after_s`` s ending
@@ -171,14 +182,9 @@ class PhraseConfirm:
         model = self.models.get(word)
         if model is None:
             return None
-        pcm = np.asarray(pcm, np.int16)
         self.decoded += 1
         self.seconds += len(pcm) / SAMPLE_RATE
-        end = len(pcm) / SAMPLE_RATE - self.after_s if keyword_end_s is None else float(keyword_end_s)
-        short = int(round((end + self.after_s) * SAMPLE_RATE)) - len(pcm)
-        if short > 0:  # the stream ended sooner: what follows is silence, as after a command said last
-            pcm = np.concatenate([pcm, np.zeros(short, np.int16)])
-        self.last = model.peak(pcm, end, self.after_s)
+        self.last = snippet_peak(model, pcm, keyword_end_s, self.after_s)
         return self.last
 
     def says_at(self, word: str, pcm, keyword_end_s: float) -> bool:

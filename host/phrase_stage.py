@@ -26,9 +26,9 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
+from edge import phrase_calibrate as PC
 from edge.atomic import atomic_write
+from edge.phrase_calibrate import GRID, accepted, cutoffs as calibrate, refractory  # noqa: F401 (its names before)
 from host.bundle import PUBLIC  # a bundle's files are world-readable (keys and device state are 0600)
 
 # chosen on development data (docs/edge-runtime.md; `base_phrase_cascade.py 0 --post=0.3 --ensemble=s0,s1`):
@@ -41,7 +41,6 @@ SEEDS_TRAIN = (0, 1)
 # 0.5 52.2 / 45.0 / 24.4 %, 0.3 52.2 / 44.4 / 24.4 %, 0.2 50.6 / 37.2 / 20.6 %, each at 0 FA/h
 BEFORE_S, AFTER_S = 2.0, 0.3
 TARGET_FA_H = 0.5
-GRID = tuple(sorted(set(np.round(np.arange(0.5, 1.0, 0.005), 3)) | {0.996, 0.998, 1.0}))
 SEEDS = (101, 55, {"n": 600, "seed": 31})   # scripts/curve_variants.py's development draws
 CARD_HEADING = "\n## Phrase models (the base commands' second stage)\n"
 
@@ -70,63 +69,29 @@ def bundle_names(c: str, n: int) -> list[str]:
 class Stage:
     """``PhraseConfirm``'s peak from model files ({command: [files]}), before a bundle holds them."""
 
-    def __init__(self, files: dict, before_s: float = BEFORE_S, after_s: float = AFTER_S):
+    def __init__(self, files: dict, before_s: float = BEFORE_S, after_s: float = AFTER_S,
+                 first_stage: float = FIRST_STAGE):
         from edge.phrase_stage import PhraseModel
 
-        self.before_s, self.after_s = before_s, after_s
+        self.before_s, self.after_s, self.first_stage = before_s, after_s, first_stage
         self.models = {c: PhraseModel([Path(f).read_bytes() for f in fs], c) for c, fs in files.items()}
 
-    def peak(self, word, pcm):
+    def peak(self, word, pcm, keyword_end_s: float | None = None):
+        from edge.phrase_stage import snippet_peak
+
         m = self.models.get(word)
-        return None if m is None else m.peak(np.asarray(pcm, np.int16), len(pcm) / 16000 - self.after_s,
-                                             self.after_s)
+        return None if m is None else snippet_peak(m, pcm, keyword_end_s, self.after_s)
 
 
 def candidates(bundle, stage, pcm, first: float) -> list[dict]:
-    """The first stage's candidates over ``pcm`` (no refractory period: the Detector starts one only at an
-    accepted event), each with its phrase model's peak as ``stage`` computes it."""
-    from edge.detect import Detector, trigger
+    """The first stage's candidates over ``pcm`` as the Detector opens them at ``first``, each with
+    its phrase model's peak as ``stage`` computes it (``edge.phrase_calibrate.record``, which
+    ``device calibrate`` runs on a place's own audio)."""
+    from edge.detect import Detector
     from edge.kws import KeywordModel
-    from edge.operating import stream_scores
 
-    det = Detector(KeywordModel(bundle))
-    sc, ends, _ = stream_scores(det, pcm)
-    evs = trigger(sc, ends, first, det.names, refractory_s=0.0)
-    sr = 16000
-    for e in evs:
-        t = e["time_s"]
-        a, b = max(0, int(round((t - stage.before_s) * sr))), min(len(pcm), int(round((t + stage.after_s) * sr)))
-        e["phrase"] = stage.peak(e["keyword"], pcm[a:b])
-    return evs
-
-
-def refractory(events: list[dict], seconds: float = 1.0) -> list[dict]:
-    """One event per utterance, as the Detector's refractory period gives."""
-    kept = []
-    for e in sorted(events, key=lambda e: e["time_s"]):
-        if not kept or e["time_s"] - kept[-1]["time_s"] >= seconds:
-            kept.append(e)
-    return kept
-
-
-def accepted(evs, first: float, cutoffs: dict) -> list[dict]:
-    return refractory([e for e in evs if e["score"] >= first and (e["phrase"] is None or
-                       e["phrase"] >= cutoffs.get(e["keyword"], 1.0))], 1.0)
-
-
-def calibrate(negatives, hours: float, cmds, first: float, target: float) -> tuple[dict, dict]:
-    """({command: cutoff}, {command: false accepts per hour at it}) on ``negatives``: [(candidates,
-    is_false(event) or None)]."""
-    cut, rate = {}, {}
-    for c in cmds:
-        cut[c], rate[c] = 1.0, None
-        for x in GRID:
-            n = sum(1 for evs, false in negatives for e in accepted(evs, first, {c: x})
-                    if e["keyword"] == c and (false is None or false(e)))
-            if n / hours <= target / len(cmds):
-                cut[c], rate[c] = float(x), round(n / hours, 3)
-                break
-    return cut, rate
+    km = KeywordModel(bundle)
+    return PC.record(lambda rec: Detector(km, threshold=first, asr=rec), stage, [[pcm]])[0]
 
 
 def development_negatives():
@@ -160,7 +125,7 @@ def choose(bundle, files: dict, negatives, what: str, after_s: float = AFTER_S) 
     cmds = list(files)
     negs = [(candidates(bundle, stage, pcm, FIRST_STAGE), false) for pcm, false in negatives]
     hours = sum(len(pcm) for pcm, _ in negatives) / 16000 / 3600
-    cut, rate = calibrate(negs, hours, cmds, FIRST_STAGE, TARGET_FA_H)
+    cut, rate = PC.cutoffs(negs, hours, cmds, FIRST_STAGE, TARGET_FA_H)
     return {"models": {c: bundle_names(c, len(fs)) for c, fs in files.items()}, "cutoffs": cut,
             "first_stage": FIRST_STAGE, "before_s": BEFORE_S, "after_s": after_s, "target_fa_h": TARGET_FA_H,
             "dev_fa_h": rate, "chosen_on": f"{hours * 60:.0f} min of development negatives: {what}",

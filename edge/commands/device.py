@@ -308,8 +308,11 @@ def _calibrate(args) -> int:
     dev = _device(args)
     table = dev.calibrate(args.wav, targets)
     hours = table["hours"]
+    # "thresholds": the first stage's alone (--no-phrase); "phrase": both stages, what a sensitivity runs
     print(json.dumps({"hours": round(hours, 3), "points": [
-        {"target_fa_h": p["target_fa_h"], "thresholds": p["thresholds"]} for p in table["points"]]}))
+        {"target_fa_h": p["target_fa_h"], "thresholds": p["thresholds"],
+         **({"phrase": {k: p["phrase"][k] for k in ("first_stage", "cutoffs")}} if "phrase" in p else {})}
+        for p in table["points"]]}))
     if hours < 1.0:
         print(f"warning: {_duration(hours * 3600)} of audio pin a rate of {min(targets):g} per hour "
               "only loosely; calibrate on an hour or more", file=sys.stderr)

@@ -27,7 +27,9 @@ event keeps its ``time_s`` and comes up to ``after_s`` later. Where custom keywo
 too, a base event the stage passed comes out only a refractory period past its keyword end, and a
 custom keyword crossing its threshold before then takes it over (``_custom_first``): the lowered
 first stage would otherwise let a command the user's phrase starts like ("left" in "lights on")
-win. A rejected candidate frees the detector at once, as without enrolled keywords.
+win; where nothing is said for ``QUIET_S`` past the command it comes out then (no enrolled phrase
+goes on from a command said alone). A rejected candidate frees the detector at once, as without
+enrolled keywords.
 
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
@@ -51,6 +53,11 @@ from edge.errors import EdgelearnError
 
 NON_KEYWORDS = ("_silence_", "_unknown_")
 THRESHOLD = 0.7  # a base keyword's threshold when none is calibrated for it
+# a passed command held for the enrolled keywords' chance (``Detector._wait``) comes out once nothing
+# has been said for QUIET_S past its keyword end (the phrase stage's own wait: a command said alone
+# then comes out as without enrolled keywords), the loudness rule allowing QUIET_SLACK_S of its tail
+# (session 44; scripts/enrolled_hold_dev.py)
+QUIET_S, QUIET_SLACK_S = 0.3, 0.1
 
 
 def default_keywords(model) -> list[str]:
@@ -126,7 +133,8 @@ class Detector:
         # a base candidate is judged as soon as its snippet is whole; with enrolled keywords beside the
         # base ones, one the stage passed is held (``_accepted``) until the time its refractory period
         # would silence has passed, so that an enrolled keyword crossing its threshold there takes it
-        # over (``_custom_first``); one the stage rejects frees the detector at once
+        # over (``_custom_first``), or until nothing has been said for QUIET_S past it
+        # (``_quiet_after``); one the stage rejects frees the detector at once
         self._wait = max(self._after, refractory_s if custom is not None and len(custom.thresholds) else 0.0)
         self._keep = int((self._before + self._after + 0.5) * F.SAMPLE_RATE) + self.peak_hops * stride * F.HOP_LENGTH
         self.reset()
@@ -171,11 +179,21 @@ class Detector:
             ev = None
             if self.pending is not None and not self._accepted and self.samples >= self._pending_end(self.pending[2]):
                 ev = self._confirm()
-            if self._accepted and self.samples >= int(round((self.pending[2] + self._wait) * F.SAMPLE_RATE)):
+            if self._accepted and (self.samples >= int(round((self.pending[2] + self._wait) * F.SAMPLE_RATE))
+                                   or self._quiet_after(self.pending[2])):
                 ev = self._release()
             if ev is not None:
                 events.append(ev)
         return events
+
+    def _quiet_after(self, t: float) -> bool:
+        """Has nothing been said since the held command's keyword end ``t``, for ``QUIET_S``? No frame
+        after it as loud as the middle of the last second's loudness range (``_keyword_end``'s rule):
+        the command was said alone, so no enrolled phrase goes on from it and the rest of the wait
+        would only delay it. Speech going on (an enrolled "lights on" after the "left" it starts like),
+        or noise as loud as speech, keeps the whole wait."""
+        end_s = ((self.n_frames - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
+        return end_s >= t + QUIET_S and self._keyword_end(self._window(), end_s) <= t + QUIET_SLACK_S
 
     def _release(self):
         """The held base-keyword event (the stage passed it; no enrolled keyword took it over)."""

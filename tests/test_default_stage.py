@@ -16,6 +16,7 @@ from test_phrase_stage_wiring import bare_bundle  # noqa: F401 (fixture)
 import edge
 from edge import phrase_stage
 from edge.kws import DEFAULT_BUNDLE
+from edge.detect import QUIET_S
 from edge.phrase_stage import PhraseConfirm
 
 SR = 16000
@@ -160,7 +161,9 @@ def test_with_a_keyword_enrolled_a_passed_command_waits_its_refractory_period_an
     """"yes" then "stop" 0.2 s later on a device with "lights on" enrolled: "yes" is judged (and
     rejected) as soon as its snippet is whole, which frees the detector for "stop"; "stop", passed,
     comes out a refractory period past its keyword end (the enrolled keyword's chance to take it
-    over). Judged only at that point, as first built, "yes" held the detector past "stop"."""
+    over) when speech goes on after it, and as soon as it was judged when nothing is said after it
+    (session 44: a command said alone starts no enrolled phrase). Judged only at the end of that
+    period, as first built, "yes" held the detector past "stop"."""
     from test_phrase_stage import _stream
 
     st, _ = lights_on
@@ -170,6 +173,12 @@ def test_with_a_keyword_enrolled_a_passed_command_waits_its_refractory_period_an
     assert "yes" in det.asr.judged and det.rejected >= 1
     assert [e["keyword"] for e, _ in out] == ["stop"]
     [(e, n)] = out
-    assert 0 <= n - (e["time_s"] + det.refractory) * SR < 1700  # out with the first chunk past it
+    # nothing said after it: out within the chunk after the first stage's peak window and the stage's wait
+    assert (e["time_s"] + max(QUIET_S, det._after)) * SR <= n < (e["time_s"] + det.refractory - 0.3) * SR, n
+    talk, _ = _stream(["yes", "stop", "coffee", "tomorrow"], "en-us+m1", gap=0.15)
+    talk = np.concatenate([talk, np.zeros(2 * SR, np.int16)])
+    det, out = _held_run(st, talk)
+    [(e, n)] = [(e, n) for e, n in out if e["keyword"] == "stop"]
+    assert 0 <= n - (e["time_s"] + det.refractory) * SR < 1700  # speech went on: out with the first chunk past it
     late, out = _held_run(st, pcm, after=det._wait)
     assert "stop" not in [e["keyword"] for e, _ in out], "the test does not tell the two apart"

@@ -14,6 +14,7 @@ window of 5) whose window ends from ``LO_S`` before the keyword end to ``POST_S`
 rules: the phrase model's peak >= P; or the geometric mean of the first stage's peak and it >= T.
 
     $ .venv/bin/python scripts/base_phrase_cascade.py [SEED] [--continuous] [--bench] [--post=S] [--ensemble=s0,s1]
+          [--sliding=N] [--lo=S]
       # --bench: kws_base's streams, once
 """
 
@@ -55,6 +56,10 @@ seed = int(args[0]) if args else 0
 tag = next((a[len("--tag="):] for a in sys.argv[1:] if a.startswith("--tag=")), "")   # base_phrase_dev.py's TAG
 # --post=S: how long after the keyword end the snippet (and the windows judged) reach: the detection's wait
 POST_S = float(next((a[len("--post="):] for a in sys.argv[1:] if a.startswith("--post=")), POST_S))
+# --sliding=N, --lo=S (session 44): the sliding window of outputs (ESPHome's 5) and how long before the
+# keyword end a judged window may end (0.3), for an ensemble (``--ensemble``)
+SLIDE = int(next((a[len("--sliding="):] for a in sys.argv[1:] if a.startswith("--sliding=")), 5))
+LO_S = float(next((a[len("--lo="):] for a in sys.argv[1:] if a.startswith("--lo=")), LO_S))
 root = Path(__file__).resolve().parents[1] / "build" / f"base_phrase_s{seed}{tag}"
 names = list(COMMANDS10)
 
@@ -73,7 +78,8 @@ class Phrase:
     def peak(self, feats: np.ndarray, t_rel: float) -> float:
         if len(self.models) == 1:
             return self.models[0].peak_features(feats, t_rel, POST_S)
-        from edge.phrase_stage import RECEPTIVE_S, SLIDING, STEP, STRIDE
+        from edge.phrase_stage import RECEPTIVE_S, STEP, STRIDE
+        SLIDING = SLIDE
         outs = [m.outputs(feats) for m in self.models]
         out, ends = np.mean([o for o, _ in outs], axis=0), outs[0][1]
         if len(out) < SLIDING:
@@ -170,5 +176,6 @@ for b, p in best.items():
     print(f"  <= {b}: " + ("-" if p is None else " / ".join(f"{v:.3f}" for v in p["recall"].values())
                           + f" ({p['point']}, {p['real_fa_h']:g})"))
 (root / f"cascade{'_bench' if bench else ''}{'_cont' if continuous else ''}"
- f"{'' if POST_S == 0.5 else f'_post{POST_S:g}'}{'' if ensemble is None else '_ens_' + '+'.join(ensemble)}.json").write_text(json.dumps({"points": pts, "best": best}, indent=1,
+ f"{'' if POST_S == 0.5 else f'_post{POST_S:g}'}{'' if ensemble is None else '_ens_' + '+'.join(ensemble)}"
+ f"{'' if SLIDE == 5 else f'_w{SLIDE}'}{'' if LO_S == 0.3 else f'_lo{LO_S:g}'}.json").write_text(json.dumps({"points": pts, "best": best}, indent=1,
                                                                             default=str) + "\n")

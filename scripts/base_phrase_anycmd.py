@@ -113,6 +113,23 @@ out["shipped cutoffs, any"] = score(lambda evs: named(evs, pc.cutoffs))
 ceiling = summarise({k: B.score_positives(own(pos[k]), spans, clips) for k, (_, spans, clips) in streams.items()})
 out["a candidate of the right command at 0.2 (the ceiling)"] = ({c: round(r["balanced"], 4) for c, r in ceiling.items()},
                                                                   None)
+# the negatives that set each command's shipped cutoff: its highest peaks on them (what it confuses)
+from host.data import realspeech  # noqa: E402
+
+dev = realspeech.load_prompts(which="dev")
+_, dev_spans = realspeech.concat(dev)
+names = ["the English development half", "synthetic word pairs", "other speakers' prompts"]
+for c in CMDS:
+    top = sorted(((e["phrase"][c], i, e) for i, (evs, false) in enumerate(neg) for e in evs
+                  if e["keyword"] == c and (false is None or false(e))), key=lambda x: -x[0])[:3]
+    said = []
+    for peak, i, e in top:
+        where = names[i]
+        if i == 0:
+            where = next((f'"{p.text}"' for (a, b), p in zip(dev_spans, dev) if a - 0.3 <= e["time_s"] <= b + 1.0),
+                         where)
+        said.append(f"{peak:.3f} at {e['time_s']:.1f} s ({where})")
+    print(f"{c:>5} (cutoff {pc.cutoffs[c]}): " + "; ".join(said))
 for k, (rec, fa) in out.items():
     print(f"{k:>28}: {' / '.join(f'{v:.3f}' for v in rec.values())}  dev negatives {fa} FA/h")
 Path("build/anycmd.json").write_text(json.dumps({k: {"recall": r, "fa_h": f} for k, (r, f) in out.items()}, indent=1))

@@ -14,7 +14,7 @@ window of 5) whose window ends from ``LO_S`` before the keyword end to ``POST_S`
 rules: the phrase model's peak >= P; or the geometric mean of the first stage's peak and it >= T.
 
     $ .venv/bin/python scripts/base_phrase_cascade.py [SEED] [--continuous] [--bench] [--post=S] [--ensemble=s0,s1]
-          [--sliding=N] [--lo=S]
+          [--sliding=N] [--lo=S] [--first=T,T]
       # --bench: kws_base's streams, once
 """
 
@@ -60,6 +60,9 @@ POST_S = float(next((a[len("--post="):] for a in sys.argv[1:] if a.startswith("-
 # keyword end a judged window may end (0.3), for an ensemble (``--ensemble``)
 SLIDE = int(next((a[len("--sliding="):] for a in sys.argv[1:] if a.startswith("--sliding=")), 5))
 LO_S = float(next((a[len("--lo="):] for a in sys.argv[1:] if a.startswith("--lo=")), LO_S))
+# --first=0.1,0.15,0.2: the first-stage thresholds compared (default FIRST)
+FIRST = tuple(float(x) for x in next((a[len("--first="):] for a in sys.argv[1:] if a.startswith("--first=")),
+                                     ",".join(map(str, FIRST))).split(","))
 root = Path(__file__).resolve().parents[1] / "build" / f"base_phrase_s{seed}{tag}"
 names = list(COMMANDS10)
 
@@ -177,5 +180,6 @@ for b, p in best.items():
                           + f" ({p['point']}, {p['real_fa_h']:g})"))
 (root / f"cascade{'_bench' if bench else ''}{'_cont' if continuous else ''}"
  f"{'' if POST_S == 0.5 else f'_post{POST_S:g}'}{'' if ensemble is None else '_ens_' + '+'.join(ensemble)}"
- f"{'' if SLIDE == 5 else f'_w{SLIDE}'}{'' if LO_S == 0.3 else f'_lo{LO_S:g}'}.json").write_text(json.dumps({"points": pts, "best": best}, indent=1,
+ f"{'' if SLIDE == 5 else f'_w{SLIDE}'}{'' if LO_S == 0.3 else f'_lo{LO_S:g}'}"
+ f"{'' if FIRST == (0.2, 0.3, 0.4, 0.5) else '_first' + '+'.join(map(str, FIRST))}.json").write_text(json.dumps({"points": pts, "best": best}, indent=1,
                                                                             default=str) + "\n")

@@ -8,8 +8,9 @@ How: the Detector runs with the stage's first-stage threshold and a ``Recorder``
 stage, which judges nothing: it records each candidate's phrase peak and rejects it, so the Detector
 opens every candidate it would open at that threshold (its own snippets, its own waits) in one pass
 over the audio, however long. For a cutoff, a candidate passes when its peak reaches it, and the
-passes one second apart are the events (an accepted event's refractory period); per command, the
-lowest cutoff on ``GRID`` whose events on the negatives stay within its share of the target.
+passes one second apart are the events (an accepted event's refractory period; the Detector's runs
+to a window's end, so it can still report a word ending within that second, which this drops); per
+command, the lowest cutoff on ``GRID`` whose events on the negatives stay within its share of the target.
 
     >>> rec = Recorder(PhraseConfirm(bundle))
     >>> det = Detector(km, threshold=rec.first_stage, asr=rec); detect over the negatives

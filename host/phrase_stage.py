@@ -36,6 +36,13 @@ from host.bundle import PUBLIC  # a bundle's files are world-readable (keys and 
 # seed 0 alone (session 43's first default) 52.2 / 44.4 / 24.4 % at 0.3
 FIRST_STAGE = 0.2
 SEEDS_TRAIN = (0, 1)
+# voices outside the corpus that also say each command and the corpus's words (``ExportConfig.
+# other_voices``; the shipped encoder's recipe trains on them too, host/data/supplement.py): RHVoice's
+# bdl and clb (HTS voices from CMU ARCTIC recordings of two people) and SVOX Pico's two English women,
+# all Debian non-free (scripts/model_deps.sh). Since session 44, chosen on development data
+# (`base_phrase_cascade.py 0 --post=0.3 --ensemble=s0_ov,s1_ov`; docs/edge-runtime.md): seed 0 alone
+# 54.4 / 44.4 / 26.7 % -> 67.8 / 56.1 / 39.4 % at the first stage's 0.2
+OTHER_VOICES = ("rhvoice:bdl", "rhvoice:clb", "pico:en-US", "pico:en-GB")
 # the snippet around a candidate; AFTER_S is also how long after the keyword's end the event waits.
 # 0.3 since session 43 (2026-12-06), chosen on development data (`base_phrase_cascade.py 0 --post=S`):
 # 0.5 52.2 / 45.0 / 24.4 %, 0.3 52.2 / 44.4 / 24.4 %, 0.2 50.6 / 37.2 / 20.6 %, each at 0 FA/h
@@ -57,7 +64,8 @@ def train(cmds, out: Path, seeds=SEEDS_TRAIN, corpus=None) -> dict:
         for s, f in zip(seeds, files[c]):
             if not f.exists():
                 corpus = build_corpus(progress=False) if corpus is None else corpus
-                E.export_esphome(c, None, f.parent, E.ExportConfig(seed=s), corpus=corpus, clips=[], min_clips=0)
+                E.export_esphome(c, None, f.parent, E.ExportConfig(seed=s, other_voices=OTHER_VOICES), corpus=corpus,
+                                 clips=[], min_clips=0)
     return files
 
 
@@ -179,8 +187,12 @@ def card_section(cfg: dict) -> str:
         f"(TFLite Micro's audio front end, a streaming int8 network with a 1 s receptive field; seeds "
         f"{', '.join(str(s) for s in (cfg.get('recipe') or {}).get('seeds', SEEDS_TRAIN))}) trained on the "
         f"synthetic corpus's training voices ({n[('train', 'espeak')]} espeak-ng and {n[('train', 'festival')]} "
-        "Festival voices; the phrase by each, word runs, sentences, near misses and mined hard negatives), no user "
-        "clip and no recording of a person. The default operating point (`device detect` given no option; "
+        "Festival voices; the phrase by each, word runs, sentences, near misses and mined hard negatives)"
+        + (", and four voices outside the corpus saying the phrase and the corpus's words: RHVoice's bdl and clb "
+           "(HTS voices built from CMU ARCTIC recordings of a US man and a US woman; their data LGPL-2.1+) and SVOX "
+           "Pico's en-US and en-GB (Apache-2.0), all from Debian's non-free component"
+           if (cfg.get("recipe") or {}).get("other_voices") else "")
+        + "; no user clip. The default operating point (`device detect` given no option; "
         f"`--phrase` with any other) runs them on the encoder's candidates at {cfg['first_stage']:g}, each judged "
         f"on its audio from {cfg['before_s']:g} s before its keyword's end to {cfg['after_s']:g} s after; cutoffs "
         f"chosen on development data only ({cfg['chosen_on']}): {cuts}. "
@@ -206,5 +218,6 @@ def build(bundle_dir: Path, work: Path, key: Path, seeds=SEEDS_TRAIN, corpus=Non
     files = train(cmds, work, seeds, corpus) if files is None else files
     cfg = choose(bundle, files, *negatives, after_s=after_s)
     add_to_bundle(bundle_dir, files, cfg, key,
-                  recipe={"host.export.esphome.ExportConfig": "defaults", "seeds": list(seeds), "user_clips": 0})
+                  recipe={"host.export.esphome.ExportConfig": "defaults", "other_voices": list(OTHER_VOICES),
+                          "seeds": list(seeds), "user_clips": 0})
     return cfg

@@ -137,3 +137,17 @@ def test_the_shipped_cutoffs_are_what_this_code_chooses_on_the_shipped_footing()
     assert (cfg["first_stage"], cfg["before_s"], cfg["after_s"], cfg["target_fa_h"]) == \
         (P.FIRST_STAGE, P.BEFORE_S, P.AFTER_S, P.TARGET_FA_H)
     assert set(cfg["cutoffs"].values()) <= set(P.GRID)
+
+
+def test_training_has_the_voices_outside_the_corpus_say_each_command(monkeypatch, tmp_path):
+    """Each seed's model of a command is the ESPHome recipe with ``OTHER_VOICES`` (RHVoice's and Pico's
+    voices saying it and the corpus's words, since session 44), no user clip."""
+    from host import phrase_stage as P
+    from host.export import esphome as E
+
+    seen = []
+    monkeypatch.setattr(E, "export_esphome", lambda c, wavs, d, cfg, **k: seen.append((c, cfg.seed, cfg.other_voices,
+                                                                                       k["clips"], k["min_clips"])))
+    files = P.train(["yes"], tmp_path, corpus=object())
+    assert seen == [("yes", s, P.OTHER_VOICES, [], 0) for s in P.SEEDS_TRAIN]
+    assert files == {"yes": [tmp_path / f"s{s}" / "yes" / "yes.tflite" for s in P.SEEDS_TRAIN]}

@@ -72,7 +72,10 @@ def test_a_word_the_models_hear_as_the_command_raises_that_commands_first_stage(
 def test_recorded_candidates_replay_the_detectors_two_stages(bundle, km, renders):
     """What the Detector with the bundle's stage reports over a stream of commands and everyday words
     is what the recorded candidates give at the stage's cutoffs (so a calibration's count is what
-    detection at its cutoffs would do)."""
+    detection at its cutoffs would do), but for a word ending within the refractory second after an
+    accepted one: the Detector's period runs to a window's end, and a window ending then still holds
+    that word, which can come out; the recorder, whose candidate for it opened and was judged within
+    the period, drops it (the calibration counts one event fewer there)."""
     from edge.detect import Detector, detect_pcm
     from edge.phrase_stage import PhraseConfirm
 
@@ -83,7 +86,10 @@ def test_recorded_candidates_replay_the_detectors_two_stages(bundle, km, renders
     assert len(cands) > len(COMMANDS) and all(c["phrase"] is not None for c in cands)
     want = detect_pcm(Detector(km, threshold=stage.first_stage, asr=PhraseConfirm(bundle)), pcm)
     got = PC.accepted(cands, stage.first_stage, stage.cutoffs)
-    assert [(e["keyword"], e["time_s"]) for e in got] == [(e["keyword"], e["time_s"]) for e in want]
+    got, want = ([(e["keyword"], e["time_s"]) for e in evs] for evs in (got, want))
+    assert set(got) <= set(want) and len(want) - len(got) <= 1, (got, want)
+    late = [w for w in want if w not in got]  # the one the recorder may drop: within a second of an event
+    assert all(any(0 < w[1] - g[1] < 1.0 for g in got) for w in late), late
     assert len(want) >= 5  # the stream says ten commands: the test tests something
     # the same stream in chunks of any size: the same candidates (one pass, nothing held whole)
     pieces = [pcm[i:i + 37_000] for i in range(0, len(pcm), 37_000)]

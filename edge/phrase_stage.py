@@ -5,11 +5,12 @@ while real speech reaches the same posteriors on words that start like a command
 with another front end, another network and other training data confuses other words: the
 ESPHome export's recipe (``host/export``: TFLite Micro's audio front end with its noise reduction
 and PCAN, a streaming network with a 1 s receptive field, each command said by the corpus's 48
-training voices against word runs, sentences, near misses and mined hard negatives), trained per
-command with no user clip, twice with two seeds, whose per-inference outputs are averaged (the mean
-saturates less on real speech: on development data, with the first stage at 0.2, it heard 63.3 /
-48.3 / 31.1 % against one draw's 52.2 / 44.4 / 24.4 % at 0.3, both at 0 false accepts; session
-43). The bundle ships the twenty models
+training voices and, since session 44, RHVoice's and Pico's four English voices, against word runs,
+sentences, near misses and mined hard negatives), trained per command with no user clip, twice with
+two seeds, whose per-inference outputs are averaged (the mean saturates less on real speech: on
+development data, with the first stage at 0.2, it heard 63.3 / 48.3 / 31.1 % against one draw's
+52.2 / 44.4 / 24.4 % at 0.3, both at 0 false accepts, session 43; with the four voices 66.1 / 56.7 /
+42.2 %, session 44). The bundle ships the twenty models
 (``phrase_<command>.tflite`` and ``phrase_<command>_1.tflite``, ~59 KB each; a bundle of session 42
 names one file per command, which still loads) and ``extra.phrase_stage``: the first-stage
 threshold the stage runs under, the snippet around a candidate, and each command's cutoff, all

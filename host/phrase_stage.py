@@ -2,7 +2,8 @@
 
 1. Two phrase models per command, the ESPHome export's recipe with no user clip and seeds ``SEEDS_TRAIN``
    (``host.export.esphome.export_esphome(..., min_clips=0)``: the command said by the corpus's training
-   voices, word runs, sentences, near misses, mined hard negatives; ~1.5 min of CPU each; ``train``);
+   voices and ``OTHER_VOICES``, word runs, sentences, near misses, mined hard negatives; ~2.3 min of
+   CPU each; ``train``);
    the device averages the two models' outputs (``edge.phrase_stage.PhraseModel``).
 2. Each command's cutoff chosen on development data only (``choose``): the bundle's first stage at
    ``FIRST_STAGE`` over the English prompts' development half (``host.data.realspeech``), synthetic
@@ -40,8 +41,8 @@ SEEDS_TRAIN = (0, 1)
 # other_voices``; the shipped encoder's recipe trains on them too, host/data/supplement.py): RHVoice's
 # bdl and clb (HTS voices from CMU ARCTIC recordings of two people) and SVOX Pico's two English women,
 # all Debian non-free (scripts/model_deps.sh). Since session 44, chosen on development data
-# (`base_phrase_cascade.py 0 --post=0.3 --ensemble=s0_ov,s1_ov`; docs/edge-runtime.md): seed 0 alone
-# 54.4 / 44.4 / 26.7 % -> 67.8 / 56.1 / 39.4 % at the first stage's 0.2
+# (`base_phrase_cascade.py 0 --post=0.3 --ensemble=s0_ov,s1_ov`; docs/edge-runtime.md): the two seeds
+# 63.3 / 48.3 / 31.1 % -> 66.1 / 56.7 / 42.2 % at the first stage's 0.2, both at 0 development FA/h
 OTHER_VOICES = ("rhvoice:bdl", "rhvoice:clb", "pico:en-US", "pico:en-GB")
 # the snippet around a candidate; AFTER_S is also how long after the keyword's end the event waits.
 # 0.3 since session 43 (2026-12-06), chosen on development data (`base_phrase_cascade.py 0 --post=S`):

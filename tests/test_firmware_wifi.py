@@ -16,6 +16,7 @@ no flash, so the heap is the image's size plus 100 KB.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 
@@ -129,7 +130,16 @@ def _server(reply: bytes):
 
     def serve():
         c, _ = s.accept()
-        c.recv(65536)
+        # Read the whole request (headers, then Content-Length bytes of body, which the client
+        # sends separately) before answering: closing with unread bytes makes the kernel send
+        # a reset, and the client would see ECONNRESET instead of the reply.
+        got = chunk = b" "
+        while chunk and b"\r\n\r\n" not in got:
+            got += (chunk := c.recv(65536))
+        head, _, body = got.partition(b"\r\n\r\n")
+        length = re.search(rb"Content-Length: (\d+)", head)
+        while chunk and len(body) < int(length.group(1) if length else 0):
+            body += (chunk := c.recv(65536))
         c.sendall(reply)
         c.close()
         s.close()

@@ -162,3 +162,12 @@ class AggregatorConfig:
         if unknown:
             raise EdgelearnError(f"{path}: unknown settings {unknown}", fix=f"known settings: {sorted(known)}")
         return cls(**raw)
+
+
+def shared_config(store) -> AggregatorConfig:
+    """The config every replica of a shared database runs with (``init`` put it there)."""
+    raw = store.get_meta("config")
+    if raw is None:
+        raise EdgelearnError(f"{store.url} holds no aggregator",
+                             fix="run `edgelearn aggregator init --db URL` first")
+    return AggregatorConfig(**json.loads(raw))

@@ -20,7 +20,9 @@ between the clip's start - 0.1 s and its end + 1 s; events elsewhere on negative
 accepts (one per 1 s, the refractory period). Each system at its default (openWakeWord 0.5,
 microWakeWord the manifest's probability_cutoff, edgelearn the enrolled thresholds: sensitivity
 medium, and also low and high, the levels a user picks with `device sensitivity`; and a household
-where Flite rms adds 5 clips of each phrase, `device enroll --add`) and at its
+where Flite rms adds 5 clips of each phrase, `device enroll --add`; and each phrase taught other
+voices from its typed text, `edgelearn export voices`, with the other voices below out of the corpus
+it trains on) and at its
 "fair" thresholds: per wake word the lowest (of a grid) at which that word's false accepts on the
 *synthetic* negatives are <= 0.5 per hour (for edgelearn an offset on the enrolled first-stage
 threshold, the second stage as enrolled). CPU per second of audio for each (a package's front end
@@ -37,6 +39,7 @@ only to ~15 FA/h. Rendered audio is cached under ``.cache/edgelearn/kws-custom-v
 How each system is scored, and the rows of a score, are bench/_custom_scoring.py.
 
     $ nice -n 10 edgelearn bench kws_custom          # ~15 min on 2 cores, the first run renders
+                                                     # (+ ~25 min the first time `export voices` runs)
 """
 
 from __future__ import annotations
@@ -173,6 +176,43 @@ def household_system(audio):
     for ph in PHRASES:
         dev.enroll(ph, [second[f"{ph}/{j}"] for j in range(SHOTS)], add=True)
     return dev
+
+
+def voices_system(audio):
+    """``edgelearn_system``, then each phrase taught other voices (``edgelearn export voices``,
+    ``host.custom_voices.teach``), with this benchmark's other voices taken out of the corpus first (a
+    household's members are in no corpus; espeak-ng's en-us+f2 is a training voice otherwise). The
+    taught state is cached by the digest of the code and the enrolment clips (~25 min of CPU)."""
+    import hashlib
+    import shutil
+
+    from edge.device import Device
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha1()
+    for f in ("edge/custom_voices.py", "host/custom_voices.py", "host/phrase_stage.py", "edge/enroll.py",
+              *sorted(str(p.relative_to(root)) for p in (root / "host/export").glob("esphome*.py"))):
+        h.update((root / f).read_bytes())
+    for ph in PHRASES:
+        for j in range(SHOTS):
+            h.update(np.ascontiguousarray(audio[f"enrol/{ph}/{j}"]).tobytes())
+    cached = cache_dir() / f"voices-{h.hexdigest()[:12]}"
+    state = Path(TMP) / "voices"
+    if not cached.is_dir():
+        from host.custom_voices import teach
+        from host.data.corpus import build_corpus
+
+        dev = edgelearn_system(audio, "voices")
+        corpus = build_corpus(progress=False)
+        held = [f"{v[0]}:{v[1]}" for v in OTHERS]
+        corpus.split = np.where(np.isin(corpus.voice, held), "heldout", corpus.split)
+        for ph in PHRASES:
+            teach(state, None, ph, corpus=corpus, log=lambda m: print(m, file=sys.stderr))
+        shutil.copytree(state, Path(str(cached) + ".tmp"), dirs_exist_ok=True)
+        Path(str(cached) + ".tmp").rename(cached)
+    else:
+        shutil.copytree(cached, state, dirs_exist_ok=True)
+    return Device(state)
 
 
 def edgelearn_events(dev, offsets: dict):
@@ -314,6 +354,18 @@ def main(argv=None) -> int:
     report["edgelearn"]["household"] = r
     rows += condition_rows(f"edgelearn, awb's 5 clips + {SECOND[1]}'s 5 (`device enroll --add`), sensitivity medium",
                            r, users=(USER, SECOND))
+    # other voices from the typed phrase: `edgelearn export voices` on each phrase (host/custom_voices.py)
+    taught = voices_system(audio)
+    run = edgelearn_events(taught, {})
+    c0 = time.process_time()
+    r = score(run, streams, negs, real, noisy)
+    cpu = (time.process_time() - c0) / audio_s
+    fair_off = fair_thresholds(lambda off: score(edgelearn_events(taught, off), {}, negs, {}), OFFSETS)
+    fair = None if fair_off is None else score(edgelearn_events(taught, fair_off), streams, negs, real, noisy)
+    report["edgelearn"]["voices"] = {"default": r, "fair_offsets": fair_off, "fair": fair, "cpu_ms_per_s": 1000 * cpu}
+    rows += system_rows("edgelearn + `export voices` (5 clips of awb; phrase models and a head on the phrase said by "
+                        "the corpus's voices, the benchmark's other voices taken out)", r, fair,
+                        None if fair_off is None else {k: f"+{v:g}" for k, v in fair_off.items()}, 1000 * cpu)
     write_results("kws_custom", rows)
     import json
 

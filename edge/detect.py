@@ -122,7 +122,14 @@ class Detector:
             base_thr = np.array([threshold.get(w, THRESHOLD) for w in keywords], np.float32)
         else:
             base_thr = np.full(len(keywords), threshold, np.float32)
-        self.thresholds = np.concatenate([base_thr, custom.thresholds]) if custom is not None else base_thr
+        # where a candidate opens; a custom keyword taught other voices (``edge.custom_voices``) opens
+        # lower than its own two stages start (``_own``), and a candidate under that, or one its
+        # verifier rejects, is judged by its phrase models on its audio (``_confirm``)
+        first = getattr(custom, "first_thresholds", None) if custom is not None else None
+        self.thresholds = np.concatenate([base_thr, custom.thresholds if first is None else first]) \
+            if custom is not None else base_thr
+        self._own = np.concatenate([base_thr, custom.thresholds]) if custom is not None else base_thr
+        self._voices = list(getattr(custom, "voices", None) or [None] * len(self.names[len(keywords):]))
         self.stride, self.smooth = stride, smooth
         self.refractory = refractory_s
         self.peak_hops = max(1, int(round(peak_window_s * F.SAMPLE_RATE / F.HOP_LENGTH / stride)))
@@ -130,13 +137,15 @@ class Detector:
         # edge.phrase_stage's, else edge.confirm's), the peak window's delay, and a margin
         self._before = float(getattr(asr, "before_s", BEFORE_S))
         self._after = float(getattr(asr, "after_s", AFTER_S))
+        self._keeps_audio = asr is not None or any(v is not None for v in self._voices)
+        longest = max([self._before + self._after] + [v.before_s + v.after_s for v in self._voices if v is not None])
         # a base candidate is judged as soon as its snippet is whole; with enrolled keywords beside the
         # base ones, one the stage passed is held (``_accepted``) until the time its refractory period
         # would silence has passed, so that an enrolled keyword crossing its threshold there takes it
         # over (``_custom_first``), or until nothing has been said for QUIET_S past it
         # (``_quiet_after``); one the stage rejects frees the detector at once
         self._wait = max(self._after, refractory_s if custom is not None and len(custom.thresholds) else 0.0)
-        self._keep = int((self._before + self._after + 0.5) * F.SAMPLE_RATE) + self.peak_hops * stride * F.HOP_LENGTH
+        self._keep = int((longest + 0.5) * F.SAMPLE_RATE) + self.peak_hops * stride * F.HOP_LENGTH
         self.reset()
 
     def reset(self) -> None:
@@ -164,7 +173,7 @@ class Detector:
     def push(self, pcm) -> list[dict]:
         events = []
         self.samples += len(pcm)  # the clock a second stage's snippets are cut by (continue_from carries it)
-        if self.asr is not None:  # the recogniser's copy (int16, as the audio came); the front end gets pcm as is
+        if self._keeps_audio:  # the recogniser's copy (int16, as the audio came); the front end gets pcm as is
             raw = np.clip(np.asarray(pcm).reshape(-1), -32768, 32767).astype(np.int16)  # (a block of rows: in order)
             self.audio = np.concatenate([self.audio, raw])[-(self._keep + len(raw)):]
         for fr in self.stream.push(pcm):
@@ -177,7 +186,8 @@ class Detector:
                 if ev is not None:
                     events.append(ev)
             ev = None
-            if self.pending is not None and not self._accepted and self.samples >= self._pending_end(self.pending[2]):
+            if self.pending is not None and not self._accepted and \
+                    self.samples >= self._pending_end(self.pending[2], self.pending[1]):
                 ev = self._confirm()
             if self._accepted and (self.samples >= int(round((self.pending[2] + self._wait) * F.SAMPLE_RATE))
                                    or self._quiet_after(self.pending[2])):
@@ -206,13 +216,21 @@ class Detector:
         event, None when rejected, or None while a passed one is held for ``_wait`` (not ``final``)."""
         score, k, t, peak = self.pending
         self.pending = None
+        voices = self._voices_of(k)
         start = self.samples - len(self.audio)  # absolute index of audio[0]
-        a = max(0, int(round((t - self._before) * F.SAMPLE_RATE)) - start)
-        b = max(a, min(len(self.audio), self._pending_end(t) - start))
+        before = self._before if voices is None else voices.before_s
+        a = max(0, int(round((t - before) * F.SAMPLE_RATE)) - start)
+        b = max(a, min(len(self.audio), self._pending_end(t, k) - start))
+        end = (t * F.SAMPLE_RATE - start - a) / F.SAMPLE_RATE
+        if voices is not None:  # a custom keyword's candidate its own stages did not pass: its phrase models
+            if not voices.says_at(self.audio[a:b], end):
+                self.rejected += 1
+                return None
+            return self._event(score, k, t, peak)
         says_at = getattr(self.asr, "says_at", None)  # a stage that needs the keyword end in the snippet
         # the candidate judged now (``edge.phrase_calibrate.Recorder`` reads it)
         self.judging = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
-        ok = (says_at(self.names[k], self.audio[a:b], (t * F.SAMPLE_RATE - start - a) / F.SAMPLE_RATE)
+        ok = (says_at(self.names[k], self.audio[a:b], end)
               if says_at is not None else self.asr.says(self.names[k], self.audio[a:b]))
         if not ok:
             self.rejected += 1
@@ -223,9 +241,16 @@ class Detector:
             return None
         return self._release()
 
-    def _pending_end(self, t: float) -> int:
-        """The sample the recogniser's audio for a keyword ending at ``t`` s runs to."""
-        return int(round((t + self._after) * F.SAMPLE_RATE))
+    def _pending_end(self, t: float, k: int | None = None) -> int:
+        """The sample the recogniser's (or keyword ``k``'s phrase models') audio for a keyword ending
+        at ``t`` s runs to."""
+        voices = None if k is None else self._voices_of(k)
+        return int(round((t + (self._after if voices is None else voices.after_s)) * F.SAMPLE_RATE))
+
+    def _voices_of(self, k: int):
+        """Keyword ``k``'s other-voices path (``edge.custom_voices.Voices``), or None."""
+        nb = len(self.base_idx)
+        return self._voices[k - nb] if k >= nb else None
 
     def continue_from(self, old: "Detector") -> list[dict]:
         """Take over ``old``'s audio (the front end's stream, the last 49 frames, the clock and the
@@ -245,7 +270,7 @@ class Detector:
         self.stream, self.frames, self.n_frames = old.stream, old.frames, old.n_frames
         self.quiet_until = old.quiet_until
         self.samples = old.samples
-        if self.asr is not None and old.asr is not None:
+        if self._keeps_audio and old._keeps_audio:
             self.audio = old.audio
         if held is not None:
             self.pending = (held[0], self.names.index(old.names[held[1]]), *held[2:])
@@ -321,7 +346,8 @@ class Detector:
         nb = len(self.base_idx)
         if self.asr is None or len(over) == nb or end_s < self.quiet_until:
             return False
-        held = (self.candidate is not None and self.candidate[1] < nb) or self.pending is not None
+        held = (self.candidate is not None and self.candidate[1] < nb) or \
+            (self.pending is not None and self.pending[1] < nb)
         return held and float(over[nb:].max()) >= 0
 
     def _searches(self, k: int) -> bool:
@@ -330,8 +356,9 @@ class Detector:
         return k >= nb and self.custom.verifies(k - nb) and self.custom.searches(k - nb)
 
     def _passes_now(self, k: int, win) -> bool:
-        """A searching keyword's candidate window, checked as it arrives: does it pass?"""
-        return self._searches(k) and self._verify(k - len(self.base_idx), win)
+        """A searching keyword's candidate window, checked as it arrives: does it pass? (A candidate
+        under the keyword's own threshold, opened lower for its phrase models, is not checked.)"""
+        return self._searches(k) and self.candidate[0] >= self._own[k] and self._verify(k - len(self.base_idx), win)
 
     def _pass(self):
         """The open candidate's event now (one of its windows passed the second stage)."""
@@ -343,17 +370,27 @@ class Detector:
         score, k, t, _ = self.candidate
         self.candidate = None
         nb = len(self.base_idx)
+        judged = self._voices_of(k) is not None  # its phrase models judge what its own stages do not pass
         if self._searches(k):  # each window was checked as it came (``_passes_now``): none passed
-            self.rejected += 1
-            return None
+            return self._hold(score, k, t) if judged else self._reject()
         if k >= nb and self.custom.verifies(k - nb):
-            if not self._verify(k - nb, self._peak_window):
-                self.rejected += 1
-                return None
+            if score < self._own[k] or not self._verify(k - nb, self._peak_window):
+                return self._hold(score, k, t) if judged else self._reject()
+        elif judged and score < self._own[k]:
+            return self._hold(score, k, t)
         elif k < nb and self.asr is not None:
             self.pending = (score, k, t, self._peak_window)
             return None
         return self._event(score, k, t, self._peak_window)
+
+    def _reject(self):
+        self.rejected += 1
+        return None
+
+    def _hold(self, score, k, t):
+        """A candidate waits for the audio its second stage judges (``_confirm``)."""
+        self.pending = (score, k, t, self._peak_window)
+        return None
 
     def _event(self, score, k, t, peak):
         self.quiet_until = t + self.refractory

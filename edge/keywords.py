@@ -45,6 +45,7 @@ import numpy as np
 
 from edge.errors import EdgelearnError
 from edge.atomic import atomic_write, state_lock
+from edge.custom_voices import lowered
 # the entries' rules and their check got a module of their own: every name stays importable from here
 from edge.keywords_check import (  # noqa: F401 (DEFAULT_SENSITIVITY, FAR_TARGET, NAME_RULE, SENSITIVITIES, _NAME)
     _NAME, DEFAULT_SENSITIVITY, FAR_TARGET, NAME_RULE, SENSITIVITIES, at_sensitivity, check_keywords)
@@ -83,12 +84,23 @@ class CustomKeywords:
     """Scores of enrolled keywords from embeddings: sigmoid(w . e/|e| + b), and their second stage.
 
     ``bundle``: needed for the second stage (``edge.verify``) of keywords that carry one; without
-    it (or with ``verify=False``) only the first stage runs."""
+    it (or with ``verify=False``) only the first stage runs. ``root``: the state directory, where the
+    phrase models of keywords taught other voices lie (``edge.custom_voices``); without it (or
+    with ``verify=False``) they are not loaded and such a keyword runs its own two stages alone.
+    ``first_thresholds``: where each keyword's candidate opens (its threshold, lowered for a
+    keyword with voices); ``thresholds``: where its own two stages start."""
 
-    def __init__(self, entries: list[dict], bundle=None, verify: bool = True):
+    def __init__(self, entries: list[dict], bundle=None, verify: bool = True, root=None):
         entries = [at_sensitivity(e) for e in entries]
         self.names = [e["name"] for e in entries]
         self.thresholds = np.array([e["threshold"] for e in entries], np.float32)
+        self.voices = [None] * len(entries)
+        if verify and root is not None and any("voices" in e for e in entries):
+            from edge.custom_voices import Voices
+
+            self.voices = [Voices(e["voices"], root, e["name"]) if "voices" in e else None for e in entries]
+        self.first_thresholds = np.array([t if v is None else lowered(t, v.lower)
+                                          for t, v in zip(self.thresholds, self.voices)], np.float32)
         # one row per speaker head (``speaker_heads``: the second and later people who enrolled), its
         # bias moved so that it crosses the keyword's threshold where it crosses its own; a keyword
         # scores its best row
@@ -269,7 +281,7 @@ class DeviceState:
             raise StateError(f"keywords in {self.path} score {n}-d embeddings, this bundle's encoder gives {dim}",
                              fix="restore the file from a backup, or delete it and enrol again")
         try:
-            return CustomKeywords(self.keywords, self.bundle, verify)
+            return CustomKeywords(self.keywords, self.bundle, verify, root=self.root)
         except EdgelearnError as e:  # a verifier entry this bundle cannot read
             raise StateError(f"{self.path}: {e.problem}", fix=e.fix) from None
 

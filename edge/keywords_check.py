@@ -68,6 +68,10 @@ def check_keywords(kws) -> list[dict]:
                 raise ValueError(f"{where} {k!r} is {e.get(k)!r}, not a finite number")
         _check_sensitivity(e, where)
         _check_speaker_heads(e, where, dim)
+        if "voices" in e:  # other voices' path (edgelearn export voices)
+            from edge.custom_voices import check
+
+            check(e["voices"], where)
         if "verify" in e:
             v = e["verify"]
             if not isinstance(v, dict):

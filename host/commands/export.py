@@ -5,6 +5,11 @@
 writes ``esphome/hey_jarvis.tflite`` and ``esphome/hey_jarvis.json`` (micro_wake_word's v2
 manifest): copy both next to the device's YAML and name the JSON under ``micro_wake_word: models:``.
 The work is ``host/export/esphome.py``.
+
+    $ edgelearn export voices --state state/ --keyword "hey jarvis"
+
+teaches a keyword the device enrolled other voices (its phrase models and a head on the phrase said
+by the corpus's voices, written into the state; ``host/custom_voices.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ def add_arguments(p) -> None:
     e.add_argument("--languages", default="en", help="comma list for trained_languages (default: en)")
     e.add_argument("--epochs", type=int, default=30, help="training epochs, 1 or more (default 30)")
     e.add_argument("--seed", type=int, default=0)
+    v = sub.add_parser("voices", help="teach a keyword the device enrolled to hear other voices: phrase models "
+                                      "and a head trained on its phrase said by the corpus's voices (~6 min)")
+    v.add_argument("--state", required=True, type=Path, help="the device's state directory (as `device enroll`)")
+    v.add_argument("--keyword", required=True, help="an enrolled keyword's name")
+    v.add_argument("--bundle", type=Path, help="the bundle the keyword was enrolled on (default: the state's)")
 
 
 def check_options(args) -> None:
@@ -58,6 +68,8 @@ def check_options(args) -> None:
 
 
 def run(args) -> int:
+    if args.target == "voices":
+        return run_voices(args)
     from host.export.esphome import ExportConfig, export_esphome
 
     check_options(args)
@@ -72,4 +84,18 @@ def run(args) -> int:
           f"TFLite Micro ran it in {res.arena_bytes})")
     print(f"trained from {res.n_windows['user_clips']} clips of yours and {res.n_windows['synthetic_renders']} "
           f"synthetic renders in {res.train_cpu_s:.0f} CPU s")
+    return 0
+
+
+def run_voices(args) -> int:
+    from edge.errors import EdgelearnError
+    from host.custom_voices import teach
+
+    if not args.state.is_dir():
+        raise EdgelearnError(f"--state {args.state} is not a state directory",
+                             fix="give the directory `edgelearn device enroll --state` wrote")
+    rep = teach(args.state, args.bundle, args.keyword)
+    print(f"keyword {rep['keyword']!r}: phrase models {', '.join(rep['models'])} (cutoff {rep['cutoff']}), "
+          f"a head on the phrase said by {rep['voices']} voices beside yours ({rep['heads']} heads, first stage "
+          f"{rep['threshold']:.3f}, opened {rep['lower']:g} lower in logit for the models); {rep['cpu_s']:.0f} CPU s")
     return 0

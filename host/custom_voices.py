@@ -1,0 +1,175 @@
+"""``edgelearn export voices``: teach an enrolled keyword other voices, from its typed phrase.
+
+The device's enrolment hears the voice that enrolled (bench ``kws_custom``: other voices 100 %
+missed). This adds the other-voices path of ``edge.custom_voices`` to the keyword's entry in the
+state directory, from what the device already has (its name, the clips it kept) and the host's
+synthesizers:
+
+1. a second first-stage head, trained on the phrase said once by each of the corpus's training
+   voices plus the user's clips (augmented as enrolment does), against the bundle's negative bank;
+   every head of the keyword then runs at its share of the bank rate (two heads: half each);
+2. two phrase models of the phrase (``host/export``'s ESPHome recipe, seeds 0 and 1: the corpus's
+   voices and, where installed, RHVoice's and Pico's four voices say it, the user's clips among the
+   positives, against the corpus's words, near misses and mined hard negatives), written under
+   ``<state>/voices/``.
+
+~3 minutes of CPU per model on 2 cores, the first run also renders the corpus. Chosen on development
+data, not on the benchmark (``scripts/custom_cascade_dev.py``; docs/edge-runtime.md, "Other voices
+for a custom keyword"). Enrolling the keyword again (or a new model version re-deriving it) drops the
+path; run this again then.
+
+    >>> teach("state/", bundle, "hey jarvis")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edge import custom_voices as CV
+from edge.atomic import atomic_write
+from edge.errors import EdgelearnError
+
+RENDER_SEED = 7
+
+
+def _training_voices(corpus):
+    from host.export.esphome_data import _training_voices as tv
+
+    return tv(corpus)
+
+
+def other_voices(log=print) -> tuple:
+    """``host.phrase_stage.OTHER_VOICES`` where their synthesizers are installed, else none (said)."""
+    from host.data import synth
+    from host.phrase_stage import OTHER_VOICES
+
+    try:
+        synth.check_installed({v.split(":")[0] for v in OTHER_VOICES})
+        return OTHER_VOICES
+    except EdgelearnError as e:
+        log(f"export voices: {e.problem}: the phrase models train without RHVoice's and Pico's voices "
+            f"({e.fix} adds them)")
+        return ()
+
+
+def voices_head(km, bank, phrase: str, clips, voices, rng):
+    """(w, b) of the head trained on ``phrase`` said by ``voices`` (one render each) and ``clips``."""
+    from edge import enroll as En
+    from host.data import synth as S
+
+    said = [En.prepare_clip(S.render(v, [(phrase, float(rng.uniform(0.9, 1.1)), float(rng.uniform(0.9, 1.1)))])[0],
+                            str(v)) for v in voices]
+    user = [En.prepare_clip(np.asarray(c), "user") for c in clips]
+    pos, _ = km.infer(km.features(En.augment(user + said, rng)))
+    return En.train_head(pos, bank)
+
+
+def _at_rate(w, b, bank, far: float) -> float:
+    """The head's threshold where ``far`` of the bank passes it (at least 0.5, as enrolment's)."""
+    from edge.keywords import CustomKeywords
+
+    c = CustomKeywords([{"name": "x", "w": [float(x) for x in w], "b": float(b), "threshold": 0.5}])
+    return max(0.5, float(np.quantile(c.scores(bank)[:, 0], 1.0 - far)))
+
+
+def with_voices_head(entry: dict, w, b, bank) -> dict:
+    """``entry`` with the voices head added (one before it replaced) and every head's threshold, at
+    each of its sensitivity levels, at that level's bank rate shared among the heads."""
+    from edge.keywords import FAR_TARGET, SENSITIVITIES
+
+    heads = [h for h in entry.get("speaker_heads", []) if not h.get("voices")]
+    n = len(heads) + 2
+    levels = list(entry.get("sensitivities", {}))
+    rate = {lv: SENSITIVITIES[lv][0] for lv in levels}
+    out = dict(entry)
+    out["threshold"] = round(_at_rate(entry["w"], entry["b"], bank, FAR_TARGET / n), 6)
+    out["sensitivities"] = {lv: {**entry["sensitivities"][lv],
+                                 "threshold": round(_at_rate(entry["w"], entry["b"], bank, rate[lv] / n), 6)}
+                            for lv in levels}
+    new = []
+    for h in heads + [{"w": [round(float(x), 6) for x in w], "b": round(float(b), 6), "voices": True}]:
+        new.append({**h, "threshold": round(_at_rate(h["w"], h["b"], bank, FAR_TARGET / n), 6),
+                    "sensitivities": {lv: round(_at_rate(h["w"], h["b"], bank, rate[lv] / n), 6) for lv in levels}})
+    out["speaker_heads"] = new
+    # the share of the bank some head passes, at the default and at each level (as enrolment reports it)
+    rows = [(entry["w"], entry["b"], out["threshold"], {lv: out["sensitivities"][lv]["threshold"] for lv in levels})] \
+        + [(h["w"], h["b"], h["threshold"], h["sensitivities"]) for h in new]
+
+    def far(level=None):
+        from edge.keywords import CustomKeywords
+
+        hit = [CustomKeywords([{"name": "x", "w": w_, "b": b_, "threshold": 0.5}]).scores(bank)[:, 0]
+               >= (t if level is None else lv[level]) for w_, b_, t, lv in rows]
+        return round(float(np.mean(np.any(hit, axis=0))), 5)
+
+    out["bank_false_accept_rate"] = far()
+    for lv in levels:
+        out["sensitivities"][lv]["bank_false_accept_rate"] = far(lv)
+    return out
+
+
+def teach(state_dir, bundle, name: str, cfg=None, corpus="cached", voices=None, log=print) -> dict:
+    """Add the other-voices path to enrolled keyword ``name`` (module doc); returns a report.
+    ``cfg``: the phrase models' ``ExportConfig`` (tests shrink it; its seed is set per model);
+    ``corpus``: as ``export_esphome`` takes it; ``voices``: the renders' voices (default: the
+    corpus's training voices)."""
+    import dataclasses
+    import tempfile
+    import time
+
+    from edge.device import Device
+    from edge.device_enrolment import _slug
+    from edge.enroll import negative_bank
+    from edge.keywords import DeviceState
+    from edge.kws import KeywordModel
+    from host.export import esphome as E
+
+    root = Path(state_dir)
+    dev = Device(root, bundle)
+    state = DeviceState.open(root, dev.bundle)
+    entry = next((e for e in state.keywords if e["name"] == name), None)
+    if entry is None:
+        raise EdgelearnError(f"no keyword {name!r} is enrolled in {root}",
+                             fix=f"enrol it first: edgelearn device enroll --state {root} --keyword {name!r} "
+                                 "--wav a.wav b.wav c.wav")
+    clips = dev.enrolment_clips(name)
+    if clips is None:
+        raise EdgelearnError(f"{root} kept no clips of {name!r} (enrolled before the device kept them, or removed)",
+                             fix=f"enrol it again with --replace: edgelearn device enroll --state {root} "
+                                 f"--keyword {name!r} --replace --wav ...")
+    t0 = time.process_time()
+    if corpus == "cached":
+        from host.data.corpus import build_corpus
+
+        corpus = build_corpus(progress=False)
+    if voices is None:
+        voices = _training_voices(corpus) if corpus is not None else []
+    rng = np.random.default_rng(RENDER_SEED)
+    km = KeywordModel(dev.bundle)
+    bank = negative_bank(dev.bundle)
+    w, b = voices_head(km, bank, name, clips, voices, rng)
+    cfg = cfg or E.ExportConfig(other_voices=other_voices(log))
+    rel = [f"{CV.DIR}/{_slug(name)}_{s}.tflite" for s in CV.SEEDS]
+    models = []
+    for s in CV.SEEDS:
+        with tempfile.TemporaryDirectory() as tmp:
+            res = E.export_esphome(name, None, tmp, dataclasses.replace(cfg, seed=s), corpus=corpus,
+                                   clips=list(clips))
+            models.append(res.model_path.read_bytes())
+    (root / CV.DIR).mkdir(parents=True, exist_ok=True)
+    for r, data in zip(rel, models):  # before the entry names them: a cut here leaves the entry as it was
+        atomic_write(root / r, data)
+    state = DeviceState.open(root, dev.bundle)  # the file as it is now (minutes have passed)
+    entry = next((e for e in state.keywords if e["name"] == name), None)
+    if entry is None:
+        raise EdgelearnError(f"keyword {name!r} was removed from {root} while its voices trained",
+                             fix="enrol it again, then run this again")
+    new = with_voices_head(entry, w, b, bank)
+    new["voices"] = {"version": CV.VERSION, "models": rel, "cutoff": CV.CUTOFF, "lower": CV.LOWER}
+    state.keywords[state.keywords.index(entry)] = new
+    state.save()  # merged under the state lock; an entry enrolled again meanwhile: refused, nothing written
+    return {"keyword": name, "voices": len(voices), "models": [str(root / r) for r in rel],
+            "cutoff": CV.CUTOFF, "lower": CV.LOWER, "heads": len(new["speaker_heads"]) + 1,
+            "threshold": new["threshold"], "cpu_s": round(time.process_time() - t0, 1)}

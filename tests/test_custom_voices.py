@@ -1,0 +1,168 @@
+"""``edgelearn export voices`` (host/custom_voices.py) and the path it adds (edge/custom_voices.py):
+an enrolled keyword's candidate its own two stages do not pass is judged by its phrase models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from devstate_helpers import make_keyword_clips
+from edge import custom_voices as CV
+from edge.audio import read_wav
+from edge.detect import Detector, detect_pcm
+from edge.device import Device
+from edge.errors import EdgelearnError
+from edge.keywords import DeviceState, check_keywords
+
+NAME = "buzz word"
+
+
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory):
+    """A state with NAME enrolled from 5 buzz clips, then taught voices (a test-size recipe: one
+    espeak-ng voice, no corpus, 8 epochs)."""
+    from host.custom_voices import teach
+    from host.data import synth as S
+    from host.export import esphome as E
+
+    root = tmp_path_factory.mktemp("voices")
+    clips = make_keyword_clips(root / "clips")
+    Device(root / "st").enroll(NAME, clips)
+    before = json.loads((root / "st" / "keywords.json").read_text())["keywords"][0]
+    cfg = E.ExportConfig(user_copies=6, noise_contexts=40, epochs=8, batch=32, log=lambda m: None)
+    rep = teach(root / "st", None, NAME, cfg=cfg, corpus=None, voices=[S.Voice("espeak", "en-us")])
+    return {"root": root, "state": root / "st", "clips": clips, "before": before, "report": rep}
+
+
+def _entry(state):
+    return json.loads((state / "keywords.json").read_text())["keywords"][0]
+
+
+def test_teach_writes_the_models_and_a_voices_head_at_half_the_rate(taught):
+    e, before = _entry(taught["state"]), taught["before"]
+    v = e["voices"]
+    assert v == {"version": CV.VERSION, "models": v["models"], "cutoff": CV.CUTOFF, "lower": CV.LOWER}
+    assert len(v["models"]) == len(CV.SEEDS)
+    for rel in v["models"]:
+        data = (taught["state"] / rel).read_bytes()
+        assert data[4:8] == b"TFL3"                                # a TFLite flatbuffer
+    heads = e["speaker_heads"]
+    assert [h.get("voices", False) for h in heads] == [True]
+    # two heads, each at half the bank rate: the user's own head's threshold rises
+    assert e["threshold"] >= before["threshold"]
+    assert set(heads[0]["sensitivities"]) == set(e["sensitivities"]) == set(before["sensitivities"])
+    assert e["bank_false_accept_rate"] <= 0.004 + 1e-9
+    assert check_keywords([e]) == [e]
+    assert e["w"] == before["w"] and e["verify"] == before["verify"]   # the enrolled stages are kept
+
+
+def test_detector_opens_lower_and_loads_the_models(taught):
+    det, _ = Device(taught["state"]).detector(replay=False)
+    (voices,) = det._voices
+    assert isinstance(voices, CV.Voices) and voices.cutoff == CV.CUTOFF
+    k = det.names.index(NAME)
+    assert det.thresholds[k] == pytest.approx(CV.lowered(det._own[k], CV.LOWER), abs=1e-6)
+    assert det.thresholds[k] <= det._own[k] and det._keeps_audio
+
+
+class Judge:
+    """A stand-in for a keyword's phrase models: records each snippet, answers ``answer``."""
+
+    before_s, after_s, lower = CV.BEFORE_S, CV.AFTER_S, CV.LOWER
+
+    def __init__(self, answer: bool):
+        self.answer, self.snippets = answer, []
+
+    def says_at(self, pcm, keyword_end_s):
+        self.snippets.append((len(pcm), keyword_end_s))
+        return self.answer
+
+
+def _stream(clips, gap_s=2.5):
+    rng = np.random.default_rng(3)
+    parts = [np.zeros(16000, np.int16)]
+    for c in clips:
+        parts += [read_wav(c), np.zeros(int(gap_s * 16000), np.int16)]
+    x = np.concatenate(parts).astype(np.float32) + rng.normal(0, 30, sum(len(p) for p in parts))
+    return np.clip(x, -32768, 32767).astype(np.int16)
+
+
+def _detector(state, judge, own=None):
+    from edge.kws import KeywordModel
+
+    dev = Device(state)
+    custom = DeviceState.open(state, dev.bundle).custom(verify=True)
+    custom.voices = [judge]
+    if own is not None:  # the keyword's own stages out of reach: only the phrase models can pass it
+        custom.thresholds = np.full(1, own, np.float32)
+    custom.first_thresholds = np.array([CV.lowered(t, CV.LOWER) for t in custom.thresholds], np.float32)
+    custom.first_thresholds = np.minimum(custom.first_thresholds, 0.3)
+    return Detector(KeywordModel(dev.bundle), custom=custom, keywords=[])
+
+
+def test_a_candidate_under_its_own_threshold_is_judged_on_its_audio(taught):
+    pcm = _stream(taught["clips"])
+    no = Judge(False)
+    det = _detector(taught["state"], no, own=0.9999)
+    assert detect_pcm(det, pcm) == []                     # nothing passes: the models said no
+    assert no.snippets and det.rejected >= len(no.snippets)
+    # each snippet runs from 2 s before the keyword end (or the stream's start) to 0.3 s after it
+    assert all(abs(n - (end + CV.AFTER_S) * 16000) <= 1 and end <= CV.BEFORE_S for n, end in no.snippets)
+    assert max(end for _, end in no.snippets) == pytest.approx(CV.BEFORE_S)
+    yes = Judge(True)
+    ev = detect_pcm(_detector(taught["state"], yes, own=0.9999), pcm)
+    assert [e["keyword"] for e in ev] == [NAME] * len(taught["clips"])   # one event per clip
+    assert len(yes.snippets) == len(ev)
+
+
+def test_the_keywords_own_stages_still_pass_it_without_the_models(taught):
+    pcm = _stream(taught["clips"])
+    no = Judge(False)
+    ev = detect_pcm(_detector(taught["state"], no), pcm)
+    own = detect_pcm(Detector(_km(taught["state"]), custom=DeviceState.open(
+        taught["state"], Device(taught["state"]).bundle).custom(verify=True), keywords=[]), pcm)
+    assert len(own) >= 4 and len(ev) >= len(own) - 1     # the enrolled voice: heard by its own stages
+
+
+def _km(state):
+    from edge.kws import KeywordModel
+
+    return KeywordModel(Device(state).bundle)
+
+
+def test_real_models_judge_the_enrolled_clips(taught):
+    events = list(Device(taught["state"]).detect(_stream(taught["clips"]), replay=False))
+    assert len(events) >= 4 and {e["keyword"] for e in events} == {NAME}
+
+
+def test_a_missing_model_file_is_one_sentence(taught, tmp_path):
+    st = tmp_path / "st"
+    shutil.copytree(taught["state"], st)
+    (st / _entry(st)["voices"]["models"][1]).unlink()
+    with pytest.raises(EdgelearnError) as ei:
+        Device(st).detector(replay=False)
+    assert "unreadable" in ei.value.problem and "export voices" in ei.value.fix
+
+
+@pytest.mark.parametrize("bad, said", [
+    ({"version": 9}, "voices version 9"),
+    ({"models": ["../x.tflite"]}, "not a list of files under voices/"),
+    ({"cutoff": 1.5}, "'cutoff' is 1.5"),
+    ({"lower": "1"}, "'lower' is '1'"),
+])
+def test_a_damaged_voices_field_names_itself(taught, bad, said):
+    e = _entry(taught["state"])
+    e["voices"] = {**e["voices"], **bad}
+    with pytest.raises(ValueError, match=said.replace("(", r"\(")):
+        check_keywords([e])
+
+
+def test_export_voices_refuses_an_unknown_keyword_in_one_sentence(taught, capsys):
+    from edge.cli import main
+
+    assert main(["export", "voices", "--state", str(taught["state"]), "--keyword", "hey nobody"]) != 0
+    err = capsys.readouterr().err
+    assert "no keyword 'hey nobody' is enrolled" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

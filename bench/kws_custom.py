@@ -190,9 +190,12 @@ def voices_system(audio):
 
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
-    for f in ("edge/custom_voices.py", "host/custom_voices.py", "host/phrase_stage.py", "edge/enroll.py",
+    from edge import custom_voices as CV
+
+    for f in ("host/custom_voices.py", "host/phrase_stage.py", "edge/enroll.py",
               *sorted(str(p.relative_to(root)) for p in (root / "host/export").glob("esphome*.py"))):
         h.update((root / f).read_bytes())
+    h.update(repr((CV.VERSION, CV.LOWER, CV.CUTOFF, CV.SEEDS, CV.DIR)).encode())  # what the entries hold
     for ph in PHRASES:
         for j in range(SHOTS):
             h.update(np.ascontiguousarray(audio[f"enrol/{ph}/{j}"]).tobytes())

@@ -372,6 +372,8 @@ class Device(Detection, Enrolment):
         out = {"bundle": f"{bundle.model_id} v{bundle.version}", "keywords": state.names(),
                "verifier": verifier_status(state.keywords, bundle),
                "sensitivity": {k["name"]: k.get("sensitivity", "medium") for k in state.keywords},
+               # keywords taught other voices (``edgelearn export voices``): their phrase models' cutoff
+               "other_voices": {k["name"]: k["voices"]["cutoff"] for k in state.keywords if "voices" in k},
                "adapt": adapt.meta, "replay": replay,
                "last_schedule": last}
         op = (bundle.manifest.get("extra") or {}).get("operating")

@@ -20,6 +20,8 @@ words by rms, awb and kal16 as negatives.
         # `edgelearn export voices` writes them (host/custom_voices.py), run by the Detector itself
         # (edge/custom_voices.py: a candidate its phrase models reject frees the detector at once),
         # at each LOWER and CUTOFF below
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --shipped --before 2.0,1.5   # the shipped
+        # point with a shorter snippet before the keyword end (the CPU of a judgment is its snippet's)
 """
 
 from __future__ import annotations
@@ -35,33 +37,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import _base_streams as B  # noqa: E402
-from bench import _realspeech as R  # noqa: E402
 from scripts._custom_variants import renders  # noqa: E402
-from scripts.phrase_stage_dev import ENROL, OTHERS, PHRASES  # noqa: E402
+from scripts.phrase_stage_dev import ENROL, OTHERS, PHRASES, dev_streams  # noqa: E402
 
 SR = 16000
 DELTAS = (0.0, 1.0, 2.0, 3.0)      # the first stage's threshold lowered by this much in logit
 CUTOFFS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99)
 WORK = ROOT / "build" / "custom_cascade"
-
-
-def dev_streams():
-    """{name: (pcm, spans or None, clips or None, voice)}: the held-out renders and the negatives."""
-    from host.data import synth as S
-
-    pool = B.babble_pool()
-    streams = {}
-    for vi, v in enumerate((ENROL,) + OTHERS):
-        clips = [B.Clip(v[1], ph, c) for pi, ph in enumerate(PHRASES) for c in renders(v, ph, 6, 900 + 10 * vi + pi)]
-        for snr in (None, 20):
-            pcm, spans = B.positive_stream(clips, snr_db=snr, seed=60 + vi, pool=pool)
-            streams[f"pos_{v[1]}_{snr or 'clean'}"] = (pcm, spans, clips, v[1])
-    dev, _ = R.concat([p for p in R.load_prompts() if p.split == "dev"])
-    streams["neg_real"] = (np.asarray(dev, np.int16), None, None, "allison")
-    avoid = {w for ph in PHRASES for w in ph.split()}
-    for i, v in enumerate((ENROL,) + OTHERS[:2]):
-        streams[f"neg_talk_{v[1]}"] = (B.other_speech(S.Voice(*v), n=220, seed=80 + i, avoid=avoid), None, None, v[1])
-    return streams
 
 
 def integrated(km, bundle, state, models, bank, rng) -> int:
@@ -88,23 +70,28 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
         entries.append(new)
     streams = dev_streams()
     hours = sum(len(s[0]) for n, s in streams.items() if n.startswith("neg")) / SR / 3600
-    for lower in (0.0, 0.5, 1.0, 1.5, 2.0):
-        for cutoff in (0.9, 0.97, 0.99, 0.995):
-            ents = [{**e, "voices": {**e["voices"], "lower": lower, "cutoff": cutoff}} for e in entries]
-            custom = CustomKeywords(ents, bundle, root=state.root)
-            heard, fa, judged = {}, {}, 0
-            for name, (pcm, spans, clips, voice) in streams.items():
-                det = Detector(km, custom=custom, keywords=[])
-                n0 = sum(v.judged for v in custom.voices)
-                ev = detect_pcm(det, np.asarray(pcm, np.int16))
-                if spans is not None:
-                    heard[name[4:]] = round(100 * B.score_positives(ev, spans, clips, words=PHRASES)["recall"], 1)
-                else:
-                    fa[name] = len(ev)
-                    judged += sum(v.judged for v in custom.voices) - n0
-            print(json.dumps({"lower": lower, "cutoff": cutoff, "heard_pct": heard,
-                              "fa_per_hour_per_phrase": round(sum(fa.values()) / hours / len(PHRASES), 2),
-                              "fa_events": fa, "judged_per_hour_of_negatives": round(judged / hours)}), flush=True)
+    grid = [(lo, c) for lo in (0.0, 0.5, 1.0, 1.5, 2.0) for c in (0.9, 0.97, 0.99, 0.995)]
+    if "--shipped" in sys.argv:  # the shipped point alone, with each snippet length (--before S,S...)
+        grid = [(CV.LOWER, CV.CUTOFF)]
+    befores = [float(x) for x in sys.argv[sys.argv.index("--before") + 1].split(",")] if "--before" in sys.argv \
+        else [CV.BEFORE_S]
+    for before, (lower, cutoff) in ((b, g) for b in befores for g in grid):
+        CV.BEFORE_S = before  # read by each Voices as it loads
+        ents = [{**e, "voices": {**e["voices"], "lower": lower, "cutoff": cutoff}} for e in entries]
+        custom = CustomKeywords(ents, bundle, root=state.root)
+        heard, fa, judged = {}, {}, 0
+        for name, (pcm, spans, clips, voice) in streams.items():
+            det = Detector(km, custom=custom, keywords=[])
+            n0 = sum(v.judged for v in custom.voices)
+            ev = detect_pcm(det, np.asarray(pcm, np.int16))
+            if spans is not None:
+                heard[name[4:]] = round(100 * B.score_positives(ev, spans, clips, words=PHRASES)["recall"], 1)
+            else:
+                fa[name] = len(ev)
+                judged += sum(v.judged for v in custom.voices) - n0
+        print(json.dumps({"before_s": before, "lower": lower, "cutoff": cutoff, "heard_pct": heard,
+                          "fa_per_hour_per_phrase": round(sum(fa.values()) / hours / len(PHRASES), 2),
+                          "fa_events": fa, "judged_per_hour_of_negatives": round(judged / hours)}), flush=True)
     return 0
 
 

@@ -38,11 +38,29 @@ OTHERS = (("flite", "awb"), ("flite", "kal16"), ("espeak", "en-us+f4"), ("festiv
 SR = 16000
 
 
+def dev_streams():
+    """{name: (pcm, spans or None, clips or None, voice)}: the held-out renders and the negatives."""
+    from host.data import synth as S
+
+    pool = B.babble_pool()
+    streams = {}
+    for vi, v in enumerate((ENROL,) + OTHERS):
+        clips = [B.Clip(v[1], ph, c) for pi, ph in enumerate(PHRASES) for c in renders(v, ph, 6, 900 + 10 * vi + pi)]
+        for snr in (None, 20):
+            pcm, spans = B.positive_stream(clips, snr_db=snr, seed=60 + vi, pool=pool)
+            streams[f"pos_{v[1]}_{snr or 'clean'}"] = (pcm, spans, clips, v[1])
+    dev, _ = R.concat([p for p in R.load_prompts() if p.split == "dev"])
+    streams["neg_real"] = (np.asarray(dev, np.int16), None, None, "allison")
+    avoid = {w for ph in PHRASES for w in ph.split()}
+    for i, v in enumerate((ENROL,) + OTHERS[:2]):
+        streams[f"neg_talk_{v[1]}"] = (B.other_speech(S.Voice(*v), n=220, seed=80 + i, avoid=avoid), None, None, v[1])
+    return streams
+
+
 def main() -> int:
     from edge import enroll as En
     from edge.bundle import load_bundle
     from edge.kws import DEFAULT_BUNDLE, KeywordModel, default_trusted_keys
-    from host.data import synth as S
     from host.data.corpus import build_corpus
     from host.export import esphome as E
 
@@ -62,18 +80,7 @@ def main() -> int:
         E.export_esphome(ph, None, d, E.ExportConfig(seed=0), corpus=corpus, clips=clips)
         models.append({"name": ph, "config": str(d / f"{slug}.json")})
     custom = state.custom()
-    pool = B.babble_pool()
-    streams = {}  # name -> (pcm, spans or None, clips or None, voice)
-    for vi, v in enumerate((ENROL,) + OTHERS):
-        clips = [B.Clip(v[1], ph, c) for pi, ph in enumerate(PHRASES) for c in renders(v, ph, 6, 900 + 10 * vi + pi)]
-        for snr in (None, 20):
-            pcm, spans = B.positive_stream(clips, snr_db=snr, seed=60 + vi, pool=pool)
-            streams[f"pos_{v[1]}_{snr}"] = (pcm, spans, clips, v[1])
-    dev, _ = R.concat([p for p in R.load_prompts() if p.split == "dev"])
-    streams["neg_real"] = (np.asarray(dev, np.int16), None, None, "allison")
-    avoid = {w for ph in PHRASES for w in ph.split()}
-    for i, v in enumerate((ENROL,) + OTHERS[:2]):
-        streams[f"neg_talk_{v[1]}"] = (B.other_speech(S.Voice(*v), n=220, seed=80 + i, avoid=avoid), None, None, v[1])
+    streams = dev_streams()
     paths = []
     for name, (pcm, *_r) in streams.items():
         paths.append(tmp / f"{name}.npy")

@@ -59,6 +59,10 @@ def test_teach_writes_the_models_and_a_voices_head_at_half_the_rate(taught):
     assert e["w"] == before["w"] and e["verify"] == before["verify"]   # the enrolled stages are kept
 
 
+def test_status_names_the_keywords_taught_other_voices(taught):
+    assert Device(taught["state"]).status()["other_voices"] == {NAME: CV.CUTOFF}
+
+
 def test_detector_opens_lower_and_loads_the_models(taught):
     det, _ = Device(taught["state"]).detector(replay=False)
     (voices,) = det._voices

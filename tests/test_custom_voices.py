@@ -170,3 +170,37 @@ def test_export_voices_refuses_an_unknown_keyword_in_one_sentence(taught, capsys
     assert main(["export", "voices", "--state", str(taught["state"]), "--keyword", "hey nobody"]) != 0
     err = capsys.readouterr().err
     assert "no keyword 'hey nobody' is enrolled" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_voices_head_shares_the_rate_with_every_persons_head_and_replaces_an_old_one():
+    """A keyword two people enrolled (`device enroll --add`) taught voices twice: three heads, each at
+    a third of each level's bank rate, one of them the voices head."""
+    from edge.keywords import FAR_TARGET, SENSITIVITIES, CustomKeywords
+    from host.custom_voices import with_voices_head
+
+    rng = np.random.default_rng(0)
+    bank = rng.normal(size=(2000, 8)).astype(np.float32)
+
+    def head():
+        return [float(x) for x in rng.normal(size=8)], float(rng.normal())
+
+    (w, b), (w2, b2) = head(), head()
+    levels = {"low": {"threshold": 0.9}, "high": {"threshold": 0.6}}
+    entry = {"name": "hey you", "w": w, "b": b, "threshold": 0.8, "sensitivities": levels,
+             "speaker_heads": [{"w": w2, "b": b2, "threshold": 0.8, "sensitivities": {"low": 0.9, "high": 0.6}}]}
+    once = with_voices_head(entry, *head(), bank)
+    twice = with_voices_head(once, *head(), bank)
+    assert [bool(h.get("voices")) for h in twice["speaker_heads"]] == [False, True]
+    assert check_keywords([twice]) == [twice]
+
+    def passed(w, b, t):
+        return float(np.mean(CustomKeywords([{"name": "x", "w": w, "b": b, "threshold": 0.5}]).scores(bank)[:, 0] >= t))
+
+    rows = [(twice["w"], twice["b"], twice["threshold"], {k: v["threshold"] for k, v in twice["sensitivities"].items()})]
+    rows += [(h["w"], h["b"], h["threshold"], h["sensitivities"]) for h in twice["speaker_heads"]]
+    step = 1 / len(bank)  # a quantile's resolution: one bank row
+    for w_, b_, t, lv in rows:   # each head at a third of the rate (or 0.5, enrolment's floor)
+        assert passed(w_, b_, t) <= FAR_TARGET / 3 + step or t == 0.5
+        for level, thr in lv.items():
+            assert passed(w_, b_, thr) <= SENSITIVITIES[level][0] / 3 + step or thr == 0.5
+    assert twice["bank_false_accept_rate"] <= FAR_TARGET + 3 * step

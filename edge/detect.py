@@ -31,6 +31,9 @@ win; where nothing is said for ``QUIET_S`` past the command it comes out then (n
 goes on from a command said alone). A rejected candidate frees the detector at once, as without
 enrolled keywords.
 
+Holding a candidate for its second stage's audio and judging it is the mixin
+``edge.detect_held.HeldCandidates``.
+
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
 
@@ -50,14 +53,11 @@ from edge.confirm import AFTER_S, BEFORE_S
 # module to keep this one about the streaming Detector; importable from here as before
 from edge.detect_replay import count_events, trigger  # noqa: F401
 from edge.errors import EdgelearnError
+# candidates held for the audio their second stage judges: a mixin of the Detector, its own module
+from edge.detect_held import QUIET_S, QUIET_SLACK_S, HeldCandidates  # noqa: F401 (QUIET_*: re-exported)
 
 NON_KEYWORDS = ("_silence_", "_unknown_")
 THRESHOLD = 0.7  # a base keyword's threshold when none is calibrated for it
-# a passed command held for the enrolled keywords' chance (``Detector._wait``) comes out once nothing
-# has been said for QUIET_S past its keyword end (the phrase stage's own wait: a command said alone
-# then comes out as without enrolled keywords), the loudness rule allowing QUIET_SLACK_S of its tail
-# (session 44; scripts/enrolled_hold_dev.py)
-QUIET_S, QUIET_SLACK_S = 0.3, 0.1
 
 
 def default_keywords(model) -> list[str]:
@@ -86,7 +86,7 @@ def bundle_thresholds(manifest: dict) -> dict | None:
     return {k: float(v) for k, v in thr.items()}
 
 
-class Detector:
+class Detector(HeldCandidates):
     def __init__(self, km, custom=None, keywords=None, stride: int = 4, smooth: int = 2,
                  threshold: float | dict | None = None, refractory_s: float = 1.0, peak_window_s: float = 0.4,
                  head=None, on_event=None, asr=None):
@@ -196,62 +196,6 @@ class Detector:
                 events.append(ev)
         return events
 
-    def _quiet_after(self, t: float) -> bool:
-        """Has nothing been said since the held command's keyword end ``t``, for ``QUIET_S``? No frame
-        after it as loud as the middle of the last second's loudness range (``_keyword_end``'s rule):
-        the command was said alone, so no enrolled phrase goes on from it and the rest of the wait
-        would only delay it. Speech going on (an enrolled "lights on" after the "left" it starts like),
-        or noise as loud as speech, keeps the whole wait."""
-        end_s = ((self.n_frames - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
-        return end_s >= t + QUIET_S and self._keyword_end(self._window(), end_s) <= t + QUIET_SLACK_S
-
-    def _release(self):
-        """The held base-keyword event (the stage passed it; no enrolled keyword took it over)."""
-        score, k, t, peak = self.pending
-        self.pending, self._accepted = None, False
-        return self._event(score, k, t, peak)
-
-    def _confirm(self, final: bool = False):
-        """Decide the pending base-keyword candidate with the recogniser on its audio so far: the
-        event, None when rejected, or None while a passed one is held for ``_wait`` (not ``final``)."""
-        score, k, t, peak = self.pending
-        self.pending = None
-        voices = self._voices_of(k)
-        start = self.samples - len(self.audio)  # absolute index of audio[0]
-        before = self._before if voices is None else voices.before_s
-        a = max(0, int(round((t - before) * F.SAMPLE_RATE)) - start)
-        b = max(a, min(len(self.audio), self._pending_end(t, k) - start))
-        end = (t * F.SAMPLE_RATE - start - a) / F.SAMPLE_RATE
-        if voices is not None:  # a custom keyword's candidate its own stages did not pass: its phrase models
-            if not voices.says_at(self.audio[a:b], end):
-                self.rejected += 1
-                return None
-            return self._event(score, k, t, peak)
-        says_at = getattr(self.asr, "says_at", None)  # a stage that needs the keyword end in the snippet
-        # the candidate judged now (``edge.phrase_calibrate.Recorder`` reads it)
-        self.judging = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
-        ok = (says_at(self.names[k], self.audio[a:b], end)
-              if says_at is not None else self.asr.says(self.names[k], self.audio[a:b]))
-        if not ok:
-            self.rejected += 1
-            return None
-        self.pending = (score, k, t, peak)
-        if self._wait > self._after and not final:
-            self._accepted = True
-            return None
-        return self._release()
-
-    def _pending_end(self, t: float, k: int | None = None) -> int:
-        """The sample the recogniser's (or keyword ``k``'s phrase models') audio for a keyword ending
-        at ``t`` s runs to."""
-        voices = None if k is None else self._voices_of(k)
-        return int(round((t + (self._after if voices is None else voices.after_s)) * F.SAMPLE_RATE))
-
-    def _voices_of(self, k: int):
-        """Keyword ``k``'s other-voices path (``edge.custom_voices.Voices``), or None."""
-        nb = len(self.base_idx)
-        return self._voices[k - nb] if k >= nb else None
-
     def continue_from(self, old: "Detector") -> list[dict]:
         """Take over ``old``'s audio (the front end's stream, the last 49 frames, the clock and the
         refractory period) so detection goes on with this detector's model and keywords without
@@ -337,19 +281,6 @@ class Detector:
                 out = self._pass()
         return out
 
-    def _custom_first(self, over, end_s: float) -> bool:
-        """With a second stage on the base commands (their first stage lowered, e.g. to 0.2), does an
-        enrolled keyword crossing its own threshold take over a base candidate that is open, waits
-        for the stage, or was passed by it and is held (``_wait``)? It does: the user's own phrase ("lights on") is not lost to a
-        command it starts like ("left"), which the lowered first stage opens first and the stage,
-        judging sound, may pass (tests/test_keywords_rebuild.py's enrolled "lights on" was, 2026-12-06)."""
-        nb = len(self.base_idx)
-        if self.asr is None or len(over) == nb or end_s < self.quiet_until:
-            return False
-        held = (self.candidate is not None and self.candidate[1] < nb) or \
-            (self.pending is not None and self.pending[1] < nb)
-        return held and float(over[nb:].max()) >= 0
-
     def _searches(self, k: int) -> bool:
         """Is keyword ``k`` a custom keyword whose second stage tries every window (version 6 on)?"""
         nb = len(self.base_idx)
@@ -379,18 +310,8 @@ class Detector:
         elif judged and score < self._own[k]:
             return self._hold(score, k, t)
         elif k < nb and self.asr is not None:
-            self.pending = (score, k, t, self._peak_window)
-            return None
+            return self._hold(score, k, t)
         return self._event(score, k, t, self._peak_window)
-
-    def _reject(self):
-        self.rejected += 1
-        return None
-
-    def _hold(self, score, k, t):
-        """A candidate waits for the audio its second stage judges (``_confirm``)."""
-        self.pending = (score, k, t, self._peak_window)
-        return None
 
     def _event(self, score, k, t, peak):
         self.quiet_until = t + self.refractory

@@ -34,12 +34,6 @@ from edge.errors import EdgelearnError
 RENDER_SEED = 7
 
 
-def _training_voices(corpus):
-    from host.export.esphome_data import _training_voices as tv
-
-    return tv(corpus)
-
-
 def other_voices(log=print) -> tuple:
     """``host.phrase_stage.OTHER_VOICES`` where their synthesizers are installed, else none (said)."""
     from host.data import synth
@@ -145,6 +139,8 @@ def teach(state_dir, bundle, name: str, cfg=None, corpus="cached", voices=None, 
 
         corpus = build_corpus(progress=False)
     if voices is None:
+        from host.export.esphome_data import _training_voices
+
         voices = _training_voices(corpus) if corpus is not None else []
     rng = np.random.default_rng(RENDER_SEED)
     km = KeywordModel(dev.bundle)

@@ -60,47 +60,33 @@ def voices_head(km, bank, phrase: str, clips, voices, rng):
     return En.train_head(pos, bank)
 
 
-def _at_rate(w, b, bank, far: float) -> float:
-    """The head's threshold where ``far`` of the bank passes it (at least 0.5, as enrolment's)."""
-    from edge.keywords import CustomKeywords
-
-    c = CustomKeywords([{"name": "x", "w": [float(x) for x in w], "b": float(b), "threshold": 0.5}])
-    return max(0.5, float(np.quantile(c.scores(bank)[:, 0], 1.0 - far)))
-
-
 def with_voices_head(entry: dict, w, b, bank) -> dict:
     """``entry`` with the voices head added (one before it replaced) and every head's threshold, at
-    each of its sensitivity levels, at that level's bank rate shared among the heads."""
-    from edge.keywords import FAR_TARGET, SENSITIVITIES
+    each of its sensitivity levels, at that level's bank rate shared among the heads (at least 0.5,
+    as enrolment's), and the share of the bank some head passes (as enrolment reports it)."""
+    from edge.keywords import FAR_TARGET, SENSITIVITIES, CustomKeywords
 
     heads = [h for h in entry.get("speaker_heads", []) if not h.get("voices")]
-    n = len(heads) + 2
+    heads.append({"w": [round(float(x), 6) for x in w], "b": round(float(b), 6), "voices": True})
     levels = list(entry.get("sensitivities", {}))
-    rate = {lv: SENSITIVITIES[lv][0] for lv in levels}
-    out = dict(entry)
-    out["threshold"] = round(_at_rate(entry["w"], entry["b"], bank, FAR_TARGET / n), 6)
-    out["sensitivities"] = {lv: {**entry["sensitivities"][lv],
-                                 "threshold": round(_at_rate(entry["w"], entry["b"], bank, rate[lv] / n), 6)}
-                            for lv in levels}
-    new = []
-    for h in heads + [{"w": [round(float(x), 6) for x in w], "b": round(float(b), 6), "voices": True}]:
-        new.append({**h, "threshold": round(_at_rate(h["w"], h["b"], bank, FAR_TARGET / n), 6),
-                    "sensitivities": {lv: round(_at_rate(h["w"], h["b"], bank, rate[lv] / n), 6) for lv in levels}})
-    out["speaker_heads"] = new
-    # the share of the bank some head passes, at the default and at each level (as enrolment reports it)
-    rows = [(entry["w"], entry["b"], out["threshold"], {lv: out["sensitivities"][lv]["threshold"] for lv in levels})] \
-        + [(h["w"], h["b"], h["threshold"], h["sensitivities"]) for h in new]
+    rates = {None: FAR_TARGET, **{lv: SENSITIVITIES[lv][0] for lv in levels}}
+    n = len(heads) + 1
 
-    def far(level=None):
-        from edge.keywords import CustomKeywords
+    def bank_scores(h):  # each head scores the bank once
+        return CustomKeywords([{"name": "x", "w": h["w"], "b": h["b"], "threshold": 0.5}]).scores(bank)[:, 0]
 
-        hit = [CustomKeywords([{"name": "x", "w": w_, "b": b_, "threshold": 0.5}]).scores(bank)[:, 0]
-               >= (t if level is None else lv[level]) for w_, b_, t, lv in rows]
-        return round(float(np.mean(np.any(hit, axis=0))), 5)
+    scores = [bank_scores(entry)] + [bank_scores(h) for h in heads]
+    thr = [{lv: round(max(0.5, float(np.quantile(s, 1.0 - far / n))), 6) for lv, far in rates.items()}
+           for s in scores]
 
-    out["bank_false_accept_rate"] = far()
-    for lv in levels:
-        out["sensitivities"][lv]["bank_false_accept_rate"] = far(lv)
+    def passed(lv):
+        return round(float(np.mean(np.any([s >= t[lv] for s, t in zip(scores, thr)], axis=0))), 5)
+
+    out = {**entry, "threshold": thr[0][None], "bank_false_accept_rate": passed(None)}
+    out["sensitivities"] = {lv: {**entry["sensitivities"][lv], "threshold": thr[0][lv],
+                                 "bank_false_accept_rate": passed(lv)} for lv in levels}
+    out["speaker_heads"] = [{**h, "threshold": t[None], "sensitivities": {lv: t[lv] for lv in levels}}
+                            for h, t in zip(heads, thr[1:])]
     return out
 
 

@@ -182,11 +182,15 @@ def voices_system(audio):
     """``edgelearn_system``, then each phrase taught other voices (``edgelearn export voices``,
     ``host.custom_voices.teach``), with this benchmark's other voices taken out of the corpus first (a
     household's members are in no corpus; espeak-ng's en-us+f2 is a training voice otherwise). The
-    taught state is cached by the digest of the code and the enrolment clips (~25 min of CPU)."""
+    taught state is cached by the digest of the code that trains it and the enrolment clips (~25 min
+    of CPU); the operating point (``CV.LOWER``, ``CV.CUTOFF``: what ``teach`` writes into each entry,
+    nothing it trains) is set on the state as it is now."""
     import hashlib
+    import inspect
     import shutil
 
     from edge.device import Device
+    from edge.keywords import DeviceState
 
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha1()
@@ -195,7 +199,8 @@ def voices_system(audio):
     for f in ("host/custom_voices.py", "host/phrase_stage.py", "edge/enroll.py",
               *sorted(str(p.relative_to(root)) for p in (root / "host/export").glob("esphome*.py"))):
         h.update((root / f).read_bytes())
-    h.update(repr((CV.VERSION, CV.LOWER, CV.CUTOFF, CV.SEEDS, CV.DIR)).encode())  # what the entries hold
+    h.update(inspect.getsource(CV.with_voices_head).encode() + inspect.getsource(CV.attach).encode())
+    h.update(repr((CV.VERSION, CV.SEEDS, CV.DIR)).encode())  # what the entries hold
     for ph in PHRASES:
         for j in range(SHOTS):
             h.update(np.ascontiguousarray(audio[f"enrol/{ph}/{j}"]).tobytes())
@@ -215,6 +220,11 @@ def voices_system(audio):
         Path(str(cached) + ".tmp").rename(cached)
     else:
         shutil.copytree(cached, state, dirs_exist_ok=True)
+    dev = Device(state)
+    st = DeviceState.open(state, dev.bundle)
+    st.keywords = [{**e, "voices": {**e["voices"], "lower": CV.LOWER, "cutoff": CV.CUTOFF}} if "voices" in e else e
+                   for e in st.keywords]
+    st.save()
     return Device(state)
 
 

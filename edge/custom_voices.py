@@ -19,6 +19,11 @@ ESPHome's sliding window of 5) must reach ``cutoff`` somewhere from 0.3 s before
 ``AFTER_S`` after, on the audio from ``BEFORE_S`` before it. ``lower`` and ``cutoff`` were chosen on
 development data (``scripts/custom_cascade_dev.py``; docs/edge-runtime.md, "Other voices for a
 custom keyword"). Needs the ``phrase`` extra (pymicro-features) and LiteRT.
+
+The head and the models learned the typed phrase said by other voices, so they outlive the clips:
+a keyword enrolled again (``--replace``, ``--add``, a damaged ``keywords.json`` rebuilt, a new
+version's negative bank) keeps them, every head's threshold recomputed (``carried``); only a new
+encoder drops them (``Device.carry_to`` says so).
 """
 
 from __future__ import annotations
@@ -59,6 +64,79 @@ def lowered(threshold: float, lower: float) -> float:
     """``threshold`` lowered by ``lower`` in logit (where a candidate opens)."""
     p = min(max(float(threshold), 1e-6), 1 - 1e-6)
     return 1.0 / (1.0 + math.exp(-(math.log(p / (1 - p)) - float(lower))))
+
+
+def with_voices_head(entry: dict, w, b, bank) -> dict:
+    """``entry`` with the voices head added (one before it replaced) and every head's threshold, at
+    each of its sensitivity levels, at that level's bank rate shared among the heads (at least 0.5,
+    as enrolment's), and the share of the bank some head passes (as enrolment reports it)."""
+    import numpy as np
+
+    from edge.keywords import FAR_TARGET, SENSITIVITIES, CustomKeywords
+
+    heads = [h for h in entry.get("speaker_heads", []) if not h.get("voices")]
+    heads.append({"w": [round(float(x), 6) for x in w], "b": round(float(b), 6), "voices": True})
+    levels = list(entry.get("sensitivities", {}))
+    rates = {None: FAR_TARGET, **{lv: SENSITIVITIES[lv][0] for lv in levels}}
+    n = len(heads) + 1
+
+    def bank_scores(h):  # each head scores the bank once
+        return CustomKeywords([{"name": "x", "w": h["w"], "b": h["b"], "threshold": 0.5}]).scores(bank)[:, 0]
+
+    scores = [bank_scores(entry)] + [bank_scores(h) for h in heads]
+    thr = [{lv: round(max(0.5, float(np.quantile(s, 1.0 - far / n))), 6) for lv, far in rates.items()}
+           for s in scores]
+
+    def passed(lv):
+        return round(float(np.mean(np.any([s >= t[lv] for s, t in zip(scores, thr)], axis=0))), 5)
+
+    out = {**entry, "threshold": thr[0][None], "bank_false_accept_rate": passed(None)}
+    out["sensitivities"] = {lv: {**entry["sensitivities"][lv], "threshold": thr[0][lv],
+                                 "bank_false_accept_rate": passed(lv)} for lv in levels}
+    out["speaker_heads"] = [{**h, "threshold": t[None], "sensitivities": {lv: t[lv] for lv in levels}}
+                            for h, t in zip(heads, thr[1:])]
+    return out
+
+
+def attach(entry: dict, w, b, bank, voices: dict) -> dict:
+    """``entry`` with the other-voices path: the voices head (``with_voices_head``) and ``voices``
+    (the field the module doc shows)."""
+    out = with_voices_head(entry, w, b, bank)
+    out["voices"] = dict(voices)
+    return out
+
+
+def voices_head_of(entry: dict) -> dict | None:
+    """The entry's voices head (a ``speaker_heads`` member marked ``"voices"``), or None."""
+    return next((h for h in entry.get("speaker_heads", []) if isinstance(h, dict) and h.get("voices")), None)
+
+
+def carried(old: dict | None, new: dict, bank, root) -> tuple[dict, str | None]:
+    """``new`` (keyword ``old`` enrolled again on the same encoder: ``--replace``, ``--add``, a rebuild
+    of a damaged ``keywords.json``) with ``old``'s other-voices path: the same voices head and phrase
+    models, every head's threshold recomputed for the new heads (``attach``). The head and the models
+    learned the typed phrase said by other voices, which the new clips do not change; the models'
+    positives hold the first clips, which stay the same phrase. Returns (entry, why not): ``new`` as it
+    is and a reason when ``old`` had the path but it cannot be kept (a model file gone, a head of
+    another size)."""
+    if not old or "voices" not in old:
+        return new, None
+    head = voices_head_of(old)
+    try:
+        check(old["voices"], f"keyword {new['name']!r}'s")
+    except ValueError as e:
+        return new, str(e)
+    if head is None or len(head.get("w", ())) != len(new["w"]):
+        return new, "its voices head is missing or of another size"
+    missing = [m for m in old["voices"]["models"] if not (Path(root) / m).is_file()]
+    if missing:
+        return new, f"its phrase model {Path(root) / missing[0]} is gone"
+    try:
+        if not all(math.isfinite(float(v)) for v in [*head["w"], head["b"]]):
+            raise ValueError("not finite")
+        return attach(new, head["w"], head["b"], bank, old["voices"]), None
+    except (TypeError, ValueError, KeyError):
+        return new, "its voices head is damaged"
 
 
 class Voices:

@@ -9,7 +9,7 @@ Split from device.py to keep each file about one thing; ``Device`` inherits ``En
 ``edge.device`` imports the constants and the helpers from here.
 
     >>> dev.enroll("hey edge", ["a.wav", "b.wav", "c.wav"])["threshold"]
-    >>> dev.carry_to(new_bundle)   # {"keywords": 1, "contexts": 0, "rederived": []}
+    >>> dev.carry_to(new_bundle)   # {"keywords": 1, "contexts": 0, "rederived": [], "voices_dropped": []}
 """
 
 from __future__ import annotations
@@ -163,8 +163,10 @@ class Enrolment:
             names = [f"kept clip {i + 1} (speaker {w + 1})" for i, w in enumerate(kept[1])] + names
             pcm, speakers = kept[0] + pcm, kept[1] + [new] * len(pcm)
             sensitivity = sensitivity or entry.get("sensitivity", "medium")
+        before = {k["name"]: k for k in state.keywords}
         rep = enroll(self.keyword_model(), state, name, pcm, clip_names=names, replace=replace or add,
                      sensitivity=sensitivity or "medium", speakers=speakers, save=False)
+        self._keep_voices(state, before.get(rep["keyword"]), rep)
         # kept on the device (never uploaded) so that a version with a new encoder can enrol it again;
         # written before the keyword (a kill between leaves clips the keyword is re-derived from), under
         # the state lock once the merge with what another command saved meanwhile is known to succeed.
@@ -188,6 +190,24 @@ class Enrolment:
         # --add, whose kept clips another command may have changed) such a keyword is refused
         state.save(prefer="ours" if replace and not add else "raise", before_write=keep_clips)
         return rep
+
+    def _keep_voices(self, state, old, rep) -> None:
+        """A keyword taught other voices (``edgelearn export voices``) and enrolled again keeps them
+        (``edge.custom_voices.carried``); ``rep`` then shows its new thresholds and ``other_voices``
+        (True, or why the path was dropped)."""
+        if not old or "voices" not in old:
+            return
+        from edge.custom_voices import carried
+        from edge.enroll import negative_bank, sensitivity_table
+
+        entry, why = carried(old, state.keywords[-1], negative_bank(self.bundle), self.state_dir)
+        state.keywords[-1] = entry
+        if why is not None:
+            rep["other_voices"] = (f"dropped: {why}; run `edgelearn export voices --state {self.state_dir} "
+                                   f"--keyword {rep['keyword']!r}` again")
+            return
+        rep.update(threshold=round(entry["threshold"], 4), bank_false_accept_rate=entry["bank_false_accept_rate"],
+                   sensitivities=sensitivity_table(entry), other_voices=True)
 
     def sensitivity(self, name: str, level: str | None = None, max_fa_h: float | None = None) -> dict:
         """Enrolled keyword ``name``'s sensitivity; with ``level`` (low: fewest false accepts,
@@ -225,7 +245,11 @@ class Enrolment:
         against another head runs rebased onto it (``AdaptStore.load_carried``: the personal offsets
         on the new head) until it is adapted again on ``new`` (the agent does so at once, from its
         labelled clips). Nothing is written unless all of it carries; otherwise an EdgelearnError says
-        what changed. Returns {"keywords": n, "contexts": n, "rederived": [names enrolled again]}.
+        what changed. Returns {"keywords": n, "contexts": n, "rederived": [names enrolled again],
+        "voices_dropped": [names]}: a keyword taught other voices (``edgelearn export voices``) keeps
+        them when enrolled again on a new negative bank or phone model (``_carry_voices``), and loses
+        them on a new encoder (its voices head scored the old encoder's embeddings); ``export voices``
+        teaches it again.
 
         Two files move, each atomically: the adapt pointer first, the keywords last (the agent takes
         keywords bound to ``new`` as "carried", ``Agent._open_device``). A process killed between
@@ -234,6 +258,7 @@ class Enrolment:
         takes it as carried (its basis was checked before it was written) and finishes; a version
         refused after all gets the pointer back with ``unbind_adapted``."""
         import json
+        import sys
 
         from edge.adapt.store import AdaptStore
 
@@ -256,7 +281,7 @@ class Enrolment:
                     load_tail(new)
                 except EdgelearnError:
                     changed.append("the head (not one a conv tail can end in)")
-        keywords, rederived = state.keywords, []
+        keywords, rederived, dropped = state.keywords, [], []
         if state.keywords and _basis(old, ENROLMENT_FILES) != _basis(new, ENROLMENT_FILES):
             missing = [k["name"] for k in state.keywords if self.enrolment_clips(k["name"]) is None]
             if missing:
@@ -264,6 +289,7 @@ class Enrolment:
             elif not changed:
                 keywords, rederived = self._rederive(new, [k["name"] for k in state.keywords]), \
                     [k["name"] for k in state.keywords]
+                dropped = self._carry_voices(state.keywords, keywords, old, new)
         if changed:
             raise EdgelearnError(f"{new.model_id} v{new.version} changes {', '.join(sorted(set(changed)))}, which this "
                                  "device's keywords or adapted tail were learned with",
@@ -276,7 +302,35 @@ class Enrolment:
         if keywords:  # refused if another command changed the keywords since they were read
             state.rebound(new, keywords).save()
         self._bundle = new
-        return {"keywords": len(keywords), "contexts": len(store.meta["contexts"]), "rederived": rederived}
+        if dropped:
+            print(json.dumps({"warning": f"enrolled again for {new.model_id} v{new.version}, {', '.join(dropped)} no "
+                              "longer hear other voices (a new encoder, or their phrase models are gone): run "
+                              f"`edgelearn export voices --state {self.state_dir} --keyword NAME` again"}),
+                  file=sys.stderr, flush=True)
+        return {"keywords": len(keywords), "contexts": len(store.meta["contexts"]), "rederived": rederived,
+                "voices_dropped": dropped}
+
+    def _carry_voices(self, before: list[dict], after: list[dict], old, new) -> list[str]:
+        """Keywords enrolled again on ``new`` (``after``, in place) keep the other-voices path they had
+        (``before``) when ``new``'s encoder is ``old``'s (a new negative bank or phone model: every
+        head's threshold is recomputed on the new bank, ``edge.custom_voices.carried``); the names of
+        those that lose it."""
+        from edge.custom_voices import carried
+        from edge.enroll import negative_bank
+
+        had = {k["name"]: k for k in before if "voices" in k}
+        if not had:
+            return []
+        encoder = ("encoder", "encoder-onnx", "encoder-fp32")
+        if _basis(old, encoder) != _basis(new, encoder):
+            return [k["name"] for k in after if k["name"] in had]
+        bank, dropped = negative_bank(new), []
+        for i, k in enumerate(after):
+            if k["name"] in had:
+                after[i], why = carried(had[k["name"]], k, bank, self.state_dir)
+                if why is not None:
+                    dropped.append(k["name"])
+        return dropped
 
     def _adapt_store_of(self, old, new):
         """The adapt store bound to ``old``, or to ``new`` when a carry_to already moved its pointer."""

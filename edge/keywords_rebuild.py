@@ -6,7 +6,8 @@
 it was trained against, in order) and ``enrolled_ns``, so that enrolling it again gives the same
 entry (``read_kept``). ``ST/enrolment/settings.json`` (``write_settings``, at every save of the
 keywords) keeps what only ``keywords.json`` held: each keyword's sensitivity and measured
-false-accept rates, in order.
+false-accept rates, in order, and the other-voices path of a keyword taught them (``edgelearn
+export voices``: its ``voices`` field and voices head).
 
 ``DeviceState.open`` (edge/keywords.py) calls ``rebuilt`` when the file's bytes are not JSON: under
 the state lock the damaged bytes are kept as ``keywords.json.damaged``, every keyword is enrolled
@@ -118,6 +119,9 @@ def _rebuild_warning(path: Path, detail: str, rep: dict) -> str:
                 "if they had been changed)")
     if rep["recalibrate"]:
         msg += f"; {', '.join(rep['recalibrate'])}: measured false-accept rates lost (run `device calibrate` again)"
+    if rep.get("voices_lost"):
+        msg += "; other voices lost (run `edgelearn export voices` again): " + "; ".join(
+            f"{name} ({why})" for name, why in rep["voices_lost"].items())
     return msg
 
 
@@ -189,7 +193,7 @@ def write_settings(state_dir, keywords: list[dict]) -> None:
         return
     doc = {"format": 1, "keywords": [
         {"name": k["name"], "enrolment": enrolment_digest(k), "sensitivity": k.get("sensitivity", "medium"),
-         **{f: k[f] for f in ("fa_per_hour", "fa_calibrated_hours") if f in k}} for k in keywords]}
+         **{f: k[f] for f in ("fa_per_hour", "fa_calibrated_hours") if f in k}, **_voices_of(k)} for k in keywords]}
     try:
         atomic_write(d / SETTINGS_FILE, json.dumps(doc, indent=1).encode())
     except OSError:
@@ -197,6 +201,17 @@ def write_settings(state_dir, keywords: list[dict]) -> None:
             (d / SETTINGS_FILE).unlink(missing_ok=True)
         except OSError:
             pass
+
+
+def _voices_of(entry: dict) -> dict:
+    """What a rebuild needs to keep a keyword's other-voices path (``edge.custom_voices``): the
+    ``voices`` field and the voices head's weights (its thresholds are recomputed)."""
+    from edge.custom_voices import voices_head_of
+
+    head = voices_head_of(entry)
+    if "voices" not in entry or head is None:
+        return {}
+    return {"voices": entry["voices"], "voices_head": {"w": head["w"], "b": head["b"]}}
 
 
 def read_settings(state_dir) -> list[dict] | None:
@@ -255,7 +270,9 @@ def rebuild_keywords(state_dir, bundle, known=(), backend: str = "auto") -> tupl
     Returns (entries in the keywords' order, report): ``rebuilt`` (names), ``lost`` ({name or file:
     why}), ``as_enrolled`` ({name: level} with no kept settings: the enrolment's level, medium for a
     file of before 2026-12-06; a later ``device sensitivity`` or ``device calibrate`` is not known),
-    ``recalibrate`` (names whose measured rates are gone: the enrolment came out otherwise)."""
+    ``recalibrate`` (names whose measured rates are gone: the enrolment came out otherwise),
+    ``voices_lost`` ({name: why} of keywords taught other voices whose path could not be kept; the
+    others keep it, ``edge.custom_voices.carried``)."""
     from edge.enroll import SENSITIVITIES, check_keywords, enroll
     from edge.kws import KeywordModel
 
@@ -280,7 +297,7 @@ def rebuild_keywords(state_dir, bundle, known=(), backend: str = "auto") -> tupl
     for n in hints:
         if n not in lost and all(r["name"] != n for r in recs):
             lost[n] = "the device kept no clips of it (enrolled before it kept them)"
-    report = {"rebuilt": [], "lost": lost, "as_enrolled": {}, "recalibrate": []}
+    report = {"rebuilt": [], "lost": lost, "as_enrolled": {}, "recalibrate": [], "voices_lost": {}}
     if not recs:
         return [], report
     km = KeywordModel(bundle, backend=backend)
@@ -301,6 +318,16 @@ def rebuild_keywords(state_dir, bundle, known=(), backend: str = "auto") -> tupl
             lost[name] = f"it could not be enrolled again ({e.problem})"
             continue
         entry = scratch.keywords[-1]
+        if s is not None and "voices" in s:  # taught other voices: the same head and models (edge.custom_voices)
+            from edge.custom_voices import carried
+            from edge.enroll import negative_bank
+
+            head = s.get("voices_head")
+            old = {"name": name, "voices": s["voices"],
+                   "speaker_heads": [{**head, "voices": True}] if isinstance(head, dict) else []}
+            entry, why = carried(old, entry, negative_bank(bundle), state_dir)
+            if why is not None:
+                report["voices_lost"][name] = why
         if s is None:
             report["as_enrolled"][name] = level
         elif any(f in s for f in ("fa_per_hour", "fa_calibrated_hours")):

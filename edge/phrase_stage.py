@@ -19,9 +19,10 @@ chosen on development data only
 stage"). Like ``edge.confirm.AsrConfirm`` it decides the Detector's base-keyword candidates
 (``Detector(..., asr=PhraseConfirm(bundle))``): each candidate's audio, from ``before_s`` before its
 keyword end to ``after_s`` after, goes through a fresh front end and the command's models (LiteRT,
-fresh state), and the event stands if the highest sliding-window mean (ESPHome's window of 5
-outputs) whose window ends from ``LO_S`` before the keyword end to ``after_s`` after reaches the
-command's cutoff. Only on candidates: a few seconds of audio a minute of speech. Unlike
+one interpreter per model kept across snippets: ``PhraseModel``), and the event stands if the
+highest sliding-window mean (ESPHome's window of 5 outputs) whose window ends from ``LO_S`` before
+the keyword end to ``after_s`` after reaches the command's cutoff. Only on candidates: a few
+seconds of audio a minute of speech. Unlike
 PocketSphinx (``--asr``) it judges the command's sound, not the words: a word that starts with the
 command ("yesterday", "stopwatch") passes it as the command itself does.
 
@@ -42,6 +43,7 @@ from edge.errors import EdgelearnError, importable
 SAMPLE_RATE = 16000
 STEP, WINDOW_SAMPLES, STRIDE = 160, 480, 3   # the front end's 10 ms step and 30 ms window; frames per inference
 RECEPTIVE_S = 1.01                            # the network's receptive field (101 frames)
+WARMUP = -(-(round(RECEPTIVE_S * SAMPLE_RATE / STEP) - STRIDE) // STRIDE)   # outputs reaching before the snippet (33)
 SLIDING = 5                                   # ESPHome's sliding window of outputs
 LO_S = 0.3                                    # a window may end this long before the keyword end
 FEATURE_MAX = 26.0                            # host/export/frontend.py: features in [0, 26], int8 as ESPHome maps them
@@ -103,9 +105,20 @@ def quantize(feats: np.ndarray) -> np.ndarray:
 
 class PhraseModel:
     """One command's streaming model (int8 [1, 3, 40] in, uint8 [1, 1] out, state in resource
-    variables), or an ensemble of such models, run over a snippet from a fresh state."""
+    variables), or an ensemble of such models, run over a snippet.
+
+    Each model's interpreter is made once and kept (making two was a fourth of a judgment's CPU:
+    bench ``phrase_judgment``, 3.42 -> 2.52 ms, the rest mostly the front end): the streaming state
+    is a shift register of the last ``RECEPTIVE_S`` of frames, so every output whose window lies
+    inside the snippet is what a fresh state gives, whatever ran
+    before (checked output by output, ``tests/test_phrase_stage.py``). The first ``WARMUP`` outputs
+    are not, so they are 0 (as ``host.export.esphome.stream_probabilities`` leaves them); the peak
+    never reads them. LiteRT's ``reset_all_variables`` cannot stand in: it leaves resource
+    variables as they are. A lock keeps two threads (two Wyoming clients) off one interpreter."""
 
     def __init__(self, data, name: str):
+        import threading
+
         from edge.backends.litert import check_available
 
         check_available()
@@ -115,21 +128,37 @@ class PhraseModel:
         # seeds, whose per-inference outputs are averaged before the sliding window)
         self.datas = [data] if isinstance(data, (bytes, bytearray)) else list(data)
         self.interpreter_cls, self.name = Interpreter, name
+        self._lock, self._its = threading.Lock(), None
+
+    def __getstate__(self):  # interpreters and locks do not pickle: a copy makes its own
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_its", "interpreter_cls")}
+
+    def __setstate__(self, state):
+        self.__init__(state["datas"], state["name"])
+
+    def _interpreters(self) -> list:
+        if self._its is None:
+            its = []
+            for data in self.datas:
+                it = self.interpreter_cls(model_content=data, num_threads=1)
+                it.allocate_tensors()
+                its.append((it, it.get_input_details()[0]["index"], it.get_output_details()[0]["index"]))
+            self._its = its
+        return self._its
 
     def outputs(self, feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(each inference's output in [0, 1], the mean over the ensemble's models; the time its
-        window ends, s from the snippet's start)."""
+        """(each inference's output in [0, 1], the mean over the ensemble's models, the first
+        ``WARMUP`` 0; the time its window ends, s from the snippet's start)."""
         q = quantize(feats)
         out = np.zeros(len(q) // STRIDE, np.float32)
-        for data in self.datas:
-            it = self.interpreter_cls(model_content=data, num_threads=1)
-            it.allocate_tensors()
-            i_in, i_out = it.get_input_details()[0]["index"], it.get_output_details()[0]["index"]
-            for k in range(len(out)):
-                it.set_tensor(i_in, q[None, STRIDE * k:STRIDE * k + STRIDE])
-                it.invoke()
-                out[k] += float(it.get_tensor(i_out).reshape(-1)[0]) / 255.0
+        with self._lock:
+            for it, i_in, i_out in self._interpreters():
+                for k in range(len(out)):
+                    it.set_tensor(i_in, q[None, STRIDE * k:STRIDE * k + STRIDE])
+                    it.invoke()
+                    out[k] += float(it.get_tensor(i_out).reshape(-1)[0]) / 255.0
         out /= len(self.datas)
+        out[:WARMUP] = 0.0
         ends = ((STRIDE * np.arange(len(out)) + STRIDE - 1) * STEP + WINDOW_SAMPLES) / SAMPLE_RATE
         return out, ends
 

@@ -15,8 +15,10 @@ synthesizers:
 
 ~3 minutes of CPU per model on 2 cores, the first run also renders the corpus. Chosen on development
 data, not on the benchmark (``scripts/custom_cascade_dev.py``; docs/edge-runtime.md, "Other voices
-for a custom keyword"). Enrolling the keyword again (or a new model version re-deriving it) drops the
-path; run this again then.
+for a custom keyword"). Enrolling the keyword again (``--replace``, ``--add``) or rebuilding a damaged
+``keywords.json`` keeps the path (``edge.custom_voices.carried``: the same head and models, every
+head's threshold recomputed); a model version with a new encoder drops it (its head scored the old
+encoder's embeddings; ``Device.carry_to`` says so): run this again then.
 
     >>> teach("state/", bundle, "hey jarvis")
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from edge import custom_voices as CV
+from edge.custom_voices import with_voices_head  # noqa: F401 (re-exported: scripts and tests import it here)
 from edge.atomic import atomic_write
 from edge.errors import EdgelearnError
 
@@ -58,36 +61,6 @@ def voices_head(km, bank, phrase: str, clips, voices, rng):
     user = [En.prepare_clip(np.asarray(c), "user") for c in clips]
     pos, _ = km.infer(km.features(En.augment(user + said, rng)))
     return En.train_head(pos, bank)
-
-
-def with_voices_head(entry: dict, w, b, bank) -> dict:
-    """``entry`` with the voices head added (one before it replaced) and every head's threshold, at
-    each of its sensitivity levels, at that level's bank rate shared among the heads (at least 0.5,
-    as enrolment's), and the share of the bank some head passes (as enrolment reports it)."""
-    from edge.keywords import FAR_TARGET, SENSITIVITIES, CustomKeywords
-
-    heads = [h for h in entry.get("speaker_heads", []) if not h.get("voices")]
-    heads.append({"w": [round(float(x), 6) for x in w], "b": round(float(b), 6), "voices": True})
-    levels = list(entry.get("sensitivities", {}))
-    rates = {None: FAR_TARGET, **{lv: SENSITIVITIES[lv][0] for lv in levels}}
-    n = len(heads) + 1
-
-    def bank_scores(h):  # each head scores the bank once
-        return CustomKeywords([{"name": "x", "w": h["w"], "b": h["b"], "threshold": 0.5}]).scores(bank)[:, 0]
-
-    scores = [bank_scores(entry)] + [bank_scores(h) for h in heads]
-    thr = [{lv: round(max(0.5, float(np.quantile(s, 1.0 - far / n))), 6) for lv, far in rates.items()}
-           for s in scores]
-
-    def passed(lv):
-        return round(float(np.mean(np.any([s >= t[lv] for s, t in zip(scores, thr)], axis=0))), 5)
-
-    out = {**entry, "threshold": thr[0][None], "bank_false_accept_rate": passed(None)}
-    out["sensitivities"] = {lv: {**entry["sensitivities"][lv], "threshold": thr[0][lv],
-                                 "bank_false_accept_rate": passed(lv)} for lv in levels}
-    out["speaker_heads"] = [{**h, "threshold": t[None], "sensitivities": {lv: t[lv] for lv in levels}}
-                            for h, t in zip(heads, thr[1:])]
-    return out
 
 
 def teach(state_dir, bundle, name: str, cfg=None, corpus="cached", voices=None, log=print) -> dict:
@@ -148,8 +121,7 @@ def teach(state_dir, bundle, name: str, cfg=None, corpus="cached", voices=None, 
     if entry is None:
         raise EdgelearnError(f"keyword {name!r} was removed from {root} while its voices trained",
                              fix="enrol it again, then run this again")
-    new = with_voices_head(entry, w, b, bank)
-    new["voices"] = {"version": CV.VERSION, "models": rel, "cutoff": CV.CUTOFF, "lower": CV.LOWER}
+    new = CV.attach(entry, w, b, bank, {"version": CV.VERSION, "models": rel, "cutoff": CV.CUTOFF, "lower": CV.LOWER})
     state.keywords[state.keywords.index(entry)] = new
     state.save()  # merged under the state lock; an entry enrolled again meanwhile: refused, nothing written
     return {"keyword": name, "voices": len(voices), "models": [str(root / r) for r in rel],

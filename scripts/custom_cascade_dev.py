@@ -22,6 +22,13 @@ words by rms, awb and kal16 as negatives.
         # at each LOWER and CUTOFF below
     $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --shipped --before 2.0,1.5   # the shipped
         # point with a shorter snippet before the keyword end (the CPU of a judgment is its snippet's)
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --more-negatives --grid 0:0.97 --head-other-voices 3
+        # the voices head also trained on RHVoice's and Pico's four voices (host.phrase_stage.OTHER_VOICES,
+        # what the phrase models already hear), 3 renders each
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --more-negatives --grid 0:0.97,1:0.995
+        # those points with 43 more minutes of development negatives (host.data.realneg.TRANSLATED:
+        # three speakers no model trains on), so that 0.5 false accepts per hour per phrase is ~3
+        # events, not ~1
 """
 
 from __future__ import annotations
@@ -69,8 +76,18 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
         new["voices"] = {"version": CV.VERSION, "models": rel, "cutoff": CV.CUTOFF, "lower": CV.LOWER}
         entries.append(new)
     streams = dev_streams()
+    if "--more-negatives" in sys.argv:  # three development speakers no model trains on (43 min; kws_custom never reads them)
+        from host.data import realneg
+        from host.data.realspeech import other_speakers
+
+        more = other_speakers(realneg.TRANSLATED)
+        if more is None:
+            raise SystemExit(f"custom_cascade_dev: {realneg.missing(realneg.TRANSLATED)}")
+        streams["neg_translated"] = (more[0], None, None, more[2])
     hours = sum(len(s[0]) for n, s in streams.items() if n.startswith("neg")) / SR / 3600
     grid = [(lo, c) for lo in (0.0, 0.5, 1.0, 1.5, 2.0) for c in (0.9, 0.97, 0.99, 0.995)]
+    if "--grid" in sys.argv:  # e.g. --grid 0:0.97,1:0.99,1:0.995
+        grid = [tuple(float(x) for x in g.split(":")) for g in sys.argv[sys.argv.index("--grid") + 1].split(",")]
     if "--shipped" in sys.argv:  # the shipped point alone, with each snippet length (--before S,S...)
         grid = [(CV.LOWER, CV.CUTOFF)]
     befores = [float(x) for x in sys.argv[sys.argv.index("--before") + 1].split(",")] if "--before" in sys.argv \
@@ -116,6 +133,9 @@ def main() -> int:
     voices = _training_voices(corpus)
     bank = En.negative_bank(bundle)
     rng = np.random.default_rng(7)
+    xrng = np.random.default_rng(8)
+    k = int(sys.argv[sys.argv.index("--head-other-voices") + 1]) if "--head-other-voices" in sys.argv else 0
+    extra_head = [S.Voice(*v.split(":", 1)) for v in OTHER_VOICES] * k
     models = {}
     for pi, ph in enumerate(PHRASES):  # every phrase first: the heads below change entries in memory only
         En.enroll(km, state, ph, renders(ENROL, ph, 5, pi))
@@ -124,6 +144,9 @@ def main() -> int:
         # the second head: the phrase said by the corpus's training voices (custom_stages.py --voices --two-heads)
         said = [En.prepare_clip(S.render(v, [(ph, float(rng.uniform(0.9, 1.1)), float(rng.uniform(0.9, 1.1)))])[0],
                                 f"{v}") for v in voices]
+        if extra_head:  # --head-other-voices K: OTHER_VOICES' K renders each too (their own rng: the rest is unchanged)
+            said += [En.prepare_clip(S.render(v, [(ph, float(xrng.uniform(0.9, 1.1)), float(xrng.uniform(0.9, 1.1)))])[0],
+                                     f"{v}") for v in extra_head]
         user = [En.prepare_clip(c, "user") for c in clips]
         pos, _ = km.infer(km.features(En.augment(user + said, rng)))
         w, b = En.train_head(pos, bank)

@@ -204,3 +204,81 @@ def test_the_voices_head_shares_the_rate_with_every_persons_head_and_replaces_an
         for level, thr in lv.items():
             assert passed(w_, b_, thr) <= SENSITIVITIES[level][0] / 3 + step or thr == 0.5
     assert twice["bank_false_accept_rate"] <= FAR_TARGET + 3 * step
+
+
+# -- enrolled again: the path is kept (edge.custom_voices.carried) -----------------------------------
+
+def _copy(taught, tmp_path):
+    st = tmp_path / "st"
+    shutil.copytree(taught["state"], st)
+    return st
+
+
+def test_enrolling_again_keeps_the_other_voices(taught, tmp_path):
+    st = _copy(taught, tmp_path)
+    rep = Device(st).enroll(NAME, taught["clips"], replace=True)
+    assert rep["other_voices"] is True
+    assert _entry(st) == _entry(taught["state"])   # the same clips: the same entry, its voices included
+    assert rep["threshold"] == round(_entry(st)["threshold"], 4)
+
+
+def test_another_person_added_keeps_the_voices_head_beside_theirs(taught, tmp_path):
+    from devstate_helpers import make_keyword_clips
+
+    st = _copy(taught, tmp_path)
+    taught_heads = _entry(st)["speaker_heads"]
+    rep = Device(st).enroll(NAME, make_keyword_clips(tmp_path / "other", seed=7), add=True)
+    e = _entry(st)
+    assert rep["other_voices"] is True and rep["speakers"] == 2 and e["voices"] == _entry(taught["state"])["voices"]
+    assert [h.get("voices", False) for h in e["speaker_heads"]] == [False, True]   # the new person's, then voices
+    v = e["speaker_heads"][1]
+    assert (v["w"], v["b"]) == (taught_heads[0]["w"], taught_heads[0]["b"])
+    assert v["threshold"] >= taught_heads[0]["threshold"]   # three heads share the bank rate now, not two
+    assert check_keywords([e]) == [e]
+    det, _ = Device(st).detector(replay=False)
+    assert isinstance(det._voices[0], CV.Voices)
+
+
+def test_enrolling_again_without_its_models_drops_the_path_and_says_why(taught, tmp_path):
+    st = _copy(taught, tmp_path)
+    (st / _entry(st)["voices"]["models"][1]).unlink()
+    rep = Device(st).enroll(NAME, taught["clips"], replace=True)
+    assert rep["other_voices"].startswith("dropped: its phrase model ") and "is gone" in rep["other_voices"]
+    assert "edgelearn export voices" in rep["other_voices"]
+    assert _entry(st) == taught["before"]   # the plain enrolment, no voices head
+    assert Device(st).status()["other_voices"] == {}
+
+
+def test_a_rebuilt_keywords_file_keeps_the_other_voices(taught, tmp_path, capsys):
+    st = _copy(taught, tmp_path)
+    want = _entry(st)
+    (st / "keywords.json").write_bytes(b'{"model_id": "kws')   # a torn write
+    assert Device(st).enrolled().keywords == [want]
+    assert "other voices lost" not in capsys.readouterr().err
+
+
+def test_a_rebuild_without_the_models_says_the_voices_are_lost(taught, tmp_path, capsys):
+    st = _copy(taught, tmp_path)
+    shutil.rmtree(st / CV.DIR)
+    (st / "keywords.json").write_bytes(b"\0" * 64)
+    assert Device(st).enrolled().keywords == [taught["before"]]
+    err = capsys.readouterr().err
+    assert f"other voices lost (run `edgelearn export voices` again): {NAME} (its phrase model" in err
+
+
+def test_a_new_negative_bank_keeps_the_voices_and_a_new_encoder_drops_them(taught, tmp_path, capsys):
+    from test_device_carry import new_version
+
+    st = _copy(taught, tmp_path)
+    head = CV.voices_head_of(_entry(st))
+    v2 = new_version(tmp_path, 2, change_negatives=True)
+    res = Device(st).carry_to(v2)
+    assert res["rederived"] == [NAME] and res["voices_dropped"] == []
+    e = _entry(st)
+    assert CV.voices_head_of(e)["w"] == head["w"] and e["voices"] == _entry(taught["state"])["voices"]
+    assert check_keywords([e]) == [e]
+    new = new_version(tmp_path, 3, change_negatives=False, change_encoder=True)
+    res = Device(st, v2).carry_to(new)
+    assert res["rederived"] == [NAME] and res["voices_dropped"] == [NAME]
+    assert "voices" not in _entry(st) and "speaker_heads" not in _entry(st)
+    assert f"{NAME} no longer hear other voices" in capsys.readouterr().err

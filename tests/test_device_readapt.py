@@ -118,7 +118,7 @@ def test_the_new_head_is_heard_at_once_and_the_context_adapted_again_on_it(adapt
     assert new_base.max() < 0.05 and personal(dev.models(), s).min() > 0.2  # what adapting learned
     assert detection_info(dev.bundle, s["state"]) == {"version": V1, "federated_head": False, "context": "default",
                                                       "context_version": 1, "adapted_on": V1, "rebased": False}
-    assert dev.carry_to(v2) == {"keywords": 0, "contexts": 1, "rederived": []}
+    assert dev.carry_to(v2) == {"keywords": 0, "contexts": 1, "rederived": [], "voices_dropped": []}
     on2 = Device(s["state"], v2)
     # at once: the new head, with the personal offsets (before: the shipped classifier, v2 ignored)
     assert hears_new_head(on2.models(), s)

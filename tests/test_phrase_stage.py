@@ -185,6 +185,39 @@ def test_each_phrase_model_runs_in_litert_with_outputs_in_zero_one(bundle, stage
         assert 0.0 <= model.peak(pcm, 2.0, 0.5) <= 1.0
 
 
+
+def test_a_kept_interpreter_gives_a_fresh_states_outputs_past_the_warm_up(bundle, stage_ok):
+    """PhraseModel keeps its interpreters across snippets: every output whose window lies inside the
+    snippet equals a fresh interpreter's, and the warm-up outputs (which a fresh state alone would
+    give) are 0, so a peak never depends on what was judged before."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from edge.phrase_stage import STRIDE, WARMUP, PhraseModel, features, quantize
+
+    data = bundle.path("phrase_off.tflite").read_bytes()
+    rng = np.random.default_rng(3)
+    snippets = [(rng.standard_normal(int(2.3 * SR)) * a).astype(np.int16) for a in (300, 4000, 1500)]
+    kept = PhraseModel(data, "off")
+    for pcm in snippets:
+        feats = features(pcm)
+        fresh = Interpreter(model_content=data, num_threads=1)
+        fresh.allocate_tensors()
+        i, o = fresh.get_input_details()[0]["index"], fresh.get_output_details()[0]["index"]
+        q, want = quantize(feats), []
+        for k in range(len(feats) // STRIDE):
+            fresh.set_tensor(i, q[None, STRIDE * k:STRIDE * k + STRIDE])
+            fresh.invoke()
+            want.append(float(fresh.get_tensor(o).reshape(-1)[0]) / 255.0)
+        got, _ = kept.outputs(feats)
+        assert (got[:WARMUP] == 0).all()
+        assert np.array_equal(got[WARMUP:], np.asarray(want[WARMUP:], np.float32))
+        assert kept.peak(pcm, 2.0, 0.3) == PhraseModel(data, "off").peak(pcm, 2.0, 0.3)
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(kept))   # interpreters and locks are not carried: the copy makes its own
+    assert copy.peak(snippets[0], 2.0, 0.3) == kept.peak(snippets[0], 2.0, 0.3)
+
+
 # -- 2. PhraseConfirm on speech --------------------------------------------------------------------
 
 def test_phrase_confirm_hears_each_command_of_the_training_voices(bundle, renders):

@@ -334,6 +334,8 @@ def _enroll(args) -> int:
     for o in rep["outliers"]:
         print(f"warning: {o['clip']} does not sound like the others (cosine {o['cosine']}); left out",
               file=sys.stderr)
+    if isinstance(rep.get("other_voices"), str):  # taught other voices, and the path could not be kept
+        print(f"warning: {rep['keyword']}: other voices {rep['other_voices']}", file=sys.stderr)
     print(json.dumps(rep))
     return 0
 

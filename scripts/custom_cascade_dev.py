@@ -26,6 +26,8 @@ words by rms, awb and kal16 as negatives.
         # the voices head also trained on RHVoice's and Pico's four voices (host.phrase_stage.OTHER_VOICES,
         # what the phrase models already hear), 3 renders each
     $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --more-negatives --grid 0:0.97,1:0.995
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --more-negatives --grid 0:0.97,1:0.995 \
+          --models-config '{"real_speech": ["fr", "it"]}'   # phrase models trained against real speech too
         # those points with 43 more minutes of development negatives (host.data.realneg.TRANSLATED:
         # three speakers no model trains on), so that 0.5 false accepts per hour per phrase is ~3
         # events, not ~1
@@ -51,6 +53,11 @@ SR = 16000
 DELTAS = (0.0, 1.0, 2.0, 3.0)      # the first stage's threshold lowered by this much in logit
 CUTOFFS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99)
 WORK = ROOT / "build" / "custom_cascade"
+# --models-config JSON: ExportConfig fields for the phrase models (e.g. '{"real_speech": ["fr", "it"]}'),
+# kept apart from the recipe's models (build/custom_cascade/<phrase>/s<seed>_<digest>)
+MODEL_CFG = json.loads(sys.argv[sys.argv.index("--models-config") + 1]) if "--models-config" in sys.argv else {}
+TAG = "_" + __import__("hashlib").sha1(json.dumps(MODEL_CFG, sort_keys=True).encode()).hexdigest()[:8] \
+    if MODEL_CFG else ""
 
 
 def integrated(km, bundle, state, models, bank, rng) -> int:
@@ -71,7 +78,7 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
         for s in (0, 1):
             r = f"{CV.DIR}/{E.slug(e['name'])}_{s}.tflite"
             (state.root / CV.DIR).mkdir(exist_ok=True)
-            shutil.copy(WORK / E.slug(e["name"]) / f"s{s}" / f"{E.slug(e['name'])}.tflite", state.root / r)
+            shutil.copy(WORK / E.slug(e["name"]) / f"s{s}{TAG}" / f"{E.slug(e['name'])}.tflite", state.root / r)
             rel.append(r)
         new["voices"] = {"version": CV.VERSION, "models": rel, "cutoff": CV.CUTOFF, "lower": CV.LOWER}
         entries.append(new)
@@ -161,10 +168,10 @@ def main() -> int:
                                      "sensitivities": {}}])
         files = []
         for s in (0, 1):
-            d = WORK / E.slug(ph) / f"s{s}"
+            d = WORK / E.slug(ph) / f"s{s}{TAG}"
             f = d / f"{E.slug(ph)}.tflite"
             if not f.exists():
-                E.export_esphome(ph, None, d, E.ExportConfig(seed=s, other_voices=OTHER_VOICES), corpus=corpus,
+                E.export_esphome(ph, None, d, E.ExportConfig(seed=s, other_voices=OTHER_VOICES, **MODEL_CFG), corpus=corpus,
                                  clips=clips)
             files.append(f.read_bytes())
         models[ph] = PhraseModel(files, ph)

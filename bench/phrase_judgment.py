@@ -8,6 +8,13 @@ outputs past the warm-up are a fresh state's). The front end alone is timed too:
 Snippets: the Allison prompts' development half, cut every 2.3 s, each judged by the next command's
 models in turn.
 
+Second, one stream's candidates on its tape (``edge.phrase_tape``, since session 47: the front end and
+the models go on over audio the snippet before already covered) against each judged alone (the kept
+interpreters above): the same development half as one stream, a candidate every 0.5, 1.1 (a custom
+keyword opened 1 logit lower: 3,198 candidates an hour of development speech) and 2.5 s, one ensemble
+(the "off" models) judging them all; CPU per second of audio, and how the peaks compare (exact on a
+snippet that starts the tape; elsewhere the front end has warmed on the audio before).
+
     $ nice -n 5 .venv/bin/python -m bench.phrase_judgment
 """
 
@@ -81,8 +88,42 @@ def main(argv=None) -> int:
                 identical_peaks=same, front_end_ms=round(ms["front end"], 3),
                 models_ms=round(ms["kept"] - ms["front end"], 3),
                 baseline_models_ms=round(ms["fresh"] - ms["front end"], 3))]
+    rows += stream_rows(stage.models["off"])
     write_results("phrase_judgment", rows)
     return 0 if same else 1
+
+
+def stream_rows(model) -> list[dict]:
+    """The tape against snippets judged alone, over the development half as one stream (module doc)."""
+    from bench import _realspeech as R
+    from edge.phrase_stage import snippet_peak
+    from edge.phrase_tape import Tape
+
+    pcm, _ = R.concat([p for p in R.load_prompts() if p.split == "dev"])
+    pcm = np.asarray(pcm, np.int16)
+    audio_s, rows = len(pcm) / SR, []
+    for every in (0.5, 1.1, 2.5):
+        cuts = []
+        for t in np.arange(2.0, audio_s - AFTER_S, every):
+            a = int(round((t - 2.0) * SR))
+            cuts.append((pcm[a:int(round((t + AFTER_S) * SR))], a, (t * SR - a) / SR))
+        cpu, peaks, tape = {}, {}, Tape()
+        for name in ("tape", "alone"):
+            t0 = time.process_time()
+            peaks[name] = [tape.peak(model, c, a, e, AFTER_S) if name == "tape" else snippet_peak(model, c, e, AFTER_S)
+                           for c, a, e in cuts]
+            cpu[name] = (time.process_time() - t0) / audio_s * 1e3
+        p, q = np.asarray(peaks["tape"]), np.asarray(peaks["alone"])
+        rows.append(row(f"one stream's candidates every {every:g} s ({len(cuts)} over {audio_s / 60:.1f} min of "
+                        "Allison's development half; one ensemble)", "CPU per second of audio, the stream's tape",
+                        round(cpu["tape"], 3), "ms/s", "each snippet judged alone (kept interpreters)",
+                        round(cpu["alone"], 3), snippets=len(cuts), fresh_starts=tape.fresh,
+                        equal_peaks=int((p == q).sum()), max_abs_peak_diff=round(float(np.abs(p - q).max()), 4),
+                        # at the custom keywords' cutoff, and at 0.5, where peaks of this speech fall
+                        decisions_differ={str(c): int(((p >= c) != (q >= c)).sum()) for c in (0.97, 0.5)},
+                        passed={str(c): {"tape": int((p >= c).sum()), "alone": int((q >= c).sum())}
+                                for c in (0.97, 0.5)}))
+    return rows
 
 
 if __name__ == "__main__":

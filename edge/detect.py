@@ -164,6 +164,13 @@ class Detector(HeldCandidates):
         self.judging = None    # the last candidate put to the recogniser (_confirm)
         self._accepted = False  # ...or, passed by it, for the enrolled keywords' chance (``_wait``)
         self.audio = np.zeros(0, np.int16)  # the last seconds of audio, with asr
+        # the phrase models' front end and states over this stream's judged audio, shared by the
+        # snippets of keywords taught other voices (edge.phrase_tape)
+        self._tape = None
+        if any(v is not None for v in self._voices):
+            from edge.phrase_tape import Tape
+
+            self._tape = Tape()
         self.samples = 0       # samples pushed since reset
 
     def _window(self) -> np.ndarray:
@@ -216,6 +223,8 @@ class Detector(HeldCandidates):
         self.samples = old.samples
         if self._keeps_audio and old._keeps_audio:
             self.audio = old.audio
+        if self._tape is not None and old._tape is not None:
+            self._tape = old._tape   # the same stream: its frames and the front end's state go on
         if held is not None:
             self.pending = (held[0], self.names.index(old.names[held[1]]), *held[2:])
         return events

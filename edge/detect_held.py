@@ -51,7 +51,8 @@ class HeldCandidates:
         b = max(a, min(len(self.audio), self._pending_end(t, k) - start))
         end = (t * F.SAMPLE_RATE - start - a) / F.SAMPLE_RATE
         if voices is not None:  # a custom keyword's candidate its own stages did not pass: its phrase models
-            return self._event(score, k, t, peak) if voices.says_at(self.audio[a:b], end) else self._reject()
+            ok = voices.says_at(self.audio[a:b], end, self._tape, start + a)   # the stream's tape (edge.phrase_tape)
+            return self._event(score, k, t, peak) if ok else self._reject()
         says_at = getattr(self.asr, "says_at", None)  # a stage that needs the keyword end in the snippet
         # the candidate judged now (``edge.phrase_calibrate.Recorder`` reads it)
         self.judging = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}

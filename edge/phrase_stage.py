@@ -128,10 +128,10 @@ class PhraseModel:
         # seeds, whose per-inference outputs are averaged before the sliding window)
         self.datas = [data] if isinstance(data, (bytes, bytearray)) else list(data)
         self.interpreter_cls, self.name = Interpreter, name
-        self._lock, self._its = threading.Lock(), None
+        self._lock, self._its, self._state = threading.Lock(), None, None
 
     def __getstate__(self):  # interpreters and locks do not pickle: a copy makes its own
-        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_its", "interpreter_cls")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_its", "_state", "interpreter_cls")}
 
     def __setstate__(self, state):
         self.__init__(state["datas"], state["name"])
@@ -146,21 +146,38 @@ class PhraseModel:
             self._its = its
         return self._its
 
+    def _invoke(self, q: np.ndarray) -> np.ndarray:
+        """Each inference's output over int8 frames ``q``, the mean over the models (under the lock)."""
+        out = np.zeros(len(q) // STRIDE, np.float32)
+        for it, i_in, i_out in self._interpreters():
+            for k in range(len(out)):
+                it.set_tensor(i_in, q[None, STRIDE * k:STRIDE * k + STRIDE])
+                it.invoke()
+                out[k] += float(it.get_tensor(i_out).reshape(-1)[0]) / 255.0
+        out /= len(self.datas)
+        return out
+
     def outputs(self, feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(each inference's output in [0, 1], the mean over the ensemble's models, the first
         ``WARMUP`` 0; the time its window ends, s from the snippet's start)."""
-        q = quantize(feats)
-        out = np.zeros(len(q) // STRIDE, np.float32)
         with self._lock:
-            for it, i_in, i_out in self._interpreters():
-                for k in range(len(out)):
-                    it.set_tensor(i_in, q[None, STRIDE * k:STRIDE * k + STRIDE])
-                    it.invoke()
-                    out[k] += float(it.get_tensor(i_out).reshape(-1)[0]) / 255.0
-        out /= len(self.datas)
+            self._state = None   # a stream's run (``run``) cannot go on from here
+            out = self._invoke(quantize(feats))
         out[:WARMUP] = 0.0
         ends = ((STRIDE * np.arange(len(out)) + STRIDE - 1) * STEP + WINDOW_SAMPLES) / SAMPLE_RATE
         return out, ends
+
+    def run(self, q: np.ndarray, before, after) -> np.ndarray | None:
+        """``_invoke`` over int8 frames ``q`` going on from the state the run named ``before`` left
+        (None: from whatever state there is; the caller discards the first ``WARMUP`` outputs); None,
+        running nothing, when something else ran the models since. The state left is named ``after``
+        (``edge.phrase_tape``: one stream's snippets share the models' work)."""
+        with self._lock:
+            if before is not None and self._state != before:
+                return None
+            out = self._invoke(q)
+            self._state = after
+            return out
 
     def peak(self, pcm: np.ndarray, keyword_end_s: float, after_s: float) -> float:
         """The highest sliding-window mean whose window ends within [keyword end - LO_S, keyword end

@@ -31,6 +31,9 @@ words by rms, awb and kal16 as negatives.
         # those points with 43 more minutes of development negatives (host.data.realneg.TRANSLATED:
         # three speakers no model trains on), so that 0.5 false accepts per hour per phrase is ~3
         # events, not ~1
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --more-negatives --near-misses \
+          --grid 0:0.97,0.5:0.97,1:0.97,1:0.995 --models-config '{"real_speech": ["fr", "it"]}'
+        # and each phrase's near misses (NEAR_MISSES) by the negatives' voices (session 47)
 """
 
 from __future__ import annotations
@@ -58,6 +61,26 @@ WORK = ROOT / "build" / "custom_cascade"
 MODEL_CFG = json.loads(sys.argv[sys.argv.index("--models-config") + 1]) if "--models-config" in sys.argv else {}
 TAG = "_" + __import__("hashlib").sha1(json.dumps(MODEL_CFG, sort_keys=True).encode()).hexdigest()[:8] \
     if MODEL_CFG else ""
+
+
+# --near-misses (session 47): words that sound like part of a phrase or like all of it, as
+# bench/kws_custom.py's NEAR_MISSES are for its phrases (homophones left out: they are the phrase)
+NEAR_MISSES = {"open sesame": ["open season", "sesame", "open the seam", "often sammy", "hopping sesame"],
+               "good night": ["good light", "night", "could might", "good kite", "wood knife"],
+               "hey robot": ["hey rowboat", "robot", "hey rabbit", "hey robert", "hay rope"],
+               "pineapple": ["pinnacle", "apple", "fine apple", "pine cone", "spine apple"]}
+
+
+def near_misses(renders_each: int = 3) -> np.ndarray:
+    """Each phrase's near misses said by the development negatives' voices (rms, awb, kal16), a list
+    per render with pauses between, over a microphone's noise floor (int16)."""
+    rng, parts = np.random.default_rng(47), []
+    for vi, v in enumerate((ENROL,) + OTHERS[:2]):
+        for pi, ph in enumerate(PHRASES):
+            for c in renders(v, ", ".join(NEAR_MISSES[ph]), renders_each, 4700 + 10 * vi + pi):
+                parts += [np.zeros(int(rng.uniform(0.4, 1.0) * SR), np.float32), c.astype(np.float32)]
+    x = np.concatenate(parts)
+    return np.clip(x + B.with_floor(rng, len(x)), -32768, 32767).astype(np.int16)
 
 
 def integrated(km, bundle, state, models, bank, rng) -> int:
@@ -91,6 +114,8 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
         if more is None:
             raise SystemExit(f"custom_cascade_dev: {realneg.missing(realneg.TRANSLATED)}")
         streams["neg_translated"] = (more[0], None, None, more[2])
+    if "--near-misses" in sys.argv:  # each phrase's near misses by the negatives' three voices (kws_custom has its own)
+        streams["neg_near"] = (near_misses(), None, None, "rms/awb/kal16")
     hours = sum(len(s[0]) for n, s in streams.items() if n.startswith("neg")) / SR / 3600
     grid = [(lo, c) for lo in (0.0, 0.5, 1.0, 1.5, 2.0) for c in (0.9, 0.97, 0.99, 0.995)]
     if "--grid" in sys.argv:  # e.g. --grid 0:0.97,1:0.99,1:0.995
@@ -208,6 +233,8 @@ def main() -> int:
         rec[name] = (both, firsts)
         print(json.dumps({"stream": name, "both": len(both), "first": {d: len(v) for d, v in firsts.items()}}),
               flush=True)
+    if "--near-misses" in sys.argv:  # each phrase's near misses by the negatives' three voices (kws_custom has its own)
+        streams["neg_near"] = (near_misses(), None, None, "rms/awb/kal16")
     hours = sum(len(s[0]) for n, s in streams.items() if n.startswith("neg")) / SR / 3600
 
     def report(label, pick):

@@ -44,7 +44,9 @@ def _entry(state):
 def test_teach_writes_the_models_and_a_voices_head_at_half_the_rate(taught):
     e, before = _entry(taught["state"]), taught["before"]
     v = e["voices"]
-    assert v == {"version": CV.VERSION, "models": v["models"], "cutoff": CV.CUTOFF, "lower": CV.LOWER}
+    # no real speech in the (test's) models' training: the first stage opens where it did
+    assert v == {"version": CV.VERSION, "models": v["models"], "cutoff": CV.CUTOFF, "lower": CV.LOWER,
+                 "real_speech": []}
     assert len(v["models"]) == len(CV.SEEDS)
     for rel in v["models"]:
         data = (taught["state"] / rel).read_bytes()
@@ -80,7 +82,8 @@ class Judge:
     def __init__(self, answer: bool):
         self.answer, self.snippets = answer, []
 
-    def says_at(self, pcm, keyword_end_s):
+    def says_at(self, pcm, keyword_end_s, tape=None, at=None):
+        assert tape is not None and at is not None   # the Detector hands over its stream's tape
         self.snippets.append((len(pcm), keyword_end_s))
         return self.answer
 
@@ -140,6 +143,24 @@ def _km(state):
 def test_real_models_judge_the_enrolled_clips(taught):
     events = list(Device(taught["state"]).detect(_stream(taught["clips"]), replay=False))
     assert len(events) >= 4 and {e["keyword"] for e in events} == {NAME}
+
+
+def test_the_stream_judges_its_candidates_on_one_tape(taught):
+    """Opened 2 logits lower, the keyword's candidates come close together: each whole snippet is
+    judged on the Detector's tape (edge/phrase_tape.py), the overlapping ones going on from it; a
+    detector reset starts a new tape."""
+    det, _ = Device(taught["state"]).detector(replay=False)
+    (voices,) = det._voices
+    k = det.names.index(NAME)
+    det.thresholds[k] = CV.lowered(det._own[k], 2.0)
+    det._own[k] = 0.9999           # its own stages out of reach: every candidate goes to the models
+    pcm = _stream(taught["clips"], gap_s=0.6)
+    detect_pcm(det, pcm)
+    tape = det._tape
+    assert voices.judged >= 2 and tape.continued >= 1
+    assert tape.fresh + tape.continued == voices.judged
+    det.reset()
+    assert det._tape is not tape and det._tape.fresh == det._tape.continued == 0
 
 
 def test_a_missing_model_file_is_one_sentence(taught, tmp_path):
@@ -282,3 +303,18 @@ def test_a_new_negative_bank_keeps_the_voices_and_a_new_encoder_drops_them(taugh
     assert res["rederived"] == [NAME] and res["voices_dropped"] == [NAME]
     assert "voices" not in _entry(st) and "speaker_heads" not in _entry(st)
     assert f"{NAME} no longer hear other voices" in capsys.readouterr().err
+
+
+def test_the_real_prompts_train_the_models_where_installed_and_are_said_missing_otherwise(monkeypatch):
+    """``export voices`` trains against Debian's French and Italian prompts where they are installed
+    (and its entry then opens 1 logit lower); without them it says which packages and trains as before."""
+    from host import custom_voices as HCV
+    from host.data import realneg
+
+    said = []
+    monkeypatch.setattr(realneg, "missing", lambda langs: None)
+    assert HCV.real_speech(said.append) == HCV.REAL_SPEECH == ("fr", "it") and said == []
+    monkeypatch.setattr(realneg, "missing", lambda langs: "real-speech negatives need Debian's asterisk-core-sounds-fr-wav")
+    assert HCV.real_speech(said.append) == ()
+    assert len(said) == 1 and "asterisk-core-sounds-fr-wav" in said[0] and "model_deps.sh" in said[0]
+    assert CV.LOWER_REAL > CV.LOWER == 0.0

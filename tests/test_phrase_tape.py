@@ -1,0 +1,147 @@
+"""One stream's phrase-model judgments sharing their work (edge/phrase_tape.py): a snippet that starts
+the tape afresh gets ``snippet_peak``'s peak exactly; one that overlaps the audio judged before gets
+the frames of the front end going on over the whole stretch and the models' outputs of one run over
+them, exactly; two streams on one model each get their own; a gap starts afresh."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from ci_helpers import unavailable
+from edge.kws import DEFAULT_BUNDLE, REPO_KEYS
+
+SR = 16000
+
+pytestmark = pytest.mark.skipif(not (DEFAULT_BUNDLE / "manifest.json").exists(),
+                                reason="models/kws-dscnn-s not built yet (make model)")
+
+
+@pytest.fixture(scope="module")
+def model():
+    from edge.phrase_stage import available
+
+    if not available():
+        unavailable("pymicro-features is not installed (the phrase extra)", "the phrase tape's tests")
+    try:
+        import ai_edge_litert  # noqa: F401
+    except ImportError:
+        unavailable("ai-edge-litert is not installed", "the phrase tape's tests")
+    from edge.bundle import load_bundle
+    from edge.phrase_stage import PhraseConfirm
+
+    return PhraseConfirm(load_bundle(DEFAULT_BUNDLE, trusted_keys=REPO_KEYS)).models["off"]
+
+
+@pytest.fixture(scope="module")
+def stream():
+    """~9 s: "off" and words around it said by espeak-ng, over a noise floor (int16)."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng not installed (scripts/bootstrap.sh installs it)")
+    from host.data.synth import Voice, render
+
+    clips = render(Voice("espeak", "en-us+f2"), [(t, 1.0, 1.0) for t in ("turn it off", "coffee", "off", "often", "offer", "off")])
+    g = np.zeros(int(0.7 * SR), np.float32)
+    x = np.concatenate([g] + [p for c in clips for p in (c.astype(np.float32), g)])
+    x = x + np.random.default_rng(0).standard_normal(len(x)) * 3
+    return np.clip(x, -32768, 32767).astype(np.int16)
+
+
+def _fresh_outputs(model, feats):
+    """The models' outputs over ``feats`` from a state no run reached (every output exact: fresh interpreters)."""
+    from edge.phrase_stage import PhraseModel
+
+    return PhraseModel(model.datas, model.name).outputs(feats)[0]
+
+
+def _peak_of(out, origin, a, keyword_end, after, first_last):
+    """The phrase stage's peak over outputs ``out`` of one run from stream sample ``origin``, for a
+    snippet starting at sample ``a`` whose keyword ends ``keyword_end`` s into it."""
+    from edge.phrase_stage import LO_S, SLIDING, STEP, STRIDE, WINDOW_SAMPLES
+
+    best = 0.0
+    for k in range(first_last, len(out)):
+        e = ((origin - a) + (STRIDE * k + STRIDE - 1) * STEP + WINDOW_SAMPLES) / SR
+        if keyword_end - LO_S <= e <= keyword_end + after:
+            w = np.asarray(out[k - SLIDING + 1:k + 1], np.float32)
+            best = max(best, float(np.convolve(w, np.ones(SLIDING) / SLIDING, mode="valid")[0]))
+    return best
+
+
+def _snip(x, t, before=2.0, after=0.3):
+    a = int(round((t - before) * SR))
+    return x[a:int(round((t + after) * SR))], a, (t * SR - a) / SR
+
+
+def test_a_snippet_that_starts_the_tape_gets_snippet_peak_exactly(model, stream):
+    from edge.phrase_stage import snippet_peak
+    from edge.phrase_tape import Tape
+
+    for t in (2.1, 3.05, 4.4, 6.0):
+        tape = Tape()
+        pcm, a, end = _snip(stream, t)
+        assert tape.peak(model, pcm, a, end, 0.3) == snippet_peak(model, pcm, end, 0.3)
+        assert (tape.fresh, tape.continued) == (1, 0)
+    peaks = [snippet_peak(model, *_snip(stream, t)[::2], 0.3) for t in np.arange(2.0, len(stream) / SR - 0.3, 0.25)]
+    assert max(peaks) > 0.5 > min(peaks)   # the stream has the word and has not: the equality means something
+
+
+def test_overlapping_snippets_get_one_front_end_and_one_run_of_the_models(model, stream):
+    """Snippets 0.4 s apart: each after the first goes on from the tape. Its peak is the one of the
+    front end started at the first snippet's start and run over everything since, and of the models'
+    outputs of one fresh run over those frames (past its warm-up)."""
+    from edge.phrase_stage import WARMUP, features
+    from edge.phrase_tape import FIRST_LAST, Tape
+
+    tape = Tape()
+    times = np.arange(2.3, len(stream) / SR - 0.3, 0.4)
+    origin = _snip(stream, times[0])[1]
+    got, want = [], []
+    for t in times:
+        pcm, a, end = _snip(stream, t)
+        got.append(tape.peak(model, pcm, a, end, 0.3))
+        whole = stream[origin:a + len(pcm)]
+        out = _fresh_outputs(model, features(whole))
+        want.append(_peak_of(out, origin, a, end, 0.3, max(FIRST_LAST, WARMUP + 4)))
+    assert (tape.fresh, tape.continued) == (1, len(times) - 1)
+    assert got == want
+    assert max(got) > 0.5
+
+
+def test_two_streams_on_one_model_each_get_their_own_outputs(model, stream):
+    """Two Wyoming clients share a keyword's models: interleaved, each tape's peaks are its own alone."""
+    from edge.phrase_tape import Tape
+
+    other = np.roll(stream, 20011)
+    times = np.arange(2.3, len(stream) / SR - 0.3, 0.5)
+
+    def alone(x):
+        tape = Tape()
+        return [tape.peak(model, *_snip(x, t)[:2], _snip(x, t)[2], 0.3) for t in times]
+
+    want_a, want_b = alone(stream), alone(other)
+    ta, tb, got_a, got_b = Tape(), Tape(), [], []
+    for t in times:
+        pa, aa, ea = _snip(stream, t)
+        pb, ab, eb = _snip(other, t)
+        got_a.append(ta.peak(model, pa, aa, ea, 0.3))
+        got_b.append(tb.peak(model, pb, ab, eb, 0.3))
+    assert got_a == want_a and got_b == want_b
+    assert want_a != want_b
+
+
+def test_a_gap_starts_the_front_end_afresh(model, stream):
+    from edge.phrase_stage import snippet_peak
+    from edge.phrase_tape import Tape
+
+    tape = Tape()
+    pcm, a, end = _snip(stream, 2.4)
+    tape.peak(model, pcm, a, end, 0.3)
+    pcm, a, end = _snip(stream, 6.5)           # starts 1.8 s after the first one ended
+    assert a + len(pcm) <= len(stream)
+    assert tape.peak(model, pcm, a, end, 0.3) == snippet_peak(model, pcm, end, 0.3)
+    assert (tape.fresh, tape.continued) == (2, 0)
+    tape.reset()
+    assert tape.fe is None and tape.fresh == 0

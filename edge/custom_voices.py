@@ -70,6 +70,14 @@ def lowered(threshold: float, lower: float) -> float:
     return 1.0 / (1.0 + math.exp(-(math.log(p / (1 - p)) - float(lower))))
 
 
+def lower_at(lower: float, level: str) -> float:
+    """How far under its threshold a keyword taught other voices opens at sensitivity ``level``: at
+    ``low`` (the fewest false accepts) not at all, so its phrase models judge only the candidates its
+    own first stage opens (the path before session 47); else the entry's ``lower``. (kws_custom,
+    session 47: low with the entry's 1.0 gave the same four false accepts as medium.)"""
+    return 0.0 if level == "low" else float(lower)
+
+
 def with_voices_head(entry: dict, w, b, bank) -> dict:
     """``entry`` with the voices head added (one before it replaced) and every head's threshold, at
     each of its sensitivity levels, at that level's bank rate shared among the heads (at least 0.5,

@@ -45,7 +45,7 @@ import numpy as np
 
 from edge.errors import EdgelearnError
 from edge.atomic import atomic_write, state_lock
-from edge.custom_voices import lowered
+from edge.custom_voices import lower_at, lowered
 # the entries' rules and their check got a module of their own: every name stays importable from here
 from edge.keywords_check import (  # noqa: F401 (DEFAULT_SENSITIVITY, FAR_TARGET, NAME_RULE, SENSITIVITIES, _NAME)
     _NAME, DEFAULT_SENSITIVITY, FAR_TARGET, NAME_RULE, SENSITIVITIES, at_sensitivity, check_keywords)
@@ -91,6 +91,7 @@ class CustomKeywords:
     keyword with voices); ``thresholds``: where its own two stages start."""
 
     def __init__(self, entries: list[dict], bundle=None, verify: bool = True, root=None):
+        levels = [e.get("sensitivity", DEFAULT_SENSITIVITY) for e in entries]
         entries = [at_sensitivity(e) for e in entries]
         self.names = [e["name"] for e in entries]
         self.thresholds = np.array([e["threshold"] for e in entries], np.float32)
@@ -99,8 +100,8 @@ class CustomKeywords:
             from edge.custom_voices import Voices
 
             self.voices = [Voices(e["voices"], root, e["name"]) if "voices" in e else None for e in entries]
-        self.first_thresholds = np.array([t if v is None else lowered(t, v.lower)
-                                          for t, v in zip(self.thresholds, self.voices)], np.float32)
+        self.first_thresholds = np.array([t if v is None else lowered(t, lower_at(v.lower, lv))
+                                          for t, v, lv in zip(self.thresholds, self.voices, levels)], np.float32)
         # one row per speaker head (``speaker_heads``: the second and later people who enrolled), its
         # bias moved so that it crosses the keyword's threshold where it crosses its own; a keyword
         # scores its best row

@@ -161,6 +161,11 @@ def test_the_stream_judges_its_candidates_on_one_tape(taught):
     assert tape.fresh + tape.continued == voices.judged
     det.reset()
     assert det._tape is not tape and det._tape.fresh == det._tape.continued == 0
+    # a detector taking the stream over (an agent's model switch) goes on with its tape
+    det.push(pcm[:16000 * 3])
+    new, _ = Device(taught["state"]).detector(replay=False)
+    new.continue_from(det)
+    assert new._tape is det._tape
 
 
 def test_a_missing_model_file_is_one_sentence(taught, tmp_path):
@@ -318,3 +323,21 @@ def test_the_real_prompts_train_the_models_where_installed_and_are_said_missing_
     assert HCV.real_speech(said.append) == ()
     assert len(said) == 1 and "asterisk-core-sounds-fr-wav" in said[0] and "model_deps.sh" in said[0]
     assert CV.LOWER_REAL > CV.LOWER == 0.0
+
+
+def test_sensitivity_low_opens_a_taught_keyword_only_at_its_own_threshold(taught, tmp_path):
+    """The user's lever for fewer false accepts: at ``low`` the phrase models judge only the candidates
+    the keyword's own first stage opens; medium and high open ``lower`` logit under it."""
+    st = tmp_path / "st"
+    shutil.copytree(taught["state"], st)
+    dev = Device(st)
+    state = DeviceState.open(st, dev.bundle)
+    state.keywords = [{**e, "voices": {**e["voices"], "lower": 1.0}} for e in state.keywords]
+    state.save()
+    for level in ("low", "medium", "high"):
+        dev.sensitivity(NAME, level)
+        det, _ = Device(st).detector(replay=False)
+        k = det.names.index(NAME)
+        want = det._own[k] if level == "low" else CV.lowered(det._own[k], 1.0)
+        assert det.thresholds[k] == pytest.approx(want, abs=1e-6), level
+        assert (det.thresholds[k] < det._own[k]) == (level != "low")

@@ -341,3 +341,20 @@ def test_sensitivity_low_opens_a_taught_keyword_only_at_its_own_threshold(taught
         want = det._own[k] if level == "low" else CV.lowered(det._own[k], 1.0)
         assert det.thresholds[k] == pytest.approx(want, abs=1e-6), level
         assert (det.thresholds[k] < det._own[k]) == (level != "low")
+
+
+def test_export_voices_says_what_it_trained_against(taught, monkeypatch, capsys):
+    """The command's one line names the models, the opening and, where it was used, the real speech."""
+    from edge.cli import main
+    from host import custom_voices as HCV
+
+    rep = {"keyword": NAME, "voices": 48, "models": ["st/voices/a_0.tflite", "st/voices/a_1.tflite"], "cutoff": 0.97,
+           "lower": 1.0, "real_speech": ["fr", "it"], "heads": 2, "threshold": 0.5, "cpu_s": 1.0}
+    monkeypatch.setattr(HCV, "teach", lambda *a, **k: rep)
+    assert main(["export", "voices", "--state", str(taught["state"]), "--keyword", NAME]) == 0
+    out = capsys.readouterr().out
+    assert "trained against real fr and it speech too" in out and "opened 1 lower in logit" in out
+    monkeypatch.setattr(HCV, "teach", lambda *a, **k: {**rep, "real_speech": [], "lower": 0.0})
+    assert main(["export", "voices", "--state", str(taught["state"]), "--keyword", NAME]) == 0
+    out = capsys.readouterr().out
+    assert "real" not in out and "opened 0 lower in logit" in out

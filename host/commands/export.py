@@ -95,7 +95,8 @@ def run_voices(args) -> int:
         raise EdgelearnError(f"--state {args.state} is not a state directory",
                              fix="give the directory `edgelearn device enroll --state` wrote")
     rep = teach(args.state, args.bundle, args.keyword)
-    print(f"keyword {rep['keyword']!r}: phrase models {', '.join(rep['models'])} (cutoff {rep['cutoff']}), "
+    real = f"; trained against real {' and '.join(rep['real_speech'])} speech too" if rep.get("real_speech") else ""
+    print(f"keyword {rep['keyword']!r}: phrase models {', '.join(rep['models'])} (cutoff {rep['cutoff']}{real}), "
           f"a head on the phrase said by {rep['voices']} voices beside yours ({rep['heads']} heads, first stage "
           f"{rep['threshold']:.3f}, opened {rep['lower']:g} lower in logit for the models); {rep['cpu_s']:.0f} CPU s")
     return 0

@@ -42,7 +42,7 @@ aggregator (tests/test_agent_fleet.py).
 The audio sources are ``edge.agent_audio``; a new version's health check, switch and rollback
 ``edge.agent_versions``; the federated rounds ``edge.agent_federation``; the adaptation run
 ``edge.agent_adapt``; the detector and ``--sensitivity`` across switches ``edge.agent_calibration``
-(``Agent`` inherits their mixins); the systemd unit ``edge.agent_unit``; whether the agent that wrote
+(``Agent`` inherits their mixins); its options ``edge.agent_config``; the systemd unit ``edge.agent_unit``; whether the agent that wrote
 agent.json still runs ``edge.agent_liveness``; one agent per state ``edge.agent_lock``; all importable here.
 """
 
@@ -56,12 +56,12 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 
 # the audio sources, the versions, the federated rounds and the adaptation run have modules of their
 # own; every name stays importable from here
 from edge.agent_adapt import READAPT_RETRY_S, Adaptation  # noqa: F401
+from edge.agent_config import AgentConfig  # noqa: F401 (re-exported: the CLI and agent_unit import it here)
 from edge.agent_audio import SAMPLE_RATE, _chunks_of, _until_stopped
 from edge.agent_calibration import Calibration
 from edge.agent_federation import FL_AUGMENT, HOLD_ENV, Federation, _HeldTransport, check_federation  # noqa: F401
@@ -77,36 +77,6 @@ from edge.wyoming_models import state_signature
 AGENT_FILE = "agent.json"
 STATE_WATCH_S = 2.0  # seconds of audio between looks at the state files detection was built from
 STAGE_COUNTS = ("rejected", "asr_decoded", "asr_audio_s")  # agent.json's second_stage
-
-
-
-@dataclass
-class AgentConfig:
-    """What ``edgelearn device run`` was asked to do (one field per option)."""
-    source: object = "mic"         # "mic", "stdin", "none" (no local audio: --wyoming alone), a WAV path,
-                                   # or (Python) an iterable of int16 chunks
-    mic_device: str | None = None  # the ALSA capture device of "mic" (None: ALSA's default)
-    on_detect: str | None = None   # a shell command run for every detection
-    keywords: object = None        # base keywords to report (None: the bundle's commands; "all")
-    threshold: object = None
-    sensitivity: float | None = None
-    confirm: float = 0.9
-    asr: bool | str = "auto"       # the base commands' second stage: "auto" (the default's, edge.device_detect),
-    #                                True (PocketSphinx, edge/confirm.py), "phrase" (edge/phrase_stage.py), False
-    data: Path | None = None       # labelled clips DIR/<label>/*.wav: adaptation, federated examples, health check
-    strategy: str = "bias-only"
-    keep_versions: int | None = None  # adapted versions kept besides current and previous (None: 10)
-    adapt_every_s: float = 3600.0  # how often to ask the scheduler for an adaptation run
-    adapt: bool = True             # False: never adapt locally (detect, and federate with --data's clips)
-    aggregator: str | None = None  # http://host:port
-    device_id: str | None = None
-    device_key: Path | None = None
-    checkin_every_s: float = 600.0
-    status_every_s: float = 10.0
-    network: str = "wifi"
-    extra_env: dict = field(default_factory=dict)
-    wyoming: str | None = None     # also serve the keywords to Home Assistant here (tcp://HOST:PORT)
-    zeroconf: object = False       # announce that server on mDNS: True (default name) or a name
 
 
 def _number(v) -> float:

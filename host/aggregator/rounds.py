@@ -23,7 +23,7 @@ completed from the committed rows this replica has not added (``_catch_up``)
 inside the transaction that closes it, so a round closes once, from exactly
 its accepted rows, whichever replica closes it.
 Check-ins (eligibility, selection, the task) live in ``selection.py``;
-uploads (prepare/commit, group commit) in ``uploads.py``; secure
+uploads (prepare/commit, group commit, the devices' credentials) in ``uploads.py``; secure
 aggregation rounds in ``secure.py``.
 
     mgr = RoundManager(cfg, store, registry)
@@ -388,23 +388,3 @@ class RoundManager(Selection, Uploads):
             seed = new_dp_seed()
             self.store.set_meta("dp_seed", seed)
         return np.random.default_rng([int(seed), round_id])
-
-    # --- uploads --------------------------------------------------------------
-    def credentials(self, device_id: str, fresh: bool = False):
-        """(HMAC key, Unix time it was revoked or None) of a device, or None when it is not provisioned.
-        Cached; ``fresh`` reads the database, where ``aggregator revoke`` and ``provision`` (a new key
-        for a revoked device) change them while this process serves: signed check-ins and secure-
-        aggregation messages ask fresh (app.py), uploads use the cache and ``commit`` checks both
-        against the database inside its transaction (``_facts``)."""
-        c = None if fresh else self._keys.get(device_id)
-        if c is None:
-            row = self.store.one("SELECT key, revoked FROM devices WHERE device_id=?", (device_id,))
-            if row is None:
-                self._keys.pop(device_id, None)
-                return None
-            c = self._keys[device_id] = (bytes(row[0]), None if row[1] is None else float(row[1]))
-        return c
-
-    def key_of(self, device_id: str, fresh: bool = False):
-        c = self.credentials(device_id, fresh)
-        return None if c is None else c[0]

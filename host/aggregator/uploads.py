@@ -35,7 +35,27 @@ class Pending(NamedTuple):
 
 class Uploads:
     """Mixin: needs ``cfg``, ``store``, ``round``, ``acc``, ``reg``, ``clock``, ``secure``, ``tick``,
-    ``key_of``, ``_weight``, ``_note_arrival``, ``_close`` from ``RoundManager``."""
+    ``_keys`` (the credentials' cache), ``_weight``, ``_note_arrival``, ``_close`` from ``RoundManager``.
+    The devices' credentials (``credentials``, ``key_of``) are here too: uploads check them first."""
+
+    def credentials(self, device_id: str, fresh: bool = False):
+        """(HMAC key, Unix time it was revoked or None) of a device, or None when it is not provisioned.
+        Cached; ``fresh`` reads the database, where ``aggregator revoke`` and ``provision`` (a new key
+        for a revoked device) change them while this process serves: signed check-ins and secure-
+        aggregation messages ask fresh (app.py), uploads use the cache and ``commit`` checks both
+        against the database inside its transaction (``_facts``)."""
+        c = None if fresh else self._keys.get(device_id)
+        if c is None:
+            row = self.store.one("SELECT key, revoked FROM devices WHERE device_id=?", (device_id,))
+            if row is None:
+                self._keys.pop(device_id, None)
+                return None
+            c = self._keys[device_id] = (bytes(row[0]), None if row[1] is None else float(row[1]))
+        return c
+
+    def key_of(self, device_id: str, fresh: bool = False):
+        c = self.credentials(device_id, fresh)
+        return None if c is None else c[0]
 
     def submit(self, frame: bytes, claimed_device: str | None) -> dict:
         """Check, decode and accept one frame; returns the JSON answer or raises ``Reject`` (no state change)."""

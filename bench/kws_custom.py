@@ -383,11 +383,14 @@ def main(argv=None) -> int:
                         1000 * cpu)
     # the user's lever for fewer false accepts: sensitivity low (every head's threshold at the level's
     # bank rate; the phrase models judge only candidates opened there: edge.custom_voices.lower_at)
-    for ph in PHRASES:
-        taught.sensitivity(ph, "low")
-    r = score(edgelearn_events(taught, {}), streams, negs, real, noisy)
-    report["edgelearn"]["voices"]["sensitivity_low"] = r
-    rows += condition_rows(f"{name} at sensitivity low (`device sensitivity`)", r, users=(USER,))
+    # and for more of the other voices: high (every head's threshold at the level's bank rate, and in a
+    # quiet snippet either phrase model alone may pass a candidate: edge.custom_voices.SINGLE)
+    for level in ("low", "high"):
+        for ph in PHRASES:
+            taught.sensitivity(ph, level)
+        r = score(edgelearn_events(taught, {}), streams, negs, real, noisy)
+        report["edgelearn"]["voices"][f"sensitivity_{level}"] = r
+        rows += condition_rows(f"{name} at sensitivity {level} (`device sensitivity`)", r, users=(USER,))
     write_results("kws_custom", rows)
     import json
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge import features as F
+from edge.audio import to_int16
 from edge.confirm import AFTER_S, BEFORE_S
 # the Detector's trigger replayed on precomputed scores (for scoring many operating points): its own
 # module to keep this one about the streaming Detector; importable from here as before
@@ -131,6 +132,8 @@ class Detector(HeldCandidates):
         self._own = np.concatenate([base_thr, custom.thresholds]) if custom is not None else base_thr
         self._voices = list(getattr(custom, "voices", None) or [None] * len(self.names[len(keywords):]))
         self.stride, self.smooth = stride, smooth
+        scale = getattr(km, "scale", None)   # the model's input scale (features.normalize), as an array once
+        self._scale = None if scale is None else np.asarray(scale, np.float32)
         self.refractory = refractory_s
         self.peak_hops = max(1, int(round(peak_window_s * F.SAMPLE_RATE / F.HOP_LENGTH / stride)))
         # audio the second stage may need: its snippet (``before_s``/``after_s`` of its own, e.g.
@@ -181,7 +184,8 @@ class Detector(HeldCandidates):
         events = []
         self.samples += len(pcm)  # the clock a second stage's snippets are cut by (continue_from carries it)
         if self._keeps_audio:  # the recogniser's copy (int16, as the audio came); the front end gets pcm as is
-            raw = np.clip(np.asarray(pcm).reshape(-1), -32768, 32767).astype(np.int16)  # (a block of rows: in order)
+            # (a block of rows: in order; float audio in [-1, 1], which the front end also takes, as int16)
+            raw = to_int16(np.asarray(pcm).reshape(-1))
             self.audio = np.concatenate([self.audio, raw])[-(self._keep + len(raw)):]
         for fr in self.stream.push(pcm):
             i = self.n_frames % F.N_FRAMES
@@ -257,13 +261,15 @@ class Detector(HeldCandidates):
 
     def _step(self):
         win = self._window()
-        feats = F.normalize(win, self.km.scale)[None]
+        feats = F.normalize(win, self.km.scale if self._scale is None else self._scale)[None]
         cur = feats[0]
         s, _ = self.scores(feats)
         self.history[self.n_inv % self.smooth] = s[0]
         self.n_inv += 1
         self.invocations += 1
-        sm = self.history[: min(self.n_inv, self.smooth)].mean(axis=0)
+        n = min(self.n_inv, self.smooth)
+        sm = self.history[:n].sum(axis=0)   # .mean(axis=0), as numpy computes it, without its checks
+        sm /= n
         end_s = ((self.n_frames - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
         over = sm - self.thresholds
         k = int(np.argmax(over))

@@ -146,28 +146,38 @@ class PhraseModel:
             self._its = its
         return self._its
 
-    def _invoke(self, q: np.ndarray) -> np.ndarray:
-        """Each inference's output over int8 frames ``q``, the mean over the models (under the lock)."""
-        out = np.zeros(len(q) // STRIDE, np.float32)
-        for it, i_in, i_out in self._interpreters():
-            for k in range(len(out)):
-                it.set_tensor(i_in, q[None, STRIDE * k:STRIDE * k + STRIDE])
+    def _invoke(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each inference's output over int8 frames ``q``: (the mean over the models, each model's
+        (models, n)), under the lock."""
+        n = len(q) // STRIDE
+        out = np.zeros(n, np.float32)
+        each = np.zeros((len(self.datas), n), np.float32)
+        steps = np.ascontiguousarray(q[:STRIDE * n]).reshape(n, 1, STRIDE, q.shape[-1])
+        for m, (it, i_in, i_out) in enumerate(self._interpreters()):
+            got = []
+            for x in steps:
+                it.set_tensor(i_in, x)
                 it.invoke()
-                out[k] += float(it.get_tensor(i_out).reshape(-1)[0]) / 255.0
+                got.append(it.get_tensor(i_out))
+            if got:   # each output / 255 rounded to float32 and added in float32, as one by one before
+                each[m] = np.concatenate(got, axis=None) / 255.0
+                out += each[m]
         out /= len(self.datas)
-        return out
+        return out, each
 
-    def outputs(self, feats: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def outputs(self, feats: np.ndarray, each: bool = False):
         """(each inference's output in [0, 1], the mean over the ensemble's models, the first
-        ``WARMUP`` 0; the time its window ends, s from the snippet's start)."""
+        ``WARMUP`` 0; the time its window ends, s from the snippet's start); with ``each``, each
+        model's outputs (models, n) as a third."""
         with self._lock:
             self._state = None   # a stream's run (``run``) cannot go on from here
-            out = self._invoke(quantize(feats))
+            out, every = self._invoke(quantize(feats))
         out[:WARMUP] = 0.0
+        every[:, :WARMUP] = 0.0
         ends = ((STRIDE * np.arange(len(out)) + STRIDE - 1) * STEP + WINDOW_SAMPLES) / SAMPLE_RATE
-        return out, ends
+        return (out, ends, every) if each else (out, ends)
 
-    def run(self, q: np.ndarray, before, after) -> np.ndarray | None:
+    def run(self, q: np.ndarray, before, after):
         """``_invoke`` over int8 frames ``q`` going on from the state the run named ``before`` left
         (None: from whatever state there is; the caller discards the first ``WARMUP`` outputs); None,
         running nothing, when something else ran the models since. The state left is named ``after``
@@ -175,9 +185,9 @@ class PhraseModel:
         with self._lock:
             if before is not None and self._state != before:
                 return None
-            out = self._invoke(q)
+            got = self._invoke(q)
             self._state = after
-            return out
+            return got
 
     def peak(self, pcm: np.ndarray, keyword_end_s: float, after_s: float) -> float:
         """The highest sliding-window mean whose window ends within [keyword end - LO_S, keyword end
@@ -187,24 +197,47 @@ class PhraseModel:
     def peak_features(self, feats: np.ndarray, keyword_end_s: float, after_s: float) -> float:
         """``peak`` of a snippet's front-end frames (the first frame's window starting at its start)."""
         out, ends = self.outputs(feats)
-        if len(out) < SLIDING:
-            return 0.0
-        mean = np.convolve(out, np.ones(SLIDING) / SLIDING, mode="valid")
-        e = ends[SLIDING - 1:]
-        ok = (e >= RECEPTIVE_S + (SLIDING - 1) * STRIDE * STEP / SAMPLE_RATE) & (e >= keyword_end_s - LO_S) \
-            & (e <= keyword_end_s + after_s)
-        return float(mean[ok].max()) if ok.any() else 0.0
+        return window_peak(out, ends, keyword_end_s, after_s)
+
+    def peaks(self, pcm: np.ndarray, keyword_end_s: float, after_s: float) -> tuple[float, list[float]]:
+        """(``peak``, each model's own peak by the same rule)."""
+        out, ends, every = self.outputs(features(pcm), each=True)
+        return (window_peak(out, ends, keyword_end_s, after_s),
+                [window_peak(o, ends, keyword_end_s, after_s) for o in every])
 
 
-def snippet_peak(model: PhraseModel, pcm, keyword_end_s: float | None, after_s: float) -> float:
-    """``model``'s peak on a candidate's snippet whose keyword ends ``keyword_end_s`` into it (None:
-    ``after_s`` before its end, a snippet cut as the Detector cuts it mid-stream)."""
+def window_peak(out: np.ndarray, ends: np.ndarray, keyword_end_s: float, after_s: float) -> float:
+    """``PhraseModel.peak``'s rule over outputs ``out`` whose windows end at ``ends``."""
+    if len(out) < SLIDING:
+        return 0.0
+    mean = np.convolve(out, np.ones(SLIDING) / SLIDING, mode="valid")
+    e = ends[SLIDING - 1:]
+    ok = (e >= RECEPTIVE_S + (SLIDING - 1) * STRIDE * STEP / SAMPLE_RATE) & (e >= keyword_end_s - LO_S) \
+        & (e <= keyword_end_s + after_s)
+    return float(mean[ok].max()) if ok.any() else 0.0
+
+
+def _padded(pcm, keyword_end_s: float | None, after_s: float):
+    """(a candidate's snippet, padded with silence where the stream ended sooner, its keyword end)."""
     pcm = np.asarray(pcm, np.int16)
     end = len(pcm) / SAMPLE_RATE - after_s if keyword_end_s is None else float(keyword_end_s)
     short = int(round((end + after_s) * SAMPLE_RATE)) - len(pcm)
     if short > 0:  # the stream ended sooner: what follows is silence, as after a command said last
         pcm = np.concatenate([pcm, np.zeros(short, np.int16)])
+    return pcm, end
+
+
+def snippet_peak(model: PhraseModel, pcm, keyword_end_s: float | None, after_s: float) -> float:
+    """``model``'s peak on a candidate's snippet whose keyword ends ``keyword_end_s`` into it (None:
+    ``after_s`` before its end, a snippet cut as the Detector cuts it mid-stream)."""
+    pcm, end = _padded(pcm, keyword_end_s, after_s)
     return model.peak(pcm, end, after_s)
+
+
+def snippet_peaks(model: PhraseModel, pcm, keyword_end_s: float | None, after_s: float) -> tuple[float, list[float]]:
+    """``snippet_peak`` and each of the ensemble's models' own peak (``PhraseModel.peaks``)."""
+    pcm, end = _padded(pcm, keyword_end_s, after_s)
+    return model.peaks(pcm, end, after_s)
 
 
 class PhraseConfirm:

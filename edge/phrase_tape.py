@@ -40,11 +40,11 @@ _runs = itertools.count(1)
 class _Run:
     """One model's outputs over the tape's frames from output ``start`` of the tape's epoch (output k
     reads frames 3k..3k+2): those before ``start + WARMUP`` are 0, as a fresh snippet's first are;
-    ``out[0]`` is output ``base`` (older ones are dropped); ``token`` names the model's state after
-    the last output (``PhraseModel.run``)."""
+    ``out[0]`` is output ``base`` (older ones are dropped), the ensemble's mean, and ``each[0]`` its
+    models' own; ``token`` names the model's state after the last output (``PhraseModel.run``)."""
 
     def __init__(self, epoch: int, start: int):
-        self.epoch, self.start, self.base, self.out = epoch, start, start, []
+        self.epoch, self.start, self.base, self.out, self.each = epoch, start, start, [], []
         self.token = (next(_runs), start)
 
     @property
@@ -112,9 +112,11 @@ class Tape:
             run = self.runs[id(model)] = _Run(self.epoch, max(k_first, need_from - PS.WARMUP))
         return run
 
-    def peak(self, model: "PS.PhraseModel", pcm: np.ndarray, at: int, keyword_end_s: float, after_s: float) -> float:
+    def peak(self, model: "PS.PhraseModel", pcm: np.ndarray, at: int, keyword_end_s: float, after_s: float,
+             each: bool = False):
         """``PhraseModel.peak`` of the snippet ``pcm`` (starting at stream sample ``at``, its keyword
-        ending ``keyword_end_s`` into it; ``pcm`` reaches ``after_s`` past that), on the tape."""
+        ending ``keyword_end_s`` into it; ``pcm`` reaches ``after_s`` past that), on the tape; with
+        ``each``, (that, each model's own peak: ``PhraseModel.peaks``)."""
         j0 = self.frames(pcm, at)
         k_first = -(-j0 // PS.STRIDE)                          # the snippet's first output
         ks = np.arange(k_first, (self.first + len(self.rows)) // PS.STRIDE)
@@ -122,7 +124,7 @@ class Tape:
         e = ((self.origin - at) + (PS.STRIDE * ks + PS.STRIDE - 1) * PS.STEP + PS.WINDOW_SAMPLES) / PS.SAMPLE_RATE
         want = ks[(e >= keyword_end_s - PS.LO_S) & (e <= keyword_end_s + after_s)]   # windows' last outputs
         if not len(want):
-            return 0.0
+            return (0.0, [0.0] * len(model.datas)) if each else 0.0
         need_from, k1 = int(want[0]) - (PS.SLIDING - 1), int(want[-1]) + 1
         run = self._run_for(model, need_from, k_first)
         if run.next < k1:
@@ -132,17 +134,24 @@ class Tape:
                 run = self.runs[id(model)] = _Run(self.epoch, max(k_first, need_from - PS.WARMUP))
                 q = self.rows[PS.STRIDE * run.start - self.first:PS.STRIDE * k1 - self.first]
                 out = model.run(q, None, (run.token[0], k1))
-            out[:max(0, run.start + PS.WARMUP - run.next)] = 0.0
+            out, every = out
+            warm = max(0, run.start + PS.WARMUP - run.next)
+            out[:warm] = 0.0
+            every[:, :warm] = 0.0
             run.out.extend(out.tolist())
+            run.each.extend(every.T.tolist())
             run.token = (run.token[0], k1)
             drop = len(run.out) - KEEP_OUTPUTS
             if drop > 0:
-                del run.out[:drop]
+                del run.out[:drop], run.each[:drop]
                 run.base += drop
-        best = 0.0
+        best, best_each, ones = 0.0, [0.0] * len(model.datas), np.ones(PS.SLIDING) / PS.SLIDING
         for k in want.tolist():
             if k >= run.start + FIRST_LAST and k - (PS.SLIDING - 1) >= run.base:
                 i = k - run.base
                 win = np.asarray(run.out[i - PS.SLIDING + 1:i + 1], np.float32)   # the mean as peak_features takes it
-                best = max(best, float(np.convolve(win, np.ones(PS.SLIDING) / PS.SLIDING, mode="valid")[0]))
-        return best
+                best = max(best, float(np.convolve(win, ones, mode="valid")[0]))
+                if each:
+                    wins = np.asarray(run.each[i - PS.SLIDING + 1:i + 1], np.float32).T
+                    best_each = [max(b, float(np.convolve(w, ones, mode="valid")[0])) for b, w in zip(best_each, wins)]
+        return (best, best_each) if each else best

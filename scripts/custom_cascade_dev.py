@@ -34,6 +34,10 @@ words by rms, awb and kal16 as negatives.
     $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --more-negatives --near-misses \
           --grid 0:0.97,0.5:0.97,1:0.97,1:0.995 --models-config '{"real_speech": ["fr", "it"]}'
         # and each phrase's near misses (NEAR_MISSES) by the negatives' voices (session 47)
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --models-config '{"real_speech": ["fr", "it"]}' \
+          --grid 1:0.97 --snrs 10,5 --diagnose
+        # the positives also at 10 and 5 dB, the real half under noise too; where each missed positive
+        # was lost: judged by the phrase models and rejected (its best peak), or never judged (session 48)
 """
 
 from __future__ import annotations
@@ -117,22 +121,30 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
         streams["neg_translated"] = (more[0], None, None, more[2])
     if "--near-misses" in sys.argv:  # each phrase's near misses by the negatives' three voices (kws_custom has its own)
         streams["neg_near"] = (near_misses(), None, None, "rms/awb/kal16")
+    if "--snrs" in sys.argv:  # more noise levels (e.g. --snrs 10,5): the positives' clips, and the real half, under them
+        streams.update(noisier(streams, [float(x) for x in sys.argv[sys.argv.index("--snrs") + 1].split(",")]))
     hours = sum(len(s[0]) for n, s in streams.items() if n.startswith("neg")) / SR / 3600
     grid = [(lo, c) for lo in (0.0, 0.5, 1.0, 1.5, 2.0) for c in (0.9, 0.97, 0.99, 0.995)]
     if "--grid" in sys.argv:  # e.g. --grid 0:0.97,1:0.99,1:0.995
+        # a third number: the lone model's cutoff in a quiet snippet (CV.SINGLE; above 1: off), a fourth
+        # the loudness range a quiet snippet has (CV.QUIET_DB)
         grid = [tuple(float(x) for x in g.split(":")) for g in sys.argv[sys.argv.index("--grid") + 1].split(",")]
     if "--shipped" in sys.argv:  # the shipped point alone, with each snippet length (--before S,S...)
         grid = [(CV.LOWER, CV.CUTOFF)]
     befores = [float(x) for x in sys.argv[sys.argv.index("--before") + 1].split(",")] if "--before" in sys.argv \
         else [CV.BEFORE_S]
-    for before, (lower, cutoff) in ((b, g) for b in befores for g in grid):
+    for before, (lower, cutoff, *single) in ((b, g) for b in befores for g in grid):
         CV.BEFORE_S = before  # read by each Voices as it loads
-        ents = [{**e, "voices": {**e["voices"], "lower": lower, "cutoff": cutoff}} for e in entries]
+        single = {"single": min(single[0], 1.0), "quiet_db": (single[1:] or [CV.QUIET_DB])[0] if single[0] <= 1
+                  else 200.0} if single else {}
+        ents = [{**e, "voices": {**e["voices"], "lower": lower, "cutoff": cutoff, **single}} for e in entries]
         custom = CustomKeywords(ents, bundle, root=state.root)
         heard, fa, judged, cpu, audio_s = {}, {}, 0, 0.0, 0.0
+        diag = {} if "--diagnose" in sys.argv else None
         for name, (pcm, spans, clips, voice) in streams.items():
             det = Detector(km, custom=custom, keywords=[])
             n0 = sum(v.judged for v in custom.voices)
+            judgments = record_judgments(custom) if diag is not None else None
             c0 = time.process_time()
             ev = detect_pcm(det, np.asarray(pcm, np.int16))
             cpu, audio_s = cpu + time.process_time() - c0, audio_s + len(pcm) / SR
@@ -141,12 +153,88 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
             else:
                 fa[name] = len(ev)
                 judged += sum(v.judged for v in custom.voices) - n0
-        print(json.dumps({"before_s": before, "lower": lower, "cutoff": cutoff, "heard_pct": heard,
+            if diag is not None:
+                diag[name] = diagnose(ev, judgments, spans, clips, cutoff)
+                if DUMP is not None:
+                    DUMP[-1].update(stream=name, hours=len(pcm) / SR / 3600)
+        print(json.dumps({"before_s": before, "lower": lower, "cutoff": cutoff, **single, "heard_pct": heard,
                           "fa_per_hour_per_phrase": round(sum(fa.values()) / hours / len(PHRASES), 2),
                           "fa_events": fa, "judged_per_hour_of_negatives": round(judged / hours),
                           # every stream, 4 phrases (compare within one run: the machine's load moves it)
                           "cpu_ms_per_s": round(1000 * cpu / audio_s, 2)}), flush=True)
+        if diag is not None:
+            print(json.dumps({"diagnose": diag}), flush=True)
+        if DUMP is not None:   # --dump FILE: every judgment and positive, for rules tried offline
+            Path(sys.argv[sys.argv.index("--dump") + 1]).write_text(json.dumps(DUMP))
     return 0
+
+
+DUMP = [] if "--dump" in sys.argv else None
+
+
+def noisier(streams: dict, snrs) -> dict:
+    """The positive streams' clips again under white, pink and babble at each of ``snrs`` dB (as
+    kws_custom mixes its positives), and the real development half under the same mix."""
+    from bench import _realspeech as R
+
+    pool, out = B.babble_pool(), {}
+    for name, (pcm, spans, clips, voice) in list(streams.items()):
+        if name.startswith("pos_") and name.endswith("_clean"):
+            for snr in snrs:
+                p, sp = B.positive_stream(clips, snr_db=snr, seed=700 + int(snr) + len(out), pool=pool)
+                out[f"pos_{voice}_{snr:g}"] = (p, sp, clips, voice)
+    dev, dev_spans = R.concat([p for p in R.load_prompts() if p.split == "dev"])
+    for snr in snrs:
+        out[f"neg_real_{snr:g}db"] = (B.noisy_speech(dev, dev_spans, snr, seed=800 + int(snr), pool=pool), None, None,
+                                      "allison")
+    return out
+
+
+def record_judgments(custom) -> list:
+    """Each phrase-model judgment of the stream from now on: (phrase, keyword end in s, the models'
+    mean peak, each model's own peak where the Voices computed them (a third --grid number), the
+    snippet's loudness range in dB)."""
+    from edge.custom_voices import loudness_range
+    from edge.phrase_stage import SAMPLE_RATE
+
+    out = []
+    for name, v in zip(custom.names, custom.voices):
+        if v is None:
+            continue
+
+        def says_at(pcm, end, tape=None, at=None, v=v, name=name, orig=type(v).says_at):
+            ok = orig(v, pcm, end, tape, at)
+            out.append((name, (0 if at is None else at / SAMPLE_RATE) + end, float(v.last),
+                        [round(p, 4) for p in v.last_each or ()], round(loudness_range(pcm), 2)))
+            return ok
+        v.says_at = says_at
+    return out
+
+
+def diagnose(events, judgments, spans, clips, cutoff) -> dict:
+    """Where each positive was lost (heard / judged by the phrase models and rejected / never judged:
+    the first stage did not open it, or another phrase's candidate held the detector), with the best
+    peak of the rejected ones; on negatives, the judged peaks' spread."""
+    if DUMP is not None:
+        DUMP.append({"judgments": judgments, "clips": None if spans is None else [
+            (a, b, c.word, any(e["keyword"] == c.word and a - 0.1 <= e["time_s"] <= b + 1.0 for e in events))
+            for (a, b), c in zip(spans, clips)]})
+    peaks = np.array([j[2] for j in judgments]) if judgments else np.zeros(0)
+    if spans is None:
+        return {"judged": len(judgments), "peaks_over": {str(c): int((peaks >= c).sum()) for c in (0.8, 0.9, 0.95, cutoff)}}
+    heard = rejected = unjudged = 0
+    best = []
+    for (a, b), c in zip(spans, clips):
+        if any(e["keyword"] == c.word and a - 0.1 <= e["time_s"] <= b + 1.0 for e in events):
+            heard += 1
+            continue
+        mine = [j[2] for j in judgments if j[0] == c.word and a - 0.1 <= j[1] <= b + 1.0]
+        if mine:
+            rejected += 1
+            best.append(round(max(mine), 3))
+        else:
+            unjudged += 1
+    return {"heard": heard, "rejected": rejected, "never_judged": unjudged, "rejected_best_peaks": sorted(best)}
 
 
 def main() -> int:
@@ -240,6 +328,8 @@ def main() -> int:
               flush=True)
     if "--near-misses" in sys.argv:  # each phrase's near misses by the negatives' three voices (kws_custom has its own)
         streams["neg_near"] = (near_misses(), None, None, "rms/awb/kal16")
+    if "--snrs" in sys.argv:  # more noise levels (e.g. --snrs 10,5): the positives' clips, and the real half, under them
+        streams.update(noisier(streams, [float(x) for x in sys.argv[sys.argv.index("--snrs") + 1].split(",")]))
     hours = sum(len(s[0]) for n, s in streams.items() if n.startswith("neg")) / SR / 3600
 
     def report(label, pick):

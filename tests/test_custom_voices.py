@@ -85,6 +85,7 @@ class Judge:
     def says_at(self, pcm, keyword_end_s, tape=None, at=None):
         assert tape is not None and at is not None   # the Detector hands over its stream's tape
         self.snippets.append((len(pcm), keyword_end_s))
+        self.audio = getattr(self, "audio", []) + [np.array(pcm)]
         return self.answer
 
 
@@ -123,6 +124,20 @@ def test_a_candidate_under_its_own_threshold_is_judged_on_its_audio(taught):
     ev = detect_pcm(_detector(taught["state"], yes, own=0.9999), pcm)
     assert [e["keyword"] for e in ev] == [NAME] * len(taught["clips"])   # one event per clip
     assert len(yes.snippets) == len(ev)
+
+
+def test_float_audio_reaches_the_models_as_the_same_samples(taught):
+    """The front end takes float audio in [-1, 1] as well as int16; the snippets the models judge are
+    that audio as int16 (until 2026-12-07 a float stream's copy was clipped to zeros)."""
+    pcm = _stream(taught["clips"])
+    judges = []
+    for audio in (pcm, pcm.astype(np.float32) / 32768.0):
+        judges.append(Judge(False))
+        detect_pcm(_detector(taught["state"], judges[-1], own=0.9999), audio)
+    ints, floats = judges
+    assert ints.snippets == floats.snippets and len(ints.audio) >= len(taught["clips"])
+    for a, b in zip(ints.audio, floats.audio):
+        assert b.dtype == np.int16 and np.abs(a.astype(np.int32) - b).max() <= 1 and np.abs(b).max() > 1000
 
 
 def test_the_keywords_own_stages_still_pass_it_without_the_models(taught):
@@ -182,12 +197,63 @@ def test_a_missing_model_file_is_one_sentence(taught, tmp_path):
     ({"models": ["../x.tflite"]}, "not a list of files under voices/"),
     ({"cutoff": 1.5}, "'cutoff' is 1.5"),
     ({"lower": "1"}, "'lower' is '1'"),
+    ({"single": 2}, "'single' is 2"),
+    ({"quiet_db": None}, "'quiet_db' is None"),
 ])
 def test_a_damaged_voices_field_names_itself(taught, bad, said):
     e = _entry(taught["state"])
     e["voices"] = {**e["voices"], **bad}
     with pytest.raises(ValueError, match=said.replace("(", r"\(")):
         check_keywords([e])
+
+
+class _Peaks:
+    """A stand-in tape: every snippet's (mean peak, each model's peak) is ``peaks``."""
+
+    def __init__(self, peaks):
+        self.peaks = peaks
+
+    def peak(self, model, pcm, at, keyword_end_s, after_s, each=False):
+        return self.peaks if each else self.peaks[0]
+
+
+def _said_over(noise_db: float | None) -> np.ndarray:
+    """2.3 s: a second of a vowel-like tone over a quiet room's floor, or under noise ``noise_db`` below it."""
+    rng = np.random.default_rng(5)
+    t = np.arange(int(2.3 * 16000)) / 16000
+    x = np.where((t > 0.9) & (t < 1.9), 3000 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t), 0.0)
+    x = x + rng.normal(0, 3, len(t))
+    if noise_db is not None:
+        x = x + rng.normal(0, 3000 / np.sqrt(2) * 10 ** (-noise_db / 20), len(t))
+    return np.clip(x, -32768, 32767).astype(np.int16)
+
+
+def test_at_sensitivity_high_a_quiet_snippet_lets_one_sure_model_decide_and_noise_does_not(taught):
+    """At sensitivity high, either model alone at ``single`` passes a candidate when its snippet is
+    quiet (loudness range at least ``quiet_db``), not under noise 20 dB below the speech; not at
+    medium (the default) or low; the mean at the cutoff passes it anywhere."""
+    quiet, noisy = _said_over(None), _said_over(20)
+    assert CV.loudness_range(quiet) >= CV.QUIET_DB > 30 > CV.loudness_range(noisy) > 10
+    e = _entry(taught["state"])
+    end = 2.0
+    medium = CV.Voices(e["voices"], taught["state"], NAME)
+    assert medium.single is None and not medium.says_at(quiet, end, _Peaks((0.5, [1.0, 0.0])), 0)
+    v = CV.Voices(e["voices"], taught["state"], NAME, "high")
+    assert (v.single, v.quiet_db) == (CV.SINGLE, CV.QUIET_DB)   # the entry names neither: the runtime's
+    one_sure = _Peaks((0.5, [1.0, 0.0]))
+    assert v.says_at(quiet, end, one_sure, 0) and v.alone == 1
+    assert not v.says_at(noisy, end, one_sure, 0) and v.alone == 1
+    assert not v.says_at(quiet, end, _Peaks((0.6, [0.98, 0.22])), 0)            # under single
+    assert v.says_at(noisy, end, _Peaks((0.97, [0.97, 0.97])), 0) and v.alone == 1   # the mean, anywhere
+    low = CV.Voices(e["voices"], taught["state"], NAME, "low")
+    assert low.single is None and not low.says_at(quiet, end, one_sure, 0)
+    own = CV.Voices({**e["voices"], "single": 0.9, "quiet_db": 80.0}, taught["state"], NAME)   # at medium
+    assert own.single == 0.9 and not own.says_at(quiet, end, one_sure, 0)   # its quiet_db: not quiet enough
+    # a device builds each keyword's voices at its sensitivity
+    st = DeviceState.open(taught["state"], Device(taught["state"]).bundle)
+    for level, single in (("low", None), ("medium", None), ("high", CV.SINGLE)):
+        st.keywords = [{**k, "sensitivity": level} for k in st.keywords]
+        assert st.custom(verify=True).voices[0].single == single
 
 
 def test_export_voices_refuses_an_unknown_keyword_in_one_sentence(taught, capsys):

@@ -76,7 +76,7 @@ def _snip(x, t, before=2.0, after=0.3):
 
 
 def test_a_snippet_that_starts_the_tape_gets_snippet_peak_exactly(model, stream):
-    from edge.phrase_stage import snippet_peak
+    from edge.phrase_stage import snippet_peak, snippet_peaks
     from edge.phrase_tape import Tape
 
     for t in (2.1, 3.05, 4.4, 6.0):
@@ -84,6 +84,11 @@ def test_a_snippet_that_starts_the_tape_gets_snippet_peak_exactly(model, stream)
         pcm, a, end = _snip(stream, t)
         assert tape.peak(model, pcm, a, end, 0.3) == snippet_peak(model, pcm, end, 0.3)
         assert (tape.fresh, tape.continued) == (1, 0)
+        # each model's own peak too (a quiet snippet's lone sure model: edge.custom_voices.SINGLE)
+        tape = Tape()
+        both = tape.peak(model, pcm, a, end, 0.3, each=True)
+        assert both == snippet_peaks(model, pcm, end, 0.3) and len(both[1]) == len(model.datas) == 2
+        assert min(both[1]) <= both[0] <= max(both[1])   # the mean's best window lies between the models'
     peaks = [snippet_peak(model, *_snip(stream, t)[::2], 0.3) for t in np.arange(2.0, len(stream) / SR - 0.3, 0.25)]
     assert max(peaks) > 0.5 > min(peaks)   # the stream has the word and has not: the equality means something
 

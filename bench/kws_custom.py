@@ -57,6 +57,7 @@ from bench import _realspeech as R
 from bench._custom_scoring import (NOISY_SNRS, PHRASES, SNRS, USER, condition_rows, events_at, fair_thresholds,
                                    score, system_rows)
 from bench._custom_scoring import FA_GOAL, frr  # noqa: F401 (re-exported)
+from bench._peers import peer_traces
 from bench.common import row, write_results
 
 MODEL_NAMES = {"hey jarvis": "hey_jarvis", "alexa": "alexa", "hey mycroft": "hey_mycroft", "okay nabu": "okay_nabu"}
@@ -252,33 +253,6 @@ def edgelearn_events(dev, offsets: dict):
     return run
 
 
-def peer_traces(wavs: dict, systems) -> dict:
-    """The peers' traces over ``wavs`` ({name: path}), cached by the audio's digest (they never
-    change for the same audio and pinned packages); the trace keys are the names."""
-    import hashlib
-    import json
-
-    from bench import _peers
-
-    h = hashlib.sha1(json.dumps(systems).encode())
-    for name in sorted(wavs):
-        h.update(name.encode() + Path(wavs[name]).read_bytes())
-    path = cache_dir() / f"peers-{h.hexdigest()[:16]}.json"
-    if path.is_file():  # their CPU figures are the run that filled the cache's (``measured``: its time)
-        from datetime import datetime, timezone
-
-        out = json.loads(path.read_text())
-        out["measured"] = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        return out
-    out = _peers.run_wakeword_peers(list(wavs.values()), systems)
-    by_path = {v: k for k, v in wavs.items()}
-    out["runs"] = {s: {by_path[w]: tr for w, tr in r.items()} for s, r in out["runs"].items()}
-    from edge.atomic import atomic_write
-
-    atomic_write(path, json.dumps(out).encode())
-    return out
-
-
 def main(argv=None) -> int:
     from bench import _peers
 
@@ -304,7 +278,7 @@ def main(argv=None) -> int:
     wavs = {f"pos_{vid}_{snr}": _wav(pcm, f"pos_{vid}_{snr}") for (vid, snr), (pcm, _, _) in streams.items()}
     wavs.update({k: _wav(v, k) for k, v in {**negs, **real, **noisy}.items()})
     systems = [f"{kind}:{MODEL_NAMES[ph]}" for kind in ("openwakeword", "microwakeword") for ph in PHRASES]
-    out = peer_traces(wavs, systems)
+    out = peer_traces(wavs, systems, cache_dir())
     audio_s = out["audio_s"]
     print(f"peers ready in {time.time() - t0:.0f} s", file=sys.stderr)
     report, rows = {"versions": out["versions"]}, []

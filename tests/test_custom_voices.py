@@ -3,13 +3,13 @@ an enrolled keyword's candidate its own two stages do not pass is judged by its 
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
 import pytest
 
 from devstate_helpers import make_keyword_clips
+from voices_helpers import NAME, entry as _entry, teach_buzz_word
 from edge import custom_voices as CV
 from edge.audio import read_wav
 from edge.detect import Detector, detect_pcm
@@ -17,28 +17,10 @@ from edge.device import Device
 from edge.errors import EdgelearnError
 from edge.keywords import DeviceState, check_keywords
 
-NAME = "buzz word"
-
 
 @pytest.fixture(scope="module")
 def taught(tmp_path_factory):
-    """A state with NAME enrolled from 5 buzz clips, then taught voices (a test-size recipe: one
-    espeak-ng voice, no corpus, 8 epochs)."""
-    from host.custom_voices import teach
-    from host.data import synth as S
-    from host.export import esphome as E
-
-    root = tmp_path_factory.mktemp("voices")
-    clips = make_keyword_clips(root / "clips")
-    Device(root / "st").enroll(NAME, clips)
-    before = json.loads((root / "st" / "keywords.json").read_text())["keywords"][0]
-    cfg = E.ExportConfig(user_copies=6, noise_contexts=40, epochs=8, batch=32, log=lambda m: None)
-    rep = teach(root / "st", None, NAME, cfg=cfg, corpus=None, voices=[S.Voice("espeak", "en-us")])
-    return {"root": root, "state": root / "st", "clips": clips, "before": before, "report": rep}
-
-
-def _entry(state):
-    return json.loads((state / "keywords.json").read_text())["keywords"][0]
+    return teach_buzz_word(tmp_path_factory.mktemp("voices"))
 
 
 def test_teach_writes_the_models_and_a_voices_head_at_half_the_rate(taught):
@@ -207,55 +189,6 @@ def test_a_damaged_voices_field_names_itself(taught, bad, said):
         check_keywords([e])
 
 
-class _Peaks:
-    """A stand-in tape: every snippet's (mean peak, each model's peak) is ``peaks``."""
-
-    def __init__(self, peaks):
-        self.peaks = peaks
-
-    def peak(self, model, pcm, at, keyword_end_s, after_s, each=False):
-        return self.peaks if each else self.peaks[0]
-
-
-def _said_over(noise_db: float | None) -> np.ndarray:
-    """2.3 s: a second of a vowel-like tone over a quiet room's floor, or under noise ``noise_db`` below it."""
-    rng = np.random.default_rng(5)
-    t = np.arange(int(2.3 * 16000)) / 16000
-    x = np.where((t > 0.9) & (t < 1.9), 3000 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t), 0.0)
-    x = x + rng.normal(0, 3, len(t))
-    if noise_db is not None:
-        x = x + rng.normal(0, 3000 / np.sqrt(2) * 10 ** (-noise_db / 20), len(t))
-    return np.clip(x, -32768, 32767).astype(np.int16)
-
-
-def test_at_sensitivity_high_a_quiet_snippet_lets_one_sure_model_decide_and_noise_does_not(taught):
-    """At sensitivity high, either model alone at ``single`` passes a candidate when its snippet is
-    quiet (loudness range at least ``quiet_db``), not under noise 20 dB below the speech; not at
-    medium (the default) or low; the mean at the cutoff passes it anywhere."""
-    quiet, noisy = _said_over(None), _said_over(20)
-    assert CV.loudness_range(quiet) >= CV.QUIET_DB > 30 > CV.loudness_range(noisy) > 10
-    e = _entry(taught["state"])
-    end = 2.0
-    medium = CV.Voices(e["voices"], taught["state"], NAME)
-    assert medium.single is None and not medium.says_at(quiet, end, _Peaks((0.5, [1.0, 0.0])), 0)
-    v = CV.Voices(e["voices"], taught["state"], NAME, "high")
-    assert (v.single, v.quiet_db) == (CV.SINGLE, CV.QUIET_DB)   # the entry names neither: the runtime's
-    one_sure = _Peaks((0.5, [1.0, 0.0]))
-    assert v.says_at(quiet, end, one_sure, 0) and v.alone == 1
-    assert not v.says_at(noisy, end, one_sure, 0) and v.alone == 1
-    assert not v.says_at(quiet, end, _Peaks((0.6, [0.98, 0.22])), 0)            # under single
-    assert v.says_at(noisy, end, _Peaks((0.97, [0.97, 0.97])), 0) and v.alone == 1   # the mean, anywhere
-    low = CV.Voices(e["voices"], taught["state"], NAME, "low")
-    assert low.single is None and not low.says_at(quiet, end, one_sure, 0)
-    own = CV.Voices({**e["voices"], "single": 0.9, "quiet_db": 80.0}, taught["state"], NAME)   # at medium
-    assert own.single == 0.9 and not own.says_at(quiet, end, one_sure, 0)   # its quiet_db: not quiet enough
-    # a device builds each keyword's voices at its sensitivity
-    st = DeviceState.open(taught["state"], Device(taught["state"]).bundle)
-    for level, single in (("low", None), ("medium", None), ("high", CV.SINGLE)):
-        st.keywords = [{**k, "sensitivity": level} for k in st.keywords]
-        assert st.custom(verify=True).voices[0].single == single
-
-
 def test_export_voices_refuses_an_unknown_keyword_in_one_sentence(taught, capsys):
     from edge.cli import main
 
@@ -315,7 +248,7 @@ def test_enrolling_again_keeps_the_other_voices(taught, tmp_path):
 
 
 def test_another_person_added_keeps_the_voices_head_beside_theirs(taught, tmp_path):
-    from devstate_helpers import make_keyword_clips
+    from voices_helpers import NAME, entry as _entry, teach_buzz_word
 
     st = _copy(taught, tmp_path)
     taught_heads = _entry(st)["speaker_heads"]
@@ -389,24 +322,6 @@ def test_the_real_prompts_train_the_models_where_installed_and_are_said_missing_
     assert HCV.real_speech(said.append) == ()
     assert len(said) == 1 and "asterisk-core-sounds-fr-wav" in said[0] and "model_deps.sh" in said[0]
     assert CV.LOWER_REAL > CV.LOWER == 0.0
-
-
-def test_sensitivity_low_opens_a_taught_keyword_only_at_its_own_threshold(taught, tmp_path):
-    """The user's lever for fewer false accepts: at ``low`` the phrase models judge only the candidates
-    the keyword's own first stage opens; medium and high open ``lower`` logit under it."""
-    st = tmp_path / "st"
-    shutil.copytree(taught["state"], st)
-    dev = Device(st)
-    state = DeviceState.open(st, dev.bundle)
-    state.keywords = [{**e, "voices": {**e["voices"], "lower": 1.0}} for e in state.keywords]
-    state.save()
-    for level in ("low", "medium", "high"):
-        dev.sensitivity(NAME, level)
-        det, _ = Device(st).detector(replay=False)
-        k = det.names.index(NAME)
-        want = det._own[k] if level == "low" else CV.lowered(det._own[k], 1.0)
-        assert det.thresholds[k] == pytest.approx(want, abs=1e-6), level
-        assert (det.thresholds[k] < det._own[k]) == (level != "low")
 
 
 def test_export_voices_says_what_it_trained_against(taught, monkeypatch, capsys):

@@ -1,8 +1,9 @@
 """One stream's phrase-model judgments sharing their work: the front end and each model run once over
 audio that several candidates' snippets cover.
 
-Why: a custom keyword taught other voices opens its candidates 1 logit under its own threshold
-(``edge.custom_voices.LOWER_REAL``), and in speech that is most of a second apart; each is judged on
+Why: a custom keyword taught other voices opens its candidates well under its own threshold
+(``edge.custom_voices.LOWER_REAL`` logit: 1 in session 47, 3 since session 49), and in speech that is
+most of a second apart or less; each is judged on
 2.3 s of audio (``edge.phrase_stage``), so judged one by one the TFLite Micro front end (three
 quarters of a judgment's CPU) and the models ran over the same audio two or three times. A ``Tape``
 belongs to one stream (one ``edge.detect.Detector``): it keeps the front end's frames of the audio

@@ -38,6 +38,10 @@ words by rms, awb and kal16 as negatives.
           --grid 1:0.97 --snrs 10,5 --diagnose
         # the positives also at 10 and 5 dB, the real half under noise too; where each missed positive
         # was lost: judged by the phrase models and rejected (its best peak), or never judged (session 48)
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --models-config '{"real_speech": ["fr", "it"]}' \
+          --grid 1:0.97,1.5:0.97,2:0.97,3:0.97,4:0.97,6:0.97,3:0.9,3:0.93,3:0.95 --snrs 20,10,5 \
+          --more-negatives --near-misses --diagnose
+        # the first stage opened lower, then the cutoff at 3 logit (session 49: CV.LOWER_REAL, CV.CUTOFF_REAL)
 """
 
 from __future__ import annotations
@@ -130,7 +134,7 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
         # the loudness range a quiet snippet has (CV.QUIET_DB)
         grid = [tuple(float(x) for x in g.split(":")) for g in sys.argv[sys.argv.index("--grid") + 1].split(",")]
     if "--shipped" in sys.argv:  # the shipped point alone, with each snippet length (--before S,S...)
-        grid = [(CV.LOWER, CV.CUTOFF)]
+        grid = [tuple(CV.point(MODEL_CFG.get("real_speech")).values())]
     befores = [float(x) for x in sys.argv[sys.argv.index("--before") + 1].split(",")] if "--before" in sys.argv \
         else [CV.BEFORE_S]
     for before, (lower, cutoff, *single) in ((b, g) for b in befores for g in grid):

@@ -311,7 +311,8 @@ def test_a_new_negative_bank_keeps_the_voices_and_a_new_encoder_drops_them(taugh
 
 def test_the_real_prompts_train_the_models_where_installed_and_are_said_missing_otherwise(monkeypatch):
     """``export voices`` trains against Debian's French and Italian prompts where they are installed
-    (and its entry then opens 1 logit lower); without them it says which packages and trains as before."""
+    (and its entry then opens ``CV.LOWER_REAL`` logit lower, its cutoff ``CV.CUTOFF_REAL``); without
+    them it says which packages and trains as before, at the recipe's point."""
     from host import custom_voices as HCV
     from host.data import realneg
 
@@ -321,7 +322,9 @@ def test_the_real_prompts_train_the_models_where_installed_and_are_said_missing_
     monkeypatch.setattr(realneg, "missing", lambda langs: "real-speech negatives need Debian's asterisk-core-sounds-fr-wav")
     assert HCV.real_speech(said.append) == ()
     assert len(said) == 1 and "asterisk-core-sounds-fr-wav" in said[0] and "model_deps.sh" in said[0]
-    assert CV.LOWER_REAL > CV.LOWER == 0.0
+    assert CV.LOWER_REAL > CV.LOWER == 0.0 and CV.CUTOFF_REAL <= CV.CUTOFF
+    assert CV.point(HCV.REAL_SPEECH) == {"lower": CV.LOWER_REAL, "cutoff": CV.CUTOFF_REAL}
+    assert CV.point(()) == CV.point([]) == {"lower": CV.LOWER, "cutoff": CV.CUTOFF}
 
 
 def test_export_voices_says_what_it_trained_against(taught, monkeypatch, capsys):
@@ -329,12 +332,12 @@ def test_export_voices_says_what_it_trained_against(taught, monkeypatch, capsys)
     from edge.cli import main
     from host import custom_voices as HCV
 
-    rep = {"keyword": NAME, "voices": 48, "models": ["st/voices/a_0.tflite", "st/voices/a_1.tflite"], "cutoff": 0.97,
-           "lower": 1.0, "real_speech": ["fr", "it"], "heads": 2, "threshold": 0.5, "cpu_s": 1.0}
+    rep = {"keyword": NAME, "voices": 48, "models": ["st/voices/a_0.tflite", "st/voices/a_1.tflite"],
+           **CV.point(["fr", "it"]), "real_speech": ["fr", "it"], "heads": 2, "threshold": 0.5, "cpu_s": 1.0}
     monkeypatch.setattr(HCV, "teach", lambda *a, **k: rep)
     assert main(["export", "voices", "--state", str(taught["state"]), "--keyword", NAME]) == 0
     out = capsys.readouterr().out
-    assert "trained against real fr and it speech too" in out and "opened 1 lower in logit" in out
+    assert "trained against real fr and it speech too" in out and f"opened {CV.LOWER_REAL:g} lower in logit" in out
     monkeypatch.setattr(HCV, "teach", lambda *a, **k: {**rep, "real_speech": [], "lower": 0.0})
     assert main(["export", "voices", "--state", str(taught["state"]), "--keyword", NAME]) == 0
     out = capsys.readouterr().out

@@ -1,6 +1,6 @@
 """What each sensitivity level does for a keyword taught other voices (edge/custom_voices.py): at low
-its phrase models judge only the candidates its own first stage opens; at high, in a quiet snippet,
-either model alone may pass a candidate."""
+its phrase models judge only the candidates its own first stage opens, at the recipe's cutoff; at
+high, in a quiet snippet, either model alone may pass a candidate."""
 
 from __future__ import annotations
 
@@ -36,6 +36,21 @@ def test_sensitivity_low_opens_a_taught_keyword_only_at_its_own_threshold(taught
         want = det._own[k] if level == "low" else CV.lowered(det._own[k], 1.0)
         assert det.thresholds[k] == pytest.approx(want, abs=1e-6), level
         assert (det.thresholds[k] < det._own[k]) == (level != "low")
+
+
+def test_sensitivity_low_keeps_the_recipes_cutoff_under_an_entry_taught_at_a_lower_one(taught):
+    """At ``low`` the phrase models pass a candidate only at ``CV.CUTOFF`` or more, whatever cutoff the
+    entry was taught with (``CV.CUTOFF_REAL`` is lower); medium and high use the entry's, and an
+    entry's cutoff above ``CV.CUTOFF`` holds at every level. The mean at 0.96 passes at medium only."""
+    e = _entry(taught["state"])
+    taught_at = {**e["voices"], "cutoff": CV.CUTOFF_REAL}
+    assert CV.CUTOFF_REAL < 0.96 < CV.CUTOFF
+    for level, want in (("low", CV.CUTOFF), ("medium", CV.CUTOFF_REAL), ("high", CV.CUTOFF_REAL)):
+        v = CV.Voices(taught_at, taught["state"], NAME, level)
+        assert v.cutoff == want, level
+        assert v.says_at(_said_over(20), 2.0, _Peaks((0.96, [0.96, 0.96])), 0) == (level != "low"), level
+    strict = CV.Voices({**e["voices"], "cutoff": 0.99}, taught["state"], NAME, "low")
+    assert strict.cutoff == 0.99
 
 
 class _Peaks:

@@ -32,7 +32,10 @@ goes on from a command said alone). A rejected candidate frees the detector at o
 enrolled keywords.
 
 Holding a candidate for its second stage's audio and judging it is the mixin
-``edge.detect_held.HeldCandidates``.
+``edge.detect_held.HeldCandidates``. A custom keyword taught other voices (``edge.custom_voices``)
+is also watched on its own beside the one candidate slot, its phrase models judging the candidates
+its watch opens under its threshold, so that no other keyword's candidate hides it: the mixin
+``edge.detect_voices.VoicesWatch``.
 
 An event's ``time_s`` is the end of the keyword: in the peak window, the last
 frame whose log energy (MFCC c0) is above the midpoint of the window's range.
@@ -56,6 +59,8 @@ from edge.detect_replay import count_events, trigger  # noqa: F401
 from edge.errors import EdgelearnError
 # candidates held for the audio their second stage judges: a mixin of the Detector, its own module
 from edge.detect_held import QUIET_S, QUIET_SLACK_S, HeldCandidates  # noqa: F401 (QUIET_*: re-exported)
+# each keyword taught other voices watched beside the slot: a mixin of the Detector, its own module
+from edge.detect_voices import VoicesWatch
 
 NON_KEYWORDS = ("_silence_", "_unknown_")
 THRESHOLD = 0.7  # a base keyword's threshold when none is calibrated for it
@@ -87,7 +92,7 @@ def bundle_thresholds(manifest: dict) -> dict | None:
     return {k: float(v) for k, v in thr.items()}
 
 
-class Detector(HeldCandidates):
+class Detector(HeldCandidates, VoicesWatch):
     def __init__(self, km, custom=None, keywords=None, stride: int = 4, smooth: int = 2,
                  threshold: float | dict | None = None, refractory_s: float = 1.0, peak_window_s: float = 0.4,
                  head=None, on_event=None, asr=None):
@@ -124,13 +129,14 @@ class Detector(HeldCandidates):
         else:
             base_thr = np.full(len(keywords), threshold, np.float32)
         # where a candidate opens; a custom keyword taught other voices (``edge.custom_voices``) opens
-        # lower than its own two stages start (``_own``), and a candidate under that, or one its
-        # verifier rejects, is judged by its phrase models on its audio (``_confirm``)
+        # lower than its own two stages start (``_own``), in a watch of its own (``edge.detect_voices``)
+        # whose candidates its phrase models judge on their audio; the slot sees it at ``_own``
         first = getattr(custom, "first_thresholds", None) if custom is not None else None
         self.thresholds = np.concatenate([base_thr, custom.thresholds if first is None else first]) \
             if custom is not None else base_thr
         self._own = np.concatenate([base_thr, custom.thresholds]) if custom is not None else base_thr
         self._voices = list(getattr(custom, "voices", None) or [None] * len(self.names[len(keywords):]))
+        self._watched = np.array([False] * len(keywords) + [v is not None for v in self._voices], bool)
         self.stride, self.smooth = stride, smooth
         scale = getattr(km, "scale", None)   # the model's input scale (features.normalize), as an array once
         self._scale = None if scale is None else np.asarray(scale, np.float32)
@@ -175,6 +181,7 @@ class Detector(HeldCandidates):
 
             self._tape = Tape()
         self.samples = 0       # samples pushed since reset
+        self._watch_reset()
 
     def _window(self) -> np.ndarray:
         i = self.n_frames % F.N_FRAMES
@@ -205,6 +212,8 @@ class Detector(HeldCandidates):
                 ev = self._release()
             if ev is not None:
                 events.append(ev)
+            if self._watch:
+                events += self._watch_due()
         return events
 
     def continue_from(self, old: "Detector") -> list[dict]:
@@ -216,6 +225,7 @@ class Detector(HeldCandidates):
         when its audio has come, as ``old`` would have (deciding it now would cut its snippet short)."""
         ev = old._emit() if old.candidate is not None else None  # a base keyword's is held: old.pending
         events = [ev] if ev else []
+        events += old._watch_due(final=True)   # old's watches decided on the audio there is
         if old._accepted:  # passed by old's stage, waiting only for old's enrolled keywords: out now
             events.append(old._release())
         held, old.pending = old.pending, None
@@ -240,7 +250,7 @@ class Detector(HeldCandidates):
             ev = self._release()
         elif self.pending is not None:
             ev = self._confirm(final=True)
-        return [ev] if ev else []
+        return ([ev] if ev else []) + self._watch_due(final=True)
 
     def scores(self, feats: np.ndarray):
         """(N, 49, 10) normalised features -> (N, len(names)) scores and embeddings."""
@@ -271,7 +281,8 @@ class Detector(HeldCandidates):
         sm = self.history[:n].sum(axis=0)   # .mean(axis=0), as numpy computes it, without its checks
         sm /= n
         end_s = ((self.n_frames - 1) * F.HOP_LENGTH + F.FRAME_LENGTH) / F.SAMPLE_RATE
-        over = sm - self.thresholds
+        slot = self._slot_thresholds()
+        over = sm - slot
         k = int(np.argmax(over))
         if self._custom_first(over, end_s):
             k = len(self.base_idx) + int(np.argmax(over[len(self.base_idx):]))
@@ -287,13 +298,15 @@ class Detector(HeldCandidates):
                 self.candidate = (score, ck, t, left - 1)
             if self._passes_now(ck, cur):
                 out = self._pass()
-            elif self.candidate[3] <= 0 or sm[ck] < self.thresholds[ck]:
+            elif self.candidate[3] <= 0 or sm[ck] < slot[ck]:
                 out = self._emit()
         elif over[k] >= 0 and end_s >= self.quiet_until and self.pending is None:
             self.candidate = (float(sm[k]), k, self._keyword_end(win, end_s), self.peak_hops)
             self._peak_window = cur
             if self._passes_now(k, cur):
                 out = self._pass()
+        if self._watch:
+            self._watch_step(sm, win, cur, end_s)
         return out
 
     def _searches(self, k: int) -> bool:
@@ -316,19 +329,19 @@ class Detector(HeldCandidates):
         score, k, t, _ = self.candidate
         self.candidate = None
         nb = len(self.base_idx)
-        judged = self._voices_of(k) is not None  # its phrase models judge what its own stages do not pass
+        # (a keyword taught other voices: its watch judges the audio its own stages reject)
         if self._searches(k):  # each window was checked as it came (``_passes_now``): none passed
-            return self._hold(score, k, t) if judged else self._reject()
+            return self._reject()
         if k >= nb and self.custom.verifies(k - nb):
             if score < self._own[k] or not self._verify(k - nb, self._peak_window):
-                return self._hold(score, k, t) if judged else self._reject()
-        elif judged and score < self._own[k]:
-            return self._hold(score, k, t)
+                return self._reject()
         elif k < nb and self.asr is not None:
             return self._hold(score, k, t)
         return self._event(score, k, t, self._peak_window)
 
     def _event(self, score, k, t, peak):
+        if self._watch and self._watched_again(k, t):   # the slot's, of an utterance its watch passed
+            return self._reject()
         self.quiet_until = t + self.refractory
         ev = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
         if self.on_event is not None:

@@ -1,9 +1,9 @@
 """The Detector's held candidates: a candidate waiting for the audio its second stage judges.
 
 A base keyword's candidate under a recogniser or the phrase models (``asr``: ``edge.confirm``,
-``edge.phrase_stage``), and a custom keyword's that its own stages did not pass where it was taught
-other voices (``edge.custom_voices``), wait in ``pending`` until their snippet's audio has come
-(``_pending_end``); ``_confirm`` cuts the snippet from the Detector's audio and judges it; a base
+``edge.phrase_stage``) waits in ``pending`` until its snippet's audio has come (``_pending_end``);
+``_confirm`` cuts the snippet from the Detector's audio (``_snippet``, which the watches of keywords
+taught other voices cut theirs with too: ``edge.detect_voices``) and judges it; a base
 event the stage passed may be held for the enrolled keywords' chance (``_accepted``, ``_release``,
 ``_quiet_after``, ``_custom_first``). A mixin of ``edge.detect.Detector`` (its own module to keep
 that one about the streaming first stage); it reads the Detector's fields.
@@ -38,26 +38,25 @@ class HeldCandidates:
         self.pending, self._accepted = None, False
         return self._event(score, k, t, peak)
 
-    def _confirm(self, final: bool = False):
-        """Decide the pending candidate on its audio so far (a base keyword's with the recogniser, a
-        custom keyword's with its phrase models): the event, None when rejected, or None while a
-        passed base one is held for ``_wait`` (not ``final``)."""
-        score, k, t, peak = self.pending
-        self.pending = None
-        voices = self._voices_of(k)
+    def _snippet(self, t: float, before: float, k: int):
+        """(the audio kept from ``before`` s ahead of keyword end ``t`` to its ``_pending_end``, the
+        keyword end in it in s, the stream sample it starts at)."""
         start = self.samples - len(self.audio)  # absolute index of audio[0]
-        before = self._before if voices is None else voices.before_s
         a = max(0, int(round((t - before) * F.SAMPLE_RATE)) - start)
         b = max(a, min(len(self.audio), self._pending_end(t, k) - start))
-        end = (t * F.SAMPLE_RATE - start - a) / F.SAMPLE_RATE
-        if voices is not None:  # a custom keyword's candidate its own stages did not pass: its phrase models
-            ok = voices.says_at(self.audio[a:b], end, self._tape, start + a)   # the stream's tape (edge.phrase_tape)
-            return self._event(score, k, t, peak) if ok else self._reject()
+        return self.audio[a:b], (t * F.SAMPLE_RATE - start - a) / F.SAMPLE_RATE, start + a
+
+    def _confirm(self, final: bool = False):
+        """Decide the pending base candidate on its audio so far, with the recogniser (or the phrase
+        models): the event, None when rejected, or None while a passed one is held for ``_wait`` (not
+        ``final``)."""
+        score, k, t, peak = self.pending
+        self.pending = None
+        pcm, end, _ = self._snippet(t, self._before, k)
         says_at = getattr(self.asr, "says_at", None)  # a stage that needs the keyword end in the snippet
         # the candidate judged now (``edge.phrase_calibrate.Recorder`` reads it)
         self.judging = {"keyword": self.names[k], "time_s": round(float(t), 3), "score": round(float(score), 4)}
-        ok = (says_at(self.names[k], self.audio[a:b], end)
-              if says_at is not None else self.asr.says(self.names[k], self.audio[a:b]))
+        ok = (says_at(self.names[k], pcm, end) if says_at is not None else self.asr.says(self.names[k], pcm))
         if not ok:
             return self._reject()
         self.pending = (score, k, t, peak)

@@ -22,7 +22,8 @@ end, ESPHome's sliding window of 5) must reach ``cutoff`` somewhere from 0.3 s b
 to ``AFTER_S`` after, on the audio from ``BEFORE_S`` before it (one stream's overlapping snippets
 share the front end's and the models' work: ``edge.phrase_tape``); one utterance gives one event.
 ``lower`` and ``cutoff`` were chosen on development data (``scripts/custom_cascade_dev.py``;
-docs/edge-runtime.md, "Other voices for a custom keyword"). Needs the ``phrase`` extra (pymicro-features) and LiteRT.
+docs/edge-runtime.md, "Other voices for a custom keyword"). Needs the ``phrase`` extra
+(pymicro-features) and LiteRT.
 
 The head and the models learned the typed phrase said by other voices, so they outlive the clips:
 a keyword enrolled again (``--replace``, ``--add``, a damaged ``keywords.json`` rebuilt, a new
@@ -223,7 +224,8 @@ class Voices:
                 raise EdgelearnError(f"keyword {name!r}'s voice model {path} is unreadable ({e.strerror or e})",
                                      fix=f"run `edgelearn export voices --state {root} --keyword {name!r}` again") \
                     from None
-        self.model, self.cutoff, self.lower = PS.PhraseModel(datas, name), cutoff_at(v["cutoff"], level), float(v["lower"])
+        self.model, self.lower = PS.PhraseModel(datas, name), float(v["lower"])
+        self.cutoff = cutoff_at(v["cutoff"], level)
         # a quiet snippet's lone sure model (SINGLE): at sensitivity high, or where the entry asks for it
         # (never at low, the fewest false accepts)
         self.single = float(v.get("single", SINGLE)) if level == "high" or (level != "low" and "single" in v) \

@@ -8,8 +8,8 @@ keyword's candidate took the turn of another said at the same time, and a keywor
 sensitivity than the rest lost its turn to theirs. Development data (scripts/custom_cascade_dev.py,
 four phrases, the other voices clean / under 20-5 dB noise): 75.0 / 59.0 % heard in one slot, 77.1 /
 64.2 % with each keyword in a detector of its own, 75.0 / 66.7 % watched (0.22 / 0.33 / 0.44 false
-accepts per hour per phrase; docs/edge-runtime.md, "Each keyword taught other voices watched on its
-own").
+accepts per hour per phrase; docs/edge-runtime.md, "Opened 3 logit lower, and each keyword taught
+other voices watched on its own").
 
 So each such keyword has a watch of its own (``_watch``: its candidate, then its held candidate),
 opened where its smoothed score crosses its lowered threshold (``Detector.thresholds``) and the
@@ -63,7 +63,7 @@ class VoicesWatch:
         """The held watch candidates whose audio has come (``final``: every one, and every open one,
         on the audio there is), each judged by its keyword's phrase models: their events."""
         events = []
-        for k, w in sorted(self._watch.items(), key=lambda kw: kw[1][1][1] if kw[1][1] else 1e18):
+        for k, w in sorted(self._watch.items(), key=_held_end):   # the earliest keyword end first
             if final and w[0] is not None:
                 score, t, _, peak = w[0]
                 w[0], w[1] = None, (score, t, peak)
@@ -86,14 +86,20 @@ class VoicesWatch:
     def _take_over(self, t: float) -> None:
         """A watch's event at keyword end ``t`` takes over the slot's candidate (open or held) from
         within the refractory period around it."""
-        for attr in ("candidate", "pending"):
-            c = getattr(self, attr)
-            if c is not None and abs(c[2] - t) < self.refractory:
-                setattr(self, attr, None)
-                self._accepted = False if attr == "pending" else self._accepted
-                self.rejected += 1
+        if self.candidate is not None and abs(self.candidate[2] - t) < self.refractory:
+            self.candidate = None
+            self.rejected += 1
+        if self.pending is not None and abs(self.pending[2] - t) < self.refractory:
+            self.pending, self._accepted = None, False
+            self.rejected += 1
 
     def _watched_again(self, k: int, t: float) -> bool:
         """Is the slot's event of keyword ``k`` at ``t`` the utterance its watch's event already was?"""
         w = self._watch.get(k)
         return w is not None and abs(t - w[2]) < self.refractory
+
+
+def _held_end(item) -> float:
+    """A watch's held candidate's keyword end (none held: last)."""
+    held = item[1][1]
+    return held[1] if held is not None else float("inf")

@@ -98,3 +98,21 @@ def test_a_watch_held_at_the_streams_end_is_judged_on_the_audio_there_is():
     b = Judge(True)
     ev, _ = _run(_scripts(b_at=N_RUNS - 5), [Judge(False), b], pcm_runs=N_RUNS - 1)
     assert [e["keyword"] for e in ev] == ["b"] and len(b.asked) == 1
+
+
+def test_a_watchs_event_takes_over_the_slots_candidate_of_the_same_utterance_only():
+    """A watch's event at keyword end t drops the slot's open candidate from within the refractory
+    period around t (counted as rejected) and the slot's later event of the same keyword there; a
+    candidate or event a refractory period away stands."""
+    det = Detector(Scripted(np.zeros(N_RUNS)), custom=TwoKeywords(_scripts(), [Judge(True), Judge(False)]),
+                   keywords=[])
+    det.audio, det.samples = np.ones(16000 * 4, np.int16), 16000 * 4
+    det._watch[0][1] = (0.6, 2.0, None)          # "a" held, its keyword end at 2.0 s, its audio all here
+    det.candidate = (0.95, 1, 2.4, 3)             # the slot's candidate of "b" on the same utterance
+    (ev,) = det._watch_due()
+    assert ev["keyword"] == "a" and det.candidate is None and det.rejected == 1
+    assert det._event(0.95, 0, 2.5, None) is None and det.rejected == 2        # "a" again, by the slot
+    assert det._event(0.95, 0, 3.2, None)["keyword"] == "a"                    # a second later: stands
+    det.candidate = (0.95, 1, 5.0, 3)
+    det._take_over(3.5)
+    assert det.candidate is not None

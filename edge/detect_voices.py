@@ -62,12 +62,19 @@ class VoicesWatch:
     def _watch_due(self, final: bool = False) -> list[dict]:
         """The held watch candidates whose audio has come (``final``: every one, and every open one,
         on the audio there is), each judged by its keyword's phrase models: their events."""
+        if final:
+            for w in self._watch.values():
+                if w[0] is not None:
+                    score, t, _, peak = w[0]
+                    w[0], w[1] = None, (score, t, peak)
+        # called once per front-end frame: most frames nothing is held
+        due = [(w[1][1], k) for k, w in self._watch.items() if w[1] is not None]
+        if not due:
+            return []
         events = []
-        for k, w in sorted(self._watch.items(), key=_held_end):   # the earliest keyword end first
-            if final and w[0] is not None:
-                score, t, _, peak = w[0]
-                w[0], w[1] = None, (score, t, peak)
-            if w[1] is None or (not final and self.samples < self._pending_end(w[1][1], k)):
+        for _, k in sorted(due):   # the earliest keyword end first
+            w = self._watch[k]
+            if not final and self.samples < self._pending_end(w[1][1], k):
                 continue
             score, t, peak = w[1]
             w[1] = None
@@ -97,9 +104,3 @@ class VoicesWatch:
         """Is the slot's event of keyword ``k`` at ``t`` the utterance its watch's event already was?"""
         w = self._watch.get(k)
         return w is not None and abs(t - w[2]) < self.refractory
-
-
-def _held_end(item) -> float:
-    """A watch's held candidate's keyword end (none held: last)."""
-    held = item[1][1]
-    return held[1] if held is not None else float("inf")

@@ -233,6 +233,9 @@ class Voices:
         self.quiet_db = float(v.get("quiet_db", QUIET_DB))
         self.before_s, self.after_s = BEFORE_S, AFTER_S
         self.judged, self.last, self.last_each, self.alone = 0, None, None, 0
+        # on the tape, a peak under the cutoff may be an upper bound (the second model runs only where
+        # the mean could reach it: ``Tape.peak``'s ``bound``); True: always the peak (diagnostics)
+        self.exact = False
 
     def says_at(self, pcm, keyword_end_s: float, tape=None, at: int | None = None) -> bool:
         """Do the models reach the cutoff on ``pcm`` (int16), whose keyword ends ``keyword_end_s`` in?
@@ -249,7 +252,8 @@ class Voices:
         whole = len(pcm) >= int(round((keyword_end_s + self.after_s) * SAMPLE_RATE))
         each = self.single is not None   # each model's own peak only where one may decide alone
         if tape is not None and at is not None and whole:
-            got = tape.peak(self.model, np.asarray(pcm, np.int16), at, keyword_end_s, self.after_s, each=each)
+            got = tape.peak(self.model, np.asarray(pcm, np.int16), at, keyword_end_s, self.after_s, each=each,
+                            bound=None if self.exact else self.cutoff)
         else:   # a snippet the stream's end cut short is padded with silence, never the tape
             got = (snippet_peaks if each else snippet_peak)(self.model, pcm, keyword_end_s, self.after_s)
         self.last, self.last_each = got if each else (got, None)

@@ -146,47 +146,49 @@ class PhraseModel:
             self._its = its
         return self._its
 
+    def _member(self, m: int, q: np.ndarray) -> np.ndarray:
+        """Model ``m``'s output of each inference over int8 frames ``q`` (float32 in [0, 1])."""
+        it, i_in, i_out = self._interpreters()[m]
+        n = len(q) // STRIDE
+        got = []
+        for x in np.ascontiguousarray(q[:STRIDE * n]).reshape(n, 1, STRIDE, q.shape[-1]):
+            it.set_tensor(i_in, x)
+            it.invoke()
+            got.append(it.get_tensor(i_out))
+        # each output / 255 rounded to float32, as one by one before
+        return (np.concatenate(got, axis=None) / 255.0).astype(np.float32) if got else np.zeros(0, np.float32)
+
     def _invoke(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each inference's output over int8 frames ``q``: (the mean over the models, each model's
         (models, n)), under the lock."""
-        n = len(q) // STRIDE
-        out = np.zeros(n, np.float32)
-        each = np.zeros((len(self.datas), n), np.float32)
-        steps = np.ascontiguousarray(q[:STRIDE * n]).reshape(n, 1, STRIDE, q.shape[-1])
-        for m, (it, i_in, i_out) in enumerate(self._interpreters()):
-            got = []
-            for x in steps:
-                it.set_tensor(i_in, x)
-                it.invoke()
-                got.append(it.get_tensor(i_out))
-            if got:   # each output / 255 rounded to float32 and added in float32, as one by one before
-                each[m] = np.concatenate(got, axis=None) / 255.0
-                out += each[m]
-        out /= len(self.datas)
-        return out, each
+        each = np.stack([self._member(m, q) for m in range(len(self.datas))])
+        return ensemble_mean(each), each
 
     def outputs(self, feats: np.ndarray, each: bool = False):
         """(each inference's output in [0, 1], the mean over the ensemble's models, the first
         ``WARMUP`` 0; the time its window ends, s from the snippet's start); with ``each``, each
         model's outputs (models, n) as a third."""
         with self._lock:
-            self._state = None   # a stream's run (``run``) cannot go on from here
+            self._state = [None] * len(self.datas)   # a stream's run (``run``) cannot go on from here
             out, every = self._invoke(quantize(feats))
         out[:WARMUP] = 0.0
         every[:, :WARMUP] = 0.0
         ends = ((STRIDE * np.arange(len(out)) + STRIDE - 1) * STEP + WINDOW_SAMPLES) / SAMPLE_RATE
         return (out, ends, every) if each else (out, ends)
 
-    def run(self, q: np.ndarray, before, after):
-        """``_invoke`` over int8 frames ``q`` going on from the state the run named ``before`` left
-        (None: from whatever state there is; the caller discards the first ``WARMUP`` outputs); None,
-        running nothing, when something else ran the models since. The state left is named ``after``
-        (``edge.phrase_tape``: one stream's snippets share the models' work)."""
+    def run(self, m: int, q: np.ndarray, before, after):
+        """Model ``m``'s outputs (``_member``) over int8 frames ``q`` going on from the state the run
+        named ``before`` left (None: from whatever state there is; the caller discards the first
+        ``WARMUP`` outputs); None, running nothing, when something else ran the model since. The
+        state left is named ``after`` (``edge.phrase_tape``: one stream's snippets share the models'
+        work, each model on its own: the second runs only where the mean could reach the cutoff)."""
         with self._lock:
-            if before is not None and self._state != before:
+            if self._state is None:
+                self._state = [None] * len(self.datas)
+            if before is not None and self._state[m] != before:
                 return None
-            got = self._invoke(q)
-            self._state = after
+            got = self._member(m, q)
+            self._state[m] = after
             return got
 
     def peak(self, pcm: np.ndarray, keyword_end_s: float, after_s: float) -> float:
@@ -204,6 +206,16 @@ class PhraseModel:
         out, ends, every = self.outputs(features(pcm), each=True)
         return (window_peak(out, ends, keyword_end_s, after_s),
                 [window_peak(o, ends, keyword_end_s, after_s) for o in every])
+
+
+def ensemble_mean(each: np.ndarray) -> np.ndarray:
+    """The ensemble's output per inference from its models' (models, n): added in float32 in order,
+    then divided, as the device does."""
+    out = np.zeros(each.shape[1], np.float32)
+    for o in each:
+        out += o
+    out /= len(each)
+    return out
 
 
 def window_peak(out: np.ndarray, ends: np.ndarray, keyword_end_s: float, after_s: float) -> float:

@@ -214,6 +214,8 @@ def record_judgments(custom) -> list:
         if v is None:
             continue
 
+        v.exact = True   # the peaks themselves, not bounds under the cutoff
+
         def says_at(pcm, end, tape=None, at=None, v=v, name=name, orig=type(v).says_at):
             ok = orig(v, pcm, end, tape, at)
             out.append((name, (0 if at is None else at / SAMPLE_RATE) + end, float(v.last),

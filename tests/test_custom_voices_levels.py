@@ -59,7 +59,7 @@ class _Peaks:
     def __init__(self, peaks):
         self.peaks = peaks
 
-    def peak(self, model, pcm, at, keyword_end_s, after_s, each=False):
+    def peak(self, model, pcm, at, keyword_end_s, after_s, each=False, bound=None):
         return self.peaks if each else self.peaks[0]
 
 

@@ -112,3 +112,32 @@ def test_default_cache_dir_checkout_wheel_and_env(tmp_path, monkeypatch):
     assert corpus.default_cache_dir() == tmp_path / "xdg" / "edgelearn"
     monkeypatch.setenv("EDGELEARN_CACHE", str(tmp_path / "mine"))
     assert corpus.default_cache_dir() == tmp_path / "mine"
+
+
+def test_ctrl_c_between_two_results_cancels_the_queue_even_with_its_traceback_kept():
+    """Ctrl-C lands in the consumer's own code (between two results of ``pool_map``) and something
+    keeps the traceback (so the generator is not collected): ``pooled`` still closes it, so the
+    queued renders are cancelled and only those already running finish (the hang a full test run
+    under load once showed: `data synth` rendering its whole queue after SIGINT)."""
+    import threading
+
+    gate, calls, kept = threading.Event(), [], []
+
+    def render(i):
+        calls.append(i)
+        if i >= 2:
+            gate.wait(30)   # held until the consumer has gone (a guard against a hang, not a timing)
+        return i
+
+    before = set(threading.enumerate())
+    try:
+        with synth.pooled(render, range(200), workers=2) as results:
+            for _item, _res in results:
+                raise KeyboardInterrupt
+    except KeyboardInterrupt as e:
+        kept.append(e)   # its traceback holds the consumer's frame and so the generator
+    gate.set()
+    for t in set(threading.enumerate()) - before:
+        t.join(30)
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert len(calls) <= 4, calls   # the two workers' items when it was interrupted, not the queue

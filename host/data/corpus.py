@@ -235,8 +235,9 @@ def render_all(cfg: CorpusConfig, workers: int = 2, progress: bool = True):
     # Longest tasks (Festival) first so the pool finishes together.
     order = sorted(voices, key=lambda v: -len(plan[v]) * (5 if v.synth == "festival" else 1))
     # Ctrl-C (or a failed render) cancels the queued voices and kills the running synthesizers.
-    for v, res in synth.pool_map(work, order, workers=workers):
-        results[v] = res
+    with synth.pooled(work, order, workers=workers) as rendered:
+        for v, res in rendered:
+            results[v] = res
     audio, offsets, meta = [], [0], {"text": [], "kind": [], "voice": [], "split": []}
     for v in voices:
         for (text, _r, _p, kind), pcm in zip(plan[v], results[v]):

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import threading
 import wave
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,6 +230,19 @@ def pool_map(fn, items, workers: int = 2):
     ex.shutdown()
 
 
+@contextmanager
+def pooled(fn, items, workers: int = 2):
+    """``pool_map`` closed however its consumer leaves: Ctrl-C in the consumer's own code (between two
+    results) leaves the generator waiting at its ``yield``, and only closing it there cancels the
+    queued renders. Left to the garbage collector, that waits for the last reference to the
+    consumer's frame; a traceback kept anywhere keeps it, and the queue goes on rendering."""
+    it = pool_map(fn, items, workers)
+    try:
+        yield it
+    finally:
+        it.close()
+
+
 def _run(cmd: list[str], timeout: float = 60.0, input: bytes | None = None) -> bytes:
     stop, live, lock = (getattr(_POOL, k, None) for k in ("stop", "live", "lock"))
     if stop is not None and stop.is_set():
@@ -343,7 +357,8 @@ def render_jobs(jobs, label: str) -> dict:
             prog.step(len(part))
         return res
 
-    done = {item[0].id: res for item, res in pool_map(work, list(by_voice.values()), workers=2)}
+    with pooled(work, list(by_voice.values()), workers=2) as results:
+        done = {item[0].id: res for item, res in results}
     for vid in by_voice:  # in the voices' order, as before
         out.update(done[vid])
     return out

@@ -24,10 +24,12 @@ same frames would; a model judged by another stream since (two Wyoming clients s
 runs again from the frames it needs (``PhraseModel.run``'s token).
 
 Each model of an ensemble runs on its own (session 50). Where the caller only compares the peak
-with a cutoff (``Tape.peak``'s ``bound``; ``edge.custom_voices.Voices`` at medium and low), the
-second model runs only over the windows where the first one's sliding mean lets the ensemble's mean
-reach the cutoff: every decision is the same to the bit, and on speech the second model runs about
-1 % as often as the first (bench `kws_custom`'s negatives, 10 min: 642 inferences against 76,452).
+with a cutoff (``Tape.peak``'s ``bound``; ``edge.custom_voices.Voices`` at medium and low), each
+model after the first runs only over the windows where those before it leave the ensemble's mean
+able to reach the cutoff (each model still to run adds at most 1 to the sum; since session 51 model
+by model, for the three draws ``export voices`` trains against real speech): every decision is the
+same to the bit. With two models at 0.95 the second ran about 1 % as often as the first on speech
+(bench `kws_custom`'s negatives, 10 min: 642 inferences against 76,452).
 """
 
 from __future__ import annotations
@@ -152,10 +154,11 @@ class Tape:
         ending ``keyword_end_s`` into it; ``pcm`` reaches ``after_s`` past that), on the tape; with
         ``each``, (that, each model's own peak: ``PhraseModel.peaks``).
 
-        With ``bound`` (the cutoff the caller compares it with) and no ``each``, an ensemble's other
-        models run only over the windows where the first one's sliding mean lets the ensemble's
-        mean reach ``bound`` (a mean of two reaches 0.95 only where the first model's reaches 0.9): where
-        the peak reaches ``bound`` it is the peak exactly, else it is an upper bound under ``bound``."""
+        With ``bound`` (the cutoff the caller compares it with) and no ``each``, each model after the
+        first runs only over the windows where the sliding means of those before it let the
+        ensemble's mean reach ``bound`` (a mean of two reaches 0.95 only where the first model's
+        reaches 0.9; of three, 0.85 only where the first's reaches 0.55 and the first two's sum 1.55):
+        where the peak reaches ``bound`` it is the peak exactly, else it is an upper bound under ``bound``."""
         j0 = self.frames(pcm, at)
         k_first = -(-j0 // PS.STRIDE)                          # the snippet's first output
         ks = np.arange(k_first, (self.first + len(self.rows)) // PS.STRIDE)
@@ -181,24 +184,28 @@ class Tape:
             return o
 
         a = lo - (PS.SLIDING - 1)                              # the first output the windows read
-        mine = outs(first, a, hi + 1)
-        if bound is not None and not each and n > 1:
-            # the first model's window means; where (mean + n - 1) / n < bound the ensemble cannot reach it
-            top = (np.convolve(mine, ones, mode="valid") + (n - 1)) / n
-            need = np.flatnonzero(top >= bound - 1e-6)
-            if not len(need):
-                return float(top.max())
-            a, hi = lo + int(need[0]) - (PS.SLIDING - 1), lo + int(need[-1])
-            mine = mine[a - (lo - (PS.SLIDING - 1)):]
-            mine = mine[:hi + 1 - a]
-        elif n == 1 or each:
+        each_out = [outs(first, a, hi + 1)]
+        if n == 1 or each:
             bound = None
-        floor = max(first.start, a - PS.WARMUP, -(-self.first // PS.STRIDE))   # frames kept from there
-        each_out = [mine] + [outs(self._outputs(model, m, a, hi + 1, floor), a, hi + 1) for m in range(1, n)]
+        sums, under = np.convolve(each_out[0], ones, mode="valid"), []
+        for m in range(1, n):
+            if bound is not None:
+                # the models run so far: their window means; each model still to run adds at most 1, so
+                # where (sum + models left) / n < bound the ensemble cannot reach it there
+                top = (sums + (n - m)) / n
+                need = np.flatnonzero(top >= bound - 1e-6)
+                if not len(need):
+                    return float(max([top.max()] + [u.max() for u in under]))
+                i0, i1 = int(need[0]), int(need[-1])
+                under += [u for u in (top[:i0], top[i1 + 1:]) if len(u)]
+                a, hi = a + i0, a + i1 + PS.SLIDING - 1            # the windows i0 .. i1 of those so far
+                each_out, sums = [o[i0:i1 + PS.SLIDING] for o in each_out], sums[i0:i1 + 1]
+            floor = max(first.start, a - PS.WARMUP, -(-self.first // PS.STRIDE))   # frames kept from there
+            each_out.append(outs(self._outputs(model, m, a, hi + 1, floor), a, hi + 1))
+            sums = sums + np.convolve(each_out[-1], ones, mode="valid")
         best = float(np.convolve(PS.ensemble_mean(np.stack(each_out)), ones, mode="valid").max())
-        if bound is not None and best < bound:   # and the windows not run: their bounds are under it
-            rest = np.concatenate([top[:need[0]], top[need[-1] + 1:]])
-            best = max(best, float(rest.max())) if len(rest) else best
+        if bound is not None and best < bound and under:   # and the windows not run: their bounds are under it
+            best = max(best, max(float(u.max()) for u in under))
         if each:
             return best, [max(0.0, float(np.convolve(o, ones, mode="valid").max())) for o in each_out]
         return best

@@ -107,7 +107,7 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
         w, b = models[e["name"]].heads
         new = with_voices_head(e, w, b, bank)
         rel = []
-        for s in (0, 1):
+        for s in SEEDS:
             r = f"{CV.DIR}/{E.slug(e['name'])}_{s}.tflite"
             (state.root / CV.DIR).mkdir(exist_ok=True)
             shutil.copy(WORK / E.slug(e["name"]) / f"s{s}{TAG}" / f"{E.slug(e['name'])}.tflite", state.root / r)
@@ -182,6 +182,8 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
 
 
 DUMP = [] if "--dump" in sys.argv else None
+# --seeds 0,1,2: the phrase models' draws (the recipe trains 0 and 1; a third for rules over three)
+SEEDS = tuple(int(x) for x in sys.argv[sys.argv.index("--seeds") + 1].split(",")) if "--seeds" in sys.argv else (0, 1)
 
 
 def noisier(streams: dict, snrs) -> dict:
@@ -299,7 +301,7 @@ def main() -> int:
                      speaker_heads=[{"w": [float(x) for x in w], "b": float(b), "threshold": half(w, b),
                                      "sensitivities": {}}])
         files = []
-        for s in (0, 1):
+        for s in SEEDS:
             d = WORK / E.slug(ph) / f"s{s}{TAG}"
             f = d / f"{E.slug(ph)}.tflite"
             if not f.exists():

@@ -135,14 +135,15 @@ def test_a_snippet_judged_after_a_later_one_reads_the_kept_frames(model, stream)
     assert tape.fresh == 2
 
 
-def test_the_second_model_runs_only_where_the_mean_may_reach_the_cutoff(model, stream, monkeypatch):
-    """``bound``: the ensemble's second model runs only over windows where the first one's sliding
-    mean lets the mean of two reach it. Where the peak reaches ``bound`` it is the peak exactly, and
-    under it an upper bound still under it: a cutoff at ``bound`` decides as before."""
+def _gated_runs(ensemble, stream, monkeypatch, bounds):
+    """Each snippet's peak on a tape without ``bound`` and with each of ``bounds``: every gated peak is
+    the exact one where that reaches the bound and an upper bound under the bound elsewhere (so a
+    cutoff at the bound decides as before). Returns the inferences each model ran without a bound, and
+    with each bound."""
     from edge.phrase_stage import PhraseModel
     from edge.phrase_tape import Tape
 
-    ran = [0, 0]
+    ran = [0] * len(ensemble.datas)
     member = PhraseModel._member
 
     def counted(self, m, q):
@@ -152,16 +153,40 @@ def test_the_second_model_runs_only_where_the_mean_may_reach_the_cutoff(model, s
     monkeypatch.setattr(PhraseModel, "_member", counted)
     times = np.arange(2.3, len(stream) / SR - 0.3, 0.1)
     tape = Tape()
-    exact = [tape.peak(model, *_snip(stream, t)[:2], _snip(stream, t)[2], 0.3) for t in times]
-    whole = list(ran)
-    for bound in (0.8, 0.95):
+    exact = [tape.peak(ensemble, *_snip(stream, t)[:2], _snip(stream, t)[2], 0.3) for t in times]
+    whole, each = list(ran), []
+    for bound in bounds:
         assert min(exact) < bound <= max(exact)
-        ran[:] = [0, 0]
+        ran[:] = [0] * len(ran)
         tape = Tape()
-        gated = [tape.peak(model, *_snip(stream, t)[:2], _snip(stream, t)[2], 0.3, bound=bound) for t in times]
+        gated = [tape.peak(ensemble, *_snip(stream, t)[:2], _snip(stream, t)[2], 0.3, bound=bound) for t in times]
         for e, g in zip(exact, gated):
             assert g == e if e >= bound else e <= g < bound
-        assert ran[0] == whole[0] and 0 < ran[1] < whole[1], (bound, ran, whole)
+        each.append(list(ran))
+    return whole, each
+
+
+def test_the_second_model_runs_only_where_the_mean_may_reach_the_cutoff(model, stream, monkeypatch):
+    """``bound``: the ensemble's second model runs only over windows where the first one's sliding
+    mean lets the mean of two reach it. Where the peak reaches ``bound`` it is the peak exactly, and
+    under it an upper bound still under it: a cutoff at ``bound`` decides as before."""
+    whole, each = _gated_runs(model, stream, monkeypatch, (0.8, 0.95))
+    for ran in each:
+        assert ran[0] == whole[0] and 0 < ran[1] < whole[1], (ran, whole)
+
+
+def test_with_three_models_each_one_runs_only_where_the_models_so_far_leave_the_cutoff_reachable(model, stream,
+                                                                                                 monkeypatch):
+    """An ensemble of three (``export voices`` since session 51): the second model runs where the first
+    one's mean leaves the cutoff reachable, the third only where the first two's do, each decision as
+    without the bound. (Above 2/3: under it the first model alone never rules a window out.)"""
+    from edge.phrase_stage import PhraseModel
+
+    trio = PhraseModel(list(model.datas) + [model.datas[0]], "off")   # a third draw: the first again
+    whole, each = _gated_runs(trio, stream, monkeypatch, (0.7, 0.8, 0.9))
+    assert whole[0] == whole[1] == whole[2] > 0
+    for ran in each:
+        assert ran[0] == whole[0] and 0 < ran[2] < ran[1] < whole[1], (ran, whole)
 
 
 def test_two_streams_on_one_model_each_get_their_own_outputs(model, stream):

@@ -75,9 +75,9 @@ def _said_over(noise_db: float | None) -> np.ndarray:
 
 
 def test_at_sensitivity_high_a_quiet_snippet_lets_one_sure_model_decide_and_noise_does_not(taught):
-    """At sensitivity high, either model alone at ``single`` passes a candidate when its snippet is
-    quiet (loudness range at least ``quiet_db``), not under noise 20 dB below the speech; not at
-    medium (the default) or low; the mean at the cutoff passes it anywhere."""
+    """At sensitivity high, one of two models alone at ``single`` (two of three) passes a candidate
+    when its snippet is quiet (loudness range at least ``quiet_db``), not under noise 20 dB below the
+    speech; not at medium (the default) or low; the mean at the cutoff passes it anywhere."""
     quiet, noisy = _said_over(None), _said_over(20)
     assert CV.loudness_range(quiet) >= CV.QUIET_DB > 30 > CV.loudness_range(noisy) > 10
     e = _entry(taught["state"])
@@ -95,6 +95,13 @@ def test_at_sensitivity_high_a_quiet_snippet_lets_one_sure_model_decide_and_nois
     assert low.single is None and not low.says_at(quiet, end, one_sure, 0)
     own = CV.Voices({**e["voices"], "single": 0.9, "quiet_db": 80.0}, taught["state"], NAME)   # at medium
     assert own.single == 0.9 and not own.says_at(quiet, end, one_sure, 0)   # its quiet_db: not quiet enough
+    # three models (export voices since session 51): two of them must be sure alone, one is not enough
+    m = e["voices"]["models"]
+    three = CV.Voices({**e["voices"], "models": [m[0], m[1], m[0]]}, taught["state"], NAME, "high")
+    assert (v.sure, three.sure) == (1, 2)
+    assert not three.says_at(quiet, end, _Peaks((0.34, [1.0, 0.02, 0.0])), 0) and three.alone == 0
+    assert three.says_at(quiet, end, _Peaks((0.67, [1.0, 0.0, 0.99])), 0) and three.alone == 1
+    assert not three.says_at(noisy, end, _Peaks((0.67, [1.0, 0.0, 0.99])), 0)
     # a device builds each keyword's voices at its sensitivity
     st = DeviceState.open(taught["state"], Device(taught["state"]).bundle)
     for level, single in (("low", None), ("medium", None), ("high", CV.SINGLE)):

@@ -42,6 +42,12 @@ words by rms, awb and kal16 as negatives.
           --grid 1:0.97,1.5:0.97,2:0.97,3:0.97,4:0.97,6:0.97,3:0.9,3:0.93,3:0.95 --snrs 20,10,5 \
           --more-negatives --near-misses --diagnose
         # the first stage opened lower, then the cutoff at 3 logit (session 49: CV.LOWER_REAL, CV.CUTOFF_REAL)
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --models-config '{"real_speech": ["fr", "it"]}' \
+          --seeds 0,1,2 --grid 3:0.75,3:0.8,3:0.85,3:0.9 --snrs 20,10,5 --more-negatives --near-misses
+        # three draws of the phrase models (a third, seed 2, trained the first time), their mean at each
+        # cutoff (session 51: CV.SEEDS_REAL, CV.CUTOFF_REAL 0.85); with a third grid number (3:0.85:0.99)
+        # the quiet-snippet rule of sensitivity high (two of three sure alone), and --dump F --diagnose
+        # records each model's own peak for rules tried offline
 """
 
 from __future__ import annotations

@@ -181,7 +181,8 @@ class PhraseModel:
         named ``before`` left (None: from whatever state there is; the caller discards the first
         ``WARMUP`` outputs); None, running nothing, when something else ran the model since. The
         state left is named ``after`` (``edge.phrase_tape``: one stream's snippets share the models'
-        work, each model on its own: the second runs only where the mean could reach the cutoff)."""
+        work, each model on its own: those after the first run only where the mean could still
+        reach the cutoff)."""
         with self._lock:
             if self._state is None:
                 self._state = [None] * len(self.datas)

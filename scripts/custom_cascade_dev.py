@@ -48,6 +48,10 @@ words by rms, awb and kal16 as negatives.
         # cutoff (session 51: CV.SEEDS_REAL, CV.CUTOFF_REAL 0.85); with a third grid number (3:0.85:0.99)
         # the quiet-snippet rule of sensitivity high (two of three sure alone), and --dump F --diagnose
         # records each model's own peak for rules tried offline
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --models-config '{"real_speech": ["fr", "it"]}' \
+          --seeds 0,1,2 --grid 3:0.85 --snrs 20,10,5 --more-negatives --near-misses --more-talk
+        # an hour more of synthetic talk by the five voices (session 52): the development negatives held
+        # 18 min of it, where bench kws_custom's 47 min fire most (docs/edge-runtime.md, "More synthetic talk")
 """
 
 from __future__ import annotations
@@ -131,6 +135,14 @@ def integrated(km, bundle, state, models, bank, rng) -> int:
         streams["neg_translated"] = (more[0], None, None, more[2])
     if "--near-misses" in sys.argv:  # each phrase's near misses by the negatives' three voices (kws_custom has its own)
         streams["neg_near"] = (near_misses(), None, None, "rms/awb/kal16")
+    if "--more-talk" in sys.argv:  # (session 52) ~12 min more everyday words by each of the five voices (other
+        # draws than neg_talk_*): 1.3 h of synthetic talk in all, so that its rate is more than one event
+        from host.data import synth as S
+
+        avoid = {w for ph in PHRASES for w in ph.split()}
+        for i, v in enumerate((ENROL,) + OTHERS):
+            streams[f"neg_moretalk_{v[1]}"] = (B.other_speech(S.Voice(*v), n=440, seed=180 + i, avoid=avoid), None,
+                                               None, v[1])
     if "--snrs" in sys.argv:  # more noise levels (e.g. --snrs 10,5): the positives' clips, and the real half, under them
         streams.update(noisier(streams, [float(x) for x in sys.argv[sys.argv.index("--snrs") + 1].split(",")]))
     hours = sum(len(s[0]) for n, s in streams.items() if n.startswith("neg")) / SR / 3600

@@ -222,6 +222,26 @@ def test_real_speech_prompts_are_negatives_in_their_own_channel():
     assert X.shape[1:] == (E.WINDOW, FE.CHANNELS)
 
 
+def test_a_user_clips_halves_swapped_are_negatives_in_the_users_own_voice():
+    """``user_swapped`` (session 52, off in the recipe): each augmented user clip also gives negatives
+    of its two halves swapped, cut in the gap between its words: the same sounds in the wrong order."""
+    from host.export.esphome_data import swapped
+
+    rng = np.random.default_rng(4)
+    x = _phrase(rng, 440)
+    y = swapped(x)
+    word, gap = int(0.25 * FE.SAMPLE_RATE), int(0.1 * FE.SAMPLE_RATE)
+    cuts = [k for k in range(0, len(x), 160) if np.array_equal(y, np.concatenate([x[k:], x[:k]]))]
+    assert len(cuts) == 1 and word <= cuts[0] <= word + gap        # cut in the gap: each word whole
+    clips = [_phrase(rng, f) for f in (400, 440, 480, 520, 560)]
+    cfg = E.ExportConfig(user_copies=2, noise_contexts=2, log=lambda m: None)
+    _X0, y0, c0 = E.build_training_set("hey tone", clips, None, cfg)
+    _X, y1, c1 = E.build_training_set("hey tone", clips, None, E.ExportConfig(
+        user_copies=2, noise_contexts=2, user_swapped=3, log=lambda m: None))
+    assert c0["swapped"] == 0 and c1["swapped"] == 3 * 2 * len(clips)
+    assert len(y1) == len(y0) + c1["swapped"] and y1.sum() == y0.sum() > 0
+
+
 def test_real_speech_names_missing_packages_and_refuses_allison(monkeypatch, tmp_path):
     from edge.errors import EdgelearnError
     from host.data import realneg

@@ -31,7 +31,8 @@ speech plus 0.05, within 0.9-0.97 (the model's outputs are confident: a high cut
 recall, and synthetic validation speech understates real false accepts). About 4 CPU minutes in all on one x86 core.
 Two more sources of negatives are options, off by default because they cost recall on development
 data (docs/edge-runtime.md, "ESPHome"): other speakers' real prompts from Debian (``real_speech``)
-and voices outside the corpus saying the phrase and its words (``other_voices``).
+and voices outside the corpus saying the phrase and its words (``other_voices``); a third, the
+user's clips with their halves swapped (``user_swapped``), is not settled yet.
 
 Here: the model, its conversion and checks, the manifest and the recipe (``export_esphome``); the
 training data is built in ``host/export/esphome_data.py``, and the format's constants and

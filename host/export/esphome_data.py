@@ -115,6 +115,20 @@ def scrambled(rng, x: np.ndarray) -> np.ndarray:
     return np.concatenate([cuts[i] for i in order]).astype(np.float32)
 
 
+def swapped(x: np.ndarray) -> np.ndarray:
+    """The clip's two halves swapped, cut at its quietest 10 ms block in the middle 30-70 % (between
+    its words, where it has two): its own sounds, whole, in the wrong order (a negative in the
+    positives' own voice and channel)."""
+    block = 160
+    nb = len(x) // block
+    if nb < 5:
+        return x[::-1].copy()
+    e = (x[: nb * block].reshape(nb, block).astype(np.float64) ** 2).mean(axis=1)
+    lo, hi = int(0.3 * nb), max(int(0.3 * nb) + 1, int(0.7 * nb))
+    cut = (lo + int(np.argmin(e[lo:hi]))) * block
+    return np.concatenate([x[cut:], x[:cut]]).astype(np.float32)
+
+
 def _espeak_sentences(rng, voices, n: int, vocab) -> list[np.ndarray]:
     """n sentences of 4-9 words from ``vocab`` by espeak-ng voices, as continuous speech (not fitted
     to 1 s as corpus words are)."""
@@ -336,18 +350,20 @@ def build_training_set(phrase: str, user_clips, corpus, cfg: ExportConfig, voice
     if corpus is not None and cfg.sentences:
         sentences = _espeak_sentences(rng, voices, cfg.sentences, _vocab(phrase))
 
-    X, y, counts = [], [], {"positive": 0, "partial": 0, "scrambled": 0, "speech": 0, "sentence": 0,
+    X, y, counts = [], [], {"positive": 0, "partial": 0, "scrambled": 0, "swapped": 0, "speech": 0, "sentence": 0,
                             "real_speech": 0, "near_miss": 0, "noise": 0}
     tel = cfg.telephone
 
-    def positive(utt, copies, n_scrambled):
+    def positive(utt, copies, n_scrambled, n_swapped=0):
         for _ in range(copies):
-            for _ in range(n_scrambled):
-                pcm, end, _start = _positive_context(rng, scrambled(rng, utt), pool, tel)
-                f = FE.features(pcm)
-                e = FE.frame_of_sample(end)
-                for w in _windows(f, [e + int(rng.integers(0, 25))]):
-                    X.append(w); y.append(0.0); counts["scrambled"] += 1
+            for kind, n in (("scrambled", n_scrambled), ("swapped", n_swapped)):
+                for _ in range(n):
+                    neg = scrambled(rng, utt) if kind == "scrambled" else swapped(utt)
+                    pcm, end, _start = _positive_context(rng, neg, pool, tel)
+                    f = FE.features(pcm)
+                    e = FE.frame_of_sample(end)
+                    for w in _windows(f, [e + int(rng.integers(0, 25))]):
+                        X.append(w); y.append(0.0); counts[kind] += 1
             pcm, end, start = _positive_context(rng, utt, pool, tel)
             f = FE.features(pcm)
             e = FE.frame_of_sample(end)
@@ -361,7 +377,7 @@ def build_training_set(phrase: str, user_clips, corpus, cfg: ExportConfig, voice
     for u in synth_pos:
         positive(u, cfg.synth_copies, cfg.scrambled_copies)
     for u in user_clips:
-        positive(np.asarray(u, np.float32), cfg.user_copies, cfg.user_scrambled)
+        positive(np.asarray(u, np.float32), cfg.user_copies, cfg.user_scrambled, cfg.user_swapped)
     for _ in range(cfg.run_contexts if runs else 0):
         for w in _dense(_run_context_feats(rng, runs, pool, telephone=tel), rng, cfg.hop):
             X.append(w); y.append(0.0); counts["speech"] += 1

@@ -35,8 +35,9 @@ and voices outside the corpus saying the phrase and its words (``other_voices``)
 user's clips with their halves swapped (``user_swapped``), is not settled yet.
 
 Here: the model, its conversion and checks, the manifest and the recipe (``export_esphome``); the
-training data is built in ``host/export/esphome_data.py``, and the format's constants and
-``ExportConfig`` are in ``host/export/esphome_config.py`` (all importable from here too).
+training data is built in ``host/export/esphome_data.py`` (each context's audio in
+``esphome_audio.py``), and the format's constants and ``ExportConfig`` are in
+``host/export/esphome_config.py`` (all importable from here too).
 
     >>> res = export_esphome("hey jarvis", ["a.wav", "b.wav", ...], "out/")
     >>> res.model_path, res.manifest["micro"]["probability_cutoff"]

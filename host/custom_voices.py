@@ -10,8 +10,9 @@ synthesizers:
    every head of the keyword then runs at its share of the bank rate (two heads: half each);
 2. phrase models of the phrase (``host/export``'s ESPHome recipe: the corpus's voices and, where
    installed, RHVoice's and Pico's four voices say it, the user's clips among the positives, against
-   the corpus's words, near misses, mined hard negatives and, where installed, Debian's real French
-   and Italian prompts: ``REAL_SPEECH``), written under ``<state>/voices/``: three draws (seeds 0, 1,
+   the corpus's words, near misses, mined hard negatives, the user's clips with their halves swapped
+   (``USER_SWAPPED``) and, where installed, Debian's real French and Italian prompts:
+   ``REAL_SPEECH``), written under ``<state>/voices/``: three draws (seeds 0, 1,
    2) where they trained against the prompts, else two (``CV.seeds``).
 
 Trained against real speech, the models stop passing other speakers' prompts, so the keyword's first
@@ -49,6 +50,10 @@ RENDER_SEED = 7
 # asterisk-core-sounds-fr-wav, -it-wav: scripts/model_deps.sh); chosen on development data, whose three
 # foreign speakers are other people (scripts/custom_cascade_dev.py --models-config)
 REAL_SPEECH = ("fr", "it")
+# negatives per augmented user clip with its halves swapped (``ExportConfig.user_swapped``: the user's
+# own words in the wrong order); chosen on development data, where three draws with it fired 2 times
+# on 1.3 h of synthetic talk against 5 (session 52; docs/edge-runtime.md, "More synthetic talk")
+USER_SWAPPED = 2
 
 
 def real_speech(log=print) -> tuple:
@@ -131,7 +136,8 @@ def teach(state_dir, bundle, name: str, cfg=None, corpus="cached", voices=None, 
     km = KeywordModel(dev.bundle)
     bank = negative_bank(dev.bundle)
     w, b = voices_head(km, bank, name, clips, voices, rng)
-    cfg = cfg or E.ExportConfig(other_voices=other_voices(log), real_speech=real_speech(log))
+    cfg = cfg or E.ExportConfig(other_voices=other_voices(log), real_speech=real_speech(log),
+                                user_swapped=USER_SWAPPED)
     pt = CV.point(cfg.real_speech)
     rel = [f"{CV.DIR}/{_slug(name)}_{s}.tflite" for s in CV.seeds(cfg.real_speech)]
     models = []

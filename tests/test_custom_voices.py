@@ -364,6 +364,34 @@ def test_models_trained_against_real_speech_are_three_draws_at_the_three_models_
     assert CV.SEEDS_REAL == (0, 1, 2) and CV.SEEDS == (0, 1) and CV.point(("fr",))["cutoff"] == CV.CUTOFF_REAL
 
 
+def test_export_voices_trains_against_the_users_clips_with_their_halves_swapped(taught, tmp_path, monkeypatch):
+    """Without a config ``export voices`` trains every phrase model with ``USER_SWAPPED`` (2) swapped
+    copies per augmented user clip among its negatives (session 52: fewer false accepts on synthetic
+    talk); the export recipe's default stays off."""
+    from types import SimpleNamespace
+
+    from host import custom_voices as HCV
+    from host.data import synth as S
+    from host.export import esphome as E
+
+    model = (taught["state"] / _entry(taught["state"])["voices"]["models"][0]).read_bytes()
+    cfgs = []
+
+    def fake_export(name, wavs, out, cfg, corpus=None, clips=None):
+        cfgs.append(cfg)
+        path = tmp_path / f"m{len(cfgs)}.tflite"
+        path.write_bytes(model)
+        return SimpleNamespace(model_path=path)
+
+    monkeypatch.setattr(E, "export_esphome", fake_export)
+    st = tmp_path / "st"
+    shutil.copytree(taught["state"], st)
+    HCV.teach(st, None, NAME, corpus=None, voices=[S.Voice("espeak", "en-us")], log=lambda m: None)
+    assert len(cfgs) == len(CV.seeds(cfgs[0].real_speech)) >= 2
+    assert [c.user_swapped for c in cfgs] == [HCV.USER_SWAPPED] * len(cfgs) and HCV.USER_SWAPPED == 2
+    assert [c.seed for c in cfgs] == list(CV.seeds(cfgs[0].real_speech)) and E.ExportConfig().user_swapped == 0
+
+
 def test_export_voices_says_what_it_trained_against(taught, monkeypatch, capsys):
     """The command's one line names the models, the opening and, where it was used, the real speech."""
     from edge.cli import main

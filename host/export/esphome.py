@@ -32,7 +32,7 @@ recall, and synthetic validation speech understates real false accepts). About 4
 Two more sources of negatives are options, off by default because they cost recall on development
 data (docs/edge-runtime.md, "ESPHome"): other speakers' real prompts from Debian (``real_speech``)
 and voices outside the corpus saying the phrase and its words (``other_voices``); a third, the
-user's clips with their halves swapped (``user_swapped``), is not settled yet.
+user's clips with their halves swapped (``user_swapped``), is off here and on in ``export voices``.
 
 Here: the model, its conversion and checks, the manifest and the recipe (``export_esphome``); the
 training data is built in ``host/export/esphome_data.py`` (each context's audio in

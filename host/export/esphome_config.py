@@ -54,8 +54,9 @@ class ExportConfig:
     hop: int = 60                    # frames between the negative windows taken from speech
     user_scrambled: int = 1          # scrambled/reversed negatives per augmented user clip
     # negatives per augmented user clip: its two halves swapped (its own words in the wrong order). Off
-    # until the benchmark has seen it: on development data three draws with 2 fired 2 times on synthetic
-    # talk against 5 (session 52, docs/edge-runtime.md, "More synthetic talk")
+    # in the recipe; ``export voices`` trains with 2 (host.custom_voices.USER_SWAPPED: on development
+    # data three draws with it fired 2 times on synthetic talk against 5; docs/edge-runtime.md,
+    # "More synthetic talk")
     user_swapped: int = 0
     mine_contexts: int = 1500        # hard-negative mining: fresh 3 s runs scored after training
     mine_min: float = 0.01           # windows scored above this join the training set...

@@ -327,36 +327,46 @@ def test_the_real_prompts_train_the_models_where_installed_and_are_said_missing_
     assert CV.point(()) == CV.point([]) == {"lower": CV.LOWER, "cutoff": CV.CUTOFF}
 
 
+def _faked_export(monkeypatch, tmp_path, model: bytes) -> list:
+    """``export_esphome`` faked for ``teach``: each call's ``ExportConfig`` kept (the list returned),
+    ``model`` written as the model it trained."""
+    from types import SimpleNamespace
+
+    from host.export import esphome as E
+
+    cfgs = []
+
+    def fake_export(name, wavs, out, cfg, corpus=None, clips=None):
+        cfgs.append(cfg)
+        path = tmp_path / f"m{len(cfgs)}.tflite"
+        path.write_bytes(model)
+        return SimpleNamespace(model_path=path)
+
+    monkeypatch.setattr(E, "export_esphome", fake_export)
+    return cfgs
+
+
 def test_models_trained_against_real_speech_are_three_draws_at_the_three_models_point(taught, tmp_path,
                                                                                         monkeypatch):
     """Against the real prompts ``export voices`` trains seeds 0, 1 and 2 (``CV.SEEDS_REAL``: three
     draws' mean gives a majority where two disagree, session 51) and writes the point chosen for
     three; without them two draws at the recipe's point, as before."""
     import dataclasses
-    from types import SimpleNamespace
 
     from host import custom_voices as HCV
     from host.export import esphome as E
     from host.data import synth as S
 
     model = (taught["state"] / _entry(taught["state"])["voices"]["models"][0]).read_bytes()
-    seeds = []
-
-    def fake_export(name, wavs, out, cfg, corpus=None, clips=None):
-        seeds.append((cfg.seed, tuple(cfg.real_speech)))
-        path = tmp_path / f"m{len(seeds)}.tflite"
-        path.write_bytes(model)
-        return SimpleNamespace(model_path=path)
-
-    monkeypatch.setattr(E, "export_esphome", fake_export)
+    cfgs = _faked_export(monkeypatch, tmp_path, model)
     cfg = E.ExportConfig(real_speech=("fr", "it"), log=lambda m: None)
     for real, want in ((("fr", "it"), CV.SEEDS_REAL), ((), CV.SEEDS)):
         st = tmp_path / f"st{len(real)}"
         shutil.copytree(taught["state"], st)
-        seeds.clear()
+        cfgs.clear()
         rep = HCV.teach(st, None, NAME, cfg=dataclasses.replace(cfg, real_speech=real), corpus=None,
                         voices=[S.Voice("espeak", "en-us")])
-        assert seeds == [(s, real) for s in want] and CV.seeds(real) == want
+        assert [(c.seed, tuple(c.real_speech)) for c in cfgs] == [(s, real) for s in want] and CV.seeds(real) == want
         v = _entry(st)["voices"]
         assert [m.rsplit("_", 1)[1] for m in v["models"]] == [f"{s}.tflite" for s in want]
         assert all((st / m).read_bytes() == model for m in v["models"])
@@ -368,22 +378,12 @@ def test_export_voices_trains_against_the_users_clips_with_their_halves_swapped(
     """Without a config ``export voices`` trains every phrase model with ``USER_SWAPPED`` (2) swapped
     copies per augmented user clip among its negatives (session 52: fewer false accepts on synthetic
     talk); the export recipe's default stays off."""
-    from types import SimpleNamespace
-
     from host import custom_voices as HCV
     from host.data import synth as S
     from host.export import esphome as E
 
     model = (taught["state"] / _entry(taught["state"])["voices"]["models"][0]).read_bytes()
-    cfgs = []
-
-    def fake_export(name, wavs, out, cfg, corpus=None, clips=None):
-        cfgs.append(cfg)
-        path = tmp_path / f"m{len(cfgs)}.tflite"
-        path.write_bytes(model)
-        return SimpleNamespace(model_path=path)
-
-    monkeypatch.setattr(E, "export_esphome", fake_export)
+    cfgs = _faked_export(monkeypatch, tmp_path, model)
     st = tmp_path / "st"
     shutil.copytree(taught["state"], st)
     HCV.teach(st, None, NAME, corpus=None, voices=[S.Voice("espeak", "en-us")], log=lambda m: None)

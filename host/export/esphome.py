@@ -55,14 +55,15 @@ import numpy as np
 
 from edge.errors import EdgelearnError
 from host.export import frontend as FE
-# the format, the geometry and the recipe's knobs (host/export/esphome_config.py) and the training data
-# (host/export/esphome_data.py) have modules of their own; every name stays importable from here
+# the format, the geometry and the recipe's knobs (host/export/esphome_config.py), the training data
+# (host/export/esphome_data.py) and each context's audio (esphome_audio.py) have modules of their own;
+# every name stays importable from here
 from host.export.esphome_config import (  # noqa: F401 (SLIDING_WINDOW: re-exported)
     CHANNELS, DW_K, FEATURE_STEP_MS, IN_SCALE, K1, MANIFEST_VERSION, MIN_CLIPS, MINIMUM_ESPHOME_VERSION, MWW_OPS,
     N_BLOCKS, SLIDING_WINDOW, STREAMING_OPS, STRIDE, WINDOW, ExportConfig, _say)
+from host.export.esphome_audio import _floor, scrambled, swapped, telephone_band, utt_speech_end  # noqa: F401
 from host.export.esphome_data import (  # noqa: F401 (those not called here: re-exported)
-    _floor, _training_voices, _vocab, build_training_set, mine_negatives, other_voices, real_speech, render_phrase,
-    scrambled, telephone_band, utt_speech_end)
+    _training_voices, _vocab, build_training_set, mine_negatives, other_voices, real_speech, render_phrase)
 
 
 @dataclass

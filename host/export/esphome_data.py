@@ -19,9 +19,8 @@ import numpy as np
 
 from edge.errors import EdgelearnError
 from host.export import frontend as FE
-from host.export.esphome_audio import (  # noqa: F401 (re-exported: esphome.py imports them from here)
-    _augment_utt, _background, _channel, _floor, _level, _positive_context, _power, scrambled, swapped,
-    telephone_band, utt_speech_end)
+from host.export.esphome_audio import (
+    _augment_utt, _background, _channel, _floor, _level, _positive_context, _power, scrambled, swapped)
 from host.export.esphome_config import WINDOW, ExportConfig, _say
 
 

@@ -52,6 +52,11 @@ words by rms, awb and kal16 as negatives.
           --seeds 0,1,2 --grid 3:0.85 --snrs 20,10,5 --more-negatives --near-misses --more-talk
         # an hour more of synthetic talk by the five voices (session 52): the development negatives held
         # 18 min of it, where bench kws_custom's 47 min fire most (docs/edge-runtime.md, "More synthetic talk")
+    $ .venv/bin/python scripts/custom_cascade_dev.py --integrated --seeds 0,1 --grid 3:0.8,3:0.85,3:0.9 \
+          --models-config '{"real_speech": ["fr", "it"], "user_swapped": 2, "user_babble": 0.3}' \
+          --snrs 20,10,5 --more-negatives --near-misses --more-talk --diagnose
+        # the user's clips over loud babble for the phrase models (session 54, not adopted: docs/edge-runtime.md,
+        # "The user's clips over loud babble")
 """
 
 from __future__ import annotations

@@ -242,6 +242,32 @@ def test_a_user_clips_halves_swapped_are_negatives_in_the_users_own_voice():
     assert len(y1) == len(y0) + c1["swapped"] and y1.sum() == y0.sum() > 0
 
 
+def test_a_share_of_the_user_clips_is_placed_over_loud_babble(monkeypatch):
+    """``user_babble`` (session 54, off in the recipe): that share of the user's augmented clips, and
+    their scrambled and swapped negatives, over babble at ``user_babble_snr`` dB, every time."""
+    from host.export import esphome_data as D
+    from host.export.esphome_audio import _background
+
+    rng = np.random.default_rng(5)
+    pool = [rng.normal(0, 1000, 8000).astype(np.float32) for _ in range(6)]
+    for _ in range(20):
+        noise = _background(rng, 16000, 100.0, pool, babble_snr=(5.0, 15.0))
+        snr = 10 * np.log10(100.0 / float((noise ** 2).mean()))
+        assert 4.9 <= snr <= 15.1
+    seen = []
+
+    def spy(rng, utt, pool, telephone=0.0, babble_snr=None, orig=D._positive_context):
+        seen.append(babble_snr)
+        return orig(rng, utt, pool, telephone, babble_snr)
+    monkeypatch.setattr(D, "_positive_context", spy)
+    clips = [_phrase(rng, f) for f in (400, 440, 480, 520, 560)]
+    for share, want in ((0.0, {None}), (1.0, {(5.0, 15.0)})):
+        seen.clear()
+        E.build_training_set("hey tone", clips, None, E.ExportConfig(
+            user_copies=3, noise_contexts=1, user_swapped=1, user_babble=share, log=lambda m: None))
+        assert len(seen) == 3 * 3 * len(clips) and set(seen) == want   # each copy and its two negatives
+
+
 def test_real_speech_names_missing_packages_and_refuses_allison(monkeypatch, tmp_path):
     from edge.errors import EdgelearnError
     from host.data import realneg

@@ -16,10 +16,15 @@ def _floor(rng, n: int) -> np.ndarray:
     return rng.standard_normal(n).astype(np.float32) * 3.0
 
 
-def _background(rng, n: int, speech_power: float, pool) -> np.ndarray:
-    """Noise for an n-sample context: 20 % none, else coloured noise or babble at 5-30 dB SNR."""
+def _background(rng, n: int, speech_power: float, pool, babble_snr=None) -> np.ndarray:
+    """Noise for an n-sample context: 20 % none, else coloured noise or babble at 5-30 dB SNR; with
+    ``babble_snr`` (lo, hi) and a babble pool, babble at lo-hi dB always."""
     from host.data import noise as N
 
+    if babble_snr is not None and pool:
+        noise = N.babble(rng, pool, 1, n=n)[0]
+        snr = rng.uniform(*babble_snr)
+        return noise * np.float32(np.sqrt(speech_power / 10 ** (snr / 10)))
     if rng.random() < 0.2:
         return np.zeros(n, np.float32)
     kind = rng.integers(4) if pool else rng.integers(3)
@@ -67,15 +72,16 @@ def _level(rng, ctx: np.ndarray) -> np.ndarray:
     return np.clip(ctx * (rng.uniform(0.05, 0.8) * 32767 / peak), -32768, 32767).astype(np.int16)
 
 
-def _positive_context(rng, utt: np.ndarray, pool, telephone: float = 0.0):
-    """(int16 context, end sample of the phrase, start sample) with ~1-1.3 s of background first."""
+def _positive_context(rng, utt: np.ndarray, pool, telephone: float = 0.0, babble_snr=None):
+    """(int16 context, end sample of the phrase, start sample) with ~1-1.3 s of background first
+    (``_background``'s, ``babble_snr`` passed on)."""
     x = _channel(rng, _augment_utt(rng, utt), telephone)
     lead = int(rng.uniform(1.05, 1.3) * FE.SAMPLE_RATE)
     tail = int(0.35 * FE.SAMPLE_RATE)
     n = lead + len(x) + tail
     ctx = np.zeros(n, np.float32)
     ctx[lead:lead + len(x)] = x
-    ctx += _background(rng, n, _power(x), pool) + _floor(rng, n)
+    ctx += _background(rng, n, _power(x), pool, babble_snr) + _floor(rng, n)
     return _level(rng, ctx), lead + len(utt_speech_end(x)), lead
 
 

@@ -3,7 +3,7 @@ everything it must not fire on (the recipe: ``host/export/esphome.py``'s docstri
 
 ``build_training_set`` makes the windows: the phrase rendered by the corpus's training voices and the
 user's clips, each augmented into contexts of background, noise and level (``_positive_context``,
-``host/export/esphome_audio.py``);
+``host/export/esphome_audio.py``; optionally a share of the user's over loud babble, ``user_babble``);
 negatives from the same clips cut short, scrambled or reversed (``scrambled``), runs and sentences
 of the corpus's words, near misses of the phrase, and noise alone; optionally other speakers' real
 speech (``real_speech``) and voices outside the corpus (``other_voices``). ``mine_negatives`` scores
@@ -249,17 +249,19 @@ def build_training_set(phrase: str, user_clips, corpus, cfg: ExportConfig, voice
                             "real_speech": 0, "near_miss": 0, "noise": 0}
     tel = cfg.telephone
 
-    def positive(utt, copies, n_scrambled, n_swapped=0):
+    def positive(utt, copies, n_scrambled, n_swapped=0, babble=0.0):
         for _ in range(copies):
+            # a share of the copies, with their negatives, over babble at cfg.user_babble_snr dB
+            hard = cfg.user_babble_snr if babble and rng.random() < babble else None
             for kind, n in (("scrambled", n_scrambled), ("swapped", n_swapped)):
                 for _ in range(n):
                     neg = scrambled(rng, utt) if kind == "scrambled" else swapped(utt)
-                    pcm, end, _start = _positive_context(rng, neg, pool, tel)
+                    pcm, end, _start = _positive_context(rng, neg, pool, tel, hard)
                     f = FE.features(pcm)
                     e = FE.frame_of_sample(end)
                     for w in _windows(f, [e + int(rng.integers(0, 25))]):
                         X.append(w); y.append(0.0); counts[kind] += 1
-            pcm, end, start = _positive_context(rng, utt, pool, tel)
+            pcm, end, start = _positive_context(rng, utt, pool, tel, hard)
             f = FE.features(pcm)
             e = FE.frame_of_sample(end)
             for d in rng.integers(0, 25, size=3):
@@ -272,7 +274,8 @@ def build_training_set(phrase: str, user_clips, corpus, cfg: ExportConfig, voice
     for u in synth_pos:
         positive(u, cfg.synth_copies, cfg.scrambled_copies)
     for u in user_clips:
-        positive(np.asarray(u, np.float32), cfg.user_copies, cfg.user_scrambled, cfg.user_swapped)
+        positive(np.asarray(u, np.float32), cfg.user_copies, cfg.user_scrambled, cfg.user_swapped,
+                 cfg.user_babble)
     for _ in range(cfg.run_contexts if runs else 0):
         for w in _dense(_run_context_feats(rng, runs, pool, telephone=tel), rng, cfg.hop):
             X.append(w); y.append(0.0); counts["speech"] += 1

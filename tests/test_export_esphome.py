@@ -244,7 +244,8 @@ def test_a_user_clips_halves_swapped_are_negatives_in_the_users_own_voice():
 
 def test_a_share_of_the_user_clips_is_placed_over_loud_babble(monkeypatch):
     """``user_babble`` (session 54, off in the recipe): that share of the user's augmented clips, and
-    their scrambled and swapped negatives, over babble at ``user_babble_snr`` dB, every time."""
+    their scrambled and swapped negatives, over babble at ``user_babble_snr`` dB, every time;
+    ``synth_babble`` the same for the synthetic voices' copies."""
     from host.export import esphome_data as D
     from host.export.esphome_audio import _background
 
@@ -266,6 +267,11 @@ def test_a_share_of_the_user_clips_is_placed_over_loud_babble(monkeypatch):
         E.build_training_set("hey tone", clips, None, E.ExportConfig(
             user_copies=3, noise_contexts=1, user_swapped=1, user_babble=share, log=lambda m: None))
         assert len(seen) == 3 * 3 * len(clips) and set(seen) == want   # each copy and its two negatives
+    seen.clear()   # ``synth_babble``: the same for the synthetic voices' copies (here one "other voice")
+    E.build_training_set("hey tone", clips, None, E.ExportConfig(
+        user_copies=1, synth_copies=2, noise_contexts=1, synth_babble=1.0, log=lambda m: None),
+        others=([clips[0]], []))
+    assert seen == [(5.0, 15.0)] * 2 * 2 + [None] * 2 * len(clips)    # the synthetic copies come first
 
 
 def test_real_speech_names_missing_packages_and_refuses_allison(monkeypatch, tmp_path):

@@ -60,10 +60,11 @@ class ExportConfig:
     user_swapped: int = 0
     # share of the augmented user clips (with their scrambled and swapped negatives) placed over
     # babble at user_babble_snr dB instead of the usual background (20 % none, babble in a quarter of
-    # the rest, 5-30 dB). Off in the recipe and in ``export voices``: with 0.3, development data heard
-    # the enrolling voice under noise better and other voices on clean audio worse, and fired more
-    # (session 54; docs/edge-runtime.md, "The user's clips over loud babble").
+    # the rest, 5-30 dB); ``synth_babble`` the same for the synthetic voices' copies. Off in the recipe
+    # and in ``export voices``: with 0.3 or 0.15, development data heard the enrolling voice under noise
+    # better and fired more (session 54; docs/edge-runtime.md, "The user's clips over loud babble").
     user_babble: float = 0.0
+    synth_babble: float = 0.0
     user_babble_snr: tuple = (5.0, 15.0)
     mine_contexts: int = 1500        # hard-negative mining: fresh 3 s runs scored after training
     mine_min: float = 0.01           # windows scored above this join the training set...

@@ -3,8 +3,8 @@ everything it must not fire on (the recipe: ``host/export/esphome.py``'s docstri
 
 ``build_training_set`` makes the windows: the phrase rendered by the corpus's training voices and the
 user's clips, each augmented into contexts of background, noise and level (``_positive_context``,
-``host/export/esphome_audio.py``; optionally a share of the user's over loud babble, ``user_babble``);
-negatives from the same clips cut short, scrambled or reversed (``scrambled``), runs and sentences
+``host/export/esphome_audio.py``; optionally a share of them over loud babble, ``user_babble`` and
+``synth_babble``); negatives from the same clips cut short, scrambled or reversed (``scrambled``), runs and sentences
 of the corpus's words, near misses of the phrase, and noise alone; optionally other speakers' real
 speech (``real_speech``) and voices outside the corpus (``other_voices``). ``mine_negatives`` scores
 fresh draws of that speech with the trained model and keeps the hard negatives for the fine-tune.
@@ -272,7 +272,7 @@ def build_training_set(phrase: str, user_clips, corpus, cfg: ExportConfig, voice
                 X.append(w); y.append(0.0); counts["partial"] += 1
 
     for u in synth_pos:
-        positive(u, cfg.synth_copies, cfg.scrambled_copies)
+        positive(u, cfg.synth_copies, cfg.scrambled_copies, 0, cfg.synth_babble)
     for u in user_clips:
         positive(np.asarray(u, np.float32), cfg.user_copies, cfg.user_scrambled, cfg.user_swapped,
                  cfg.user_babble)

@@ -61,8 +61,9 @@ class ExportConfig:
     # share of the augmented user clips (with their scrambled and swapped negatives) placed over
     # babble at user_babble_snr dB instead of the usual background (20 % none, babble in a quarter of
     # the rest, 5-30 dB); ``synth_babble`` the same for the synthetic voices' copies. Off in the recipe
-    # and in ``export voices``: with 0.3 or 0.15, development data heard the enrolling voice under noise
-    # better and fired more (session 54; docs/edge-runtime.md, "The user's clips over loud babble").
+    # and in ``export voices``: on development data both at 0.15 heard every voice better and fired
+    # more at the same cutoff, less at 0.97 (two draws; session 54: docs/edge-runtime.md, "The user's
+    # clips over loud babble").
     user_babble: float = 0.0
     synth_babble: float = 0.0
     user_babble_snr: tuple = (5.0, 15.0)

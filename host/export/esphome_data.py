@@ -5,8 +5,9 @@ everything it must not fire on (the recipe: ``host/export/esphome.py``'s docstri
 user's clips, each augmented into contexts of background, noise and level (``_positive_context``,
 ``host/export/esphome_audio.py``; optionally a share of them over loud babble, ``user_babble`` and
 ``synth_babble``); negatives from the same clips cut short, scrambled or reversed (``scrambled``),
-runs and sentences of the corpus's words, near misses of the phrase, and noise alone; optionally other speakers' real
-speech (``real_speech``) and voices outside the corpus (``other_voices``). ``mine_negatives`` scores
+runs and sentences of the corpus's words, near misses of the phrase, and noise alone; optionally
+other speakers' real speech (``real_speech``) and voices outside the corpus (``other_voices``).
+``mine_negatives`` scores
 fresh draws of that speech with the trained model and keeps the hard negatives for the fine-tune.
 
     >>> X, y, counts = build_training_set("hey jarvis", clips, corpus, ExportConfig())

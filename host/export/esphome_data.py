@@ -7,8 +7,8 @@ user's clips, each augmented into contexts of background, noise and level (``_po
 ``synth_babble``); negatives from the same clips cut short, scrambled or reversed (``scrambled``),
 runs and sentences of the corpus's words, near misses of the phrase, and noise alone; optionally
 other speakers' real speech (``real_speech``) and voices outside the corpus (``other_voices``).
-``mine_negatives`` scores
-fresh draws of that speech with the trained model and keeps the hard negatives for the fine-tune.
+``mine_negatives`` scores fresh draws of that speech with the trained model and keeps the hard
+negatives for the fine-tune.
 
     >>> X, y, counts = build_training_set("hey jarvis", clips, corpus, ExportConfig())
     >>> X.shape[1:], counts["positive"]     # (WINDOW, 40) float16 windows, y 1.0 for the phrase

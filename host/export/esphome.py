@@ -34,10 +34,11 @@ data (docs/edge-runtime.md, "ESPHome"): other speakers' real prompts from Debian
 and voices outside the corpus saying the phrase and its words (``other_voices``); a third, the
 user's clips with their halves swapped (``user_swapped``), is off here and on in ``export voices``.
 
-Here: the model, its conversion and checks, the manifest and the recipe (``export_esphome``); the
-training data is built in ``host/export/esphome_data.py`` (each context's audio in
-``esphome_audio.py``), and the format's constants and ``ExportConfig`` are in
-``host/export/esphome_config.py`` (all importable from here too).
+Here: the model, its training, the manifest and the recipe (``export_esphome``); the streaming
+conversion and the format checks are in ``host/export/esphome_tflite.py``, the training data is
+built in ``host/export/esphome_data.py`` (each context's audio in ``esphome_audio.py``), and the
+format's constants and ``ExportConfig`` are in ``host/export/esphome_config.py`` (all importable
+from here too).
 
     >>> res = export_esphome("hey jarvis", ["a.wav", "b.wav", ...], "out/")
     >>> res.model_path, res.manifest["micro"]["probability_cutoff"]
@@ -56,14 +57,16 @@ import numpy as np
 from edge.errors import EdgelearnError
 from host.export import frontend as FE
 # the format, the geometry and the recipe's knobs (host/export/esphome_config.py), the training data
-# (host/export/esphome_data.py) and each context's audio (esphome_audio.py) have modules of their own;
-# every name stays importable from here
-from host.export.esphome_config import (  # noqa: F401 (SLIDING_WINDOW: re-exported)
+# (host/export/esphome_data.py), each context's audio (esphome_audio.py) and the streaming conversion
+# and format checks (esphome_tflite.py) have modules of their own; every name stays importable from here
+from host.export.esphome_config import (  # noqa: F401 (those not used here: re-exported)
     CHANNELS, DW_K, FEATURE_STEP_MS, IN_SCALE, K1, MANIFEST_VERSION, MIN_CLIPS, MINIMUM_ESPHOME_VERSION, MWW_OPS,
     N_BLOCKS, SLIDING_WINDOW, STREAMING_OPS, STRIDE, WINDOW, ExportConfig, _say)
 from host.export.esphome_audio import _floor, scrambled, swapped, telephone_band, utt_speech_end  # noqa: F401
 from host.export.esphome_data import (  # noqa: F401 (those not called here: re-exported)
     _training_voices, _vocab, build_training_set, mine_negatives, other_voices, real_speech, render_phrase)
+from host.export.esphome_tflite import (  # noqa: F401 (those not called here: re-exported)
+    arena_for, check_format, convert, run_tflm, streaming_module, tflite_info)
 
 
 @dataclass
@@ -186,141 +189,6 @@ def choose_cutoff(model, corpus, cfg: ExportConfig, voices_split: str = "val") -
     return float(np.clip(np.ceil((top + 0.05) * 100) / 100, lo, hi))
 
 
-def _folded_weights(model) -> dict:
-    g = {l.name: l.get_weights() for l in model.layers if l.get_weights()}
-    w1, b1 = g["conv1"]
-    return {"w1": (w1 * IN_SCALE).astype(np.float32), "b1": b1,
-            "dw": [g[f"dw{i}"] for i in range(N_BLOCKS)], "pw": [g[f"pw{i}"] for i in range(N_BLOCKS)],
-            "head": g["head"]}
-
-
-def streaming_module(model):
-    """A tf.Module whose __call__ takes one stride [1, STRIDE, 40] of features and keeps every
-    layer's past frames in variables: the model micro_wake_word runs."""
-    import tensorflow as tf
-
-    wts = _folded_weights(model)
-
-    class Streaming(tf.Module):
-        def __init__(self):
-            super().__init__(name="edgelearn_streaming")
-            self.s_in = tf.Variable(tf.zeros([1, K1 - STRIDE, 1, FE.CHANNELS]), trainable=False, name="state_in")
-            self.s = [tf.Variable(tf.zeros([1, DW_K - 1, 1, CHANNELS]), trainable=False, name=f"state_{i}")
-                      for i in range(N_BLOCKS)]
-            self.w1 = tf.constant(wts["w1"])
-            self.b1 = tf.constant(wts["b1"])
-            self.dw = [(tf.constant(k), tf.constant(b)) for k, b in wts["dw"]]
-            self.pw = [(tf.constant(k), tf.constant(b)) for k, b in wts["pw"]]
-            self.hw, self.hb = tf.constant(wts["head"][0]), tf.constant(wts["head"][1])
-
-        @tf.function(input_signature=[tf.TensorSpec([1, STRIDE, FE.CHANNELS], tf.float32, name="features")])
-        def __call__(self, x):
-            x = tf.reshape(x, [1, STRIDE, 1, FE.CHANNELS])
-            buf = tf.concat([self.s_in, x], axis=1)
-            self.s_in.assign(buf[:, STRIDE:])
-            y = tf.nn.relu(tf.nn.conv2d(buf, self.w1, strides=[1, STRIDE, 1, 1], padding="VALID") + self.b1)
-            for state, (dk, db), (pk, pb) in zip(self.s, self.dw, self.pw):
-                buf = tf.concat([state, y], axis=1)
-                state.assign(buf[:, 1:])
-                y = tf.nn.depthwise_conv2d(buf, dk, strides=[1, 1, 1, 1], padding="VALID") + db
-                y = tf.nn.relu(tf.nn.conv2d(y, pk, strides=[1, 1, 1, 1], padding="VALID") + pb)
-            y = tf.reshape(y, [1, CHANNELS])
-            return tf.sigmoid(tf.matmul(y, self.hw) + self.hb)
-
-        def reset(self):
-            self.s_in.assign(tf.zeros_like(self.s_in))
-            for s in self.s:
-                s.assign(tf.zeros_like(s))
-
-    return Streaming()
-
-
-def convert(model, calib_feats: list[np.ndarray]) -> bytes:
-    """Full-integer TFLite of the streaming model: int8 input, uint8 output, resource variables.
-
-    ``calib_feats``: feature sequences (frames, 40) streamed stride by stride through the model for
-    calibration. One calibration row spans the front end's whole range [0, 26], so the input
-    quantisation is exactly ESPHome's (scale 26/255, zero point -128; checked)."""
-    import tensorflow as tf
-
-    module = streaming_module(model)
-
-    def rep():
-        edge = np.zeros((1, STRIDE, FE.CHANNELS), np.float32)
-        edge[0, 0, 0], edge[0, 1, 1] = FE.FEATURE_MAX, 0.0
-        yield [edge]
-        for f in calib_feats:   # the calibrator's interpreter carries the variables from row to row
-            f = np.clip(np.asarray(f, np.float32), 0.0, FE.FEATURE_MAX)
-            for k in range(len(f) // STRIDE):
-                yield [f[None, k * STRIDE:(k + 1) * STRIDE]]
-
-    fn = module.__call__.get_concrete_function()
-    conv = tf.lite.TFLiteConverter.from_concrete_functions([fn], module)
-    conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    conv.representative_dataset = rep
-    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    conv.inference_input_type = tf.int8
-    conv.inference_output_type = tf.uint8
-    conv.experimental_enable_resource_variables = True
-    conv._experimental_variable_quantization = True   # int8 state, as microWakeWord converts (no DEQUANTIZE)
-    data = conv.convert()
-    info = tflite_info(data)
-    scale, zp = info["input_quantization"]
-    if info["input_dtype"] != "int8" or zp != FE.INPUT_ZERO_POINT or abs(scale - FE.INPUT_SCALE) > 1e-6:
-        raise RuntimeError(f"converted input quantisation {info['input_quantization']} is not ESPHome's "
-                           f"({FE.INPUT_SCALE}, {FE.INPUT_ZERO_POINT})")
-    return data
-
-
-# ----------------------------------------------------------------------------- checks
-
-def tflite_info(data: bytes) -> dict:
-    """Ops, input/output shapes, dtypes and quantisation of a .tflite (TensorFlow's interpreter)."""
-    import tensorflow as tf
-
-    it = tf.lite.Interpreter(model_content=data)
-    i, o = it.get_input_details()[0], it.get_output_details()[0]
-    return {"ops": sorted({d["op_name"] for d in it._get_ops_details()}),
-            "input_shape": [int(v) for v in i["shape"]], "input_dtype": np.dtype(i["dtype"]).name,
-            "input_quantization": (float(i["quantization"][0]), int(i["quantization"][1])),
-            "output_shape": [int(v) for v in o["shape"]], "output_dtype": np.dtype(o["dtype"]).name,
-            "output_quantization": (float(o["quantization"][0]), int(o["quantization"][1]))}
-
-
-def check_format(data: bytes) -> dict:
-    """Raise if the model is not in micro_wake_word's format; return its tflite_info."""
-    info = tflite_info(data)
-    problems = []
-    if info["input_dtype"] != "int8" or len(info["input_shape"]) != 3 or info["input_shape"][0] != 1 \
-            or info["input_shape"][2] != FE.CHANNELS:
-        problems.append(f"input {info['input_dtype']} {info['input_shape']} (wanted int8 [1, stride, 40])")
-    if info["output_dtype"] != "uint8" or info["output_shape"] != [1, 1]:
-        problems.append(f"output {info['output_dtype']} {info['output_shape']} (wanted uint8 [1, 1])")
-    extra = sorted(set(info["ops"]) - MWW_OPS)
-    if extra:
-        problems.append(f"ops micro_wake_word does not register: {', '.join(extra)}")
-    if not STREAMING_OPS <= set(info["ops"]):
-        problems.append("no streaming state in resource variables")
-    if problems:
-        raise RuntimeError("not a micro_wake_word model: " + "; ".join(problems))
-    return info
-
-
-def run_tflm(path, feats: np.ndarray, arena_size: int) -> np.ndarray:
-    """Stream features through the model under TFLite Micro in an arena of ``arena_size`` bytes:
-    uint8 output per stride."""
-    from tflite_micro.python.tflite_micro import runtime
-
-    it = runtime.Interpreter.from_file(str(path), arena_size=int(arena_size))
-    q = FE.quantize(feats)
-    out = []
-    for k in range(len(q) // STRIDE):
-        it.set_input(q[None, k * STRIDE:(k + 1) * STRIDE], 0)
-        it.invoke()
-        out.append(int(np.asarray(it.get_output(0)).reshape(-1)[0]))
-    return np.asarray(out, np.uint8)
-
-
 def manifest(phrase: str, model_file: str, cutoff: float, arena: int, cfg: ExportConfig) -> dict:
     """The v2 manifest, fields as microWakeWord's released models have them."""
     m = {"type": "micro", "wake_word": phrase.title(), "author": cfg.author}
@@ -331,14 +199,6 @@ def manifest(phrase: str, model_file: str, cutoff: float, arena: int, cfg: Expor
                         "feature_step_size": FEATURE_STEP_MS, "tensor_arena_size": int(arena),
                         "minimum_esphome_version": MINIMUM_ESPHOME_VERSION}})
     return m
-
-
-def arena_for(path) -> tuple[int, int]:
-    """(smallest arena TFLite Micro runs it in, the manifest's tensor_arena_size: that + 10 %, to 16 B)."""
-    from edge.backends.tflite_micro import probe_arena_size
-
-    need = probe_arena_size(path)
-    return need, int(-(-need * 1.1 // 16) * 16)
 
 
 def write_export(out_dir, phrase: str, data: bytes, cutoff: float, cfg: ExportConfig):
